@@ -1,0 +1,29 @@
+//! `agentrl bench TARGET`: throughput benchmarks printing absolute figures.
+
+mod envs;
+mod model;
+mod server;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    target: BenchTarget,
+}
+
+#[derive(clap::Subcommand)]
+enum BenchTarget {
+    /// Steps per second of every environment (random valid actions, resets included).
+    Envs(envs::BenchEnvsArgs),
+    /// Model train and sampling tokens per second.
+    Model(model::BenchModelArgs),
+    /// Env server requests/s and latency under concurrent sessions.
+    Server(server::BenchServerArgs),
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.target {
+        BenchTarget::Envs(a) => envs::run(a),
+        BenchTarget::Model(a) => model::run(a),
+        BenchTarget::Server(a) => server::run(a),
+    }
+}

@@ -1,0 +1,9 @@
+//! One module per subcommand.
+
+pub mod bench;
+pub mod envs;
+pub mod eval;
+pub mod generate;
+pub mod play;
+pub mod serve;
+pub mod train;

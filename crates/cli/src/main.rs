@@ -1,0 +1,53 @@
+//! `agentrl`: train LLM agents with multi-turn reinforcement learning.
+//!
+//! Each subcommand lives in its own module under `commands/`; this file only
+//! parses the command line and dispatches.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "agentrl", version, about = "Train LLM agents with multi-turn reinforcement learning")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List environments, their difficulties and seed splits.
+    Envs(commands::envs::EnvsArgs),
+    /// Play an environment in the terminal (actions from stdin, one per line).
+    Play(commands::play::PlayArgs),
+    /// Evaluate a policy (expert, random, or a trained model) on an environment.
+    Eval(commands::eval::EvalArgs),
+    /// Train a policy: SFT warm start then RL (default: embedded tiny setup).
+    Train(commands::train::TrainArgs),
+    /// Generate text with a model directory (chat template, sampling).
+    Generate(commands::generate::GenerateArgs),
+    /// Serve environments over HTTP (AgentGym's env-server protocol).
+    Serve(commands::serve::ServeArgs),
+    /// Benchmarks: environments, model, server.
+    Bench(commands::bench::BenchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Envs(a) => commands::envs::run(a),
+        Command::Play(a) => commands::play::run(a),
+        Command::Eval(a) => commands::eval::run(a),
+        Command::Train(a) => commands::train::run(a),
+        Command::Generate(a) => commands::generate::run(a),
+        Command::Serve(a) => commands::serve::run(a),
+        Command::Bench(a) => commands::bench::run(a),
+    }
+}

@@ -1,0 +1,45 @@
+use crate::{Env, EnvError, TaskSpec};
+
+/// Environment-specific options (e.g. a data path, the slip probability),
+/// taken from the `[env]` config section. Unknown keys are an error of the env.
+pub type EnvParams = serde_json::Map<String, serde_json::Value>;
+
+/// Builds an environment for a spec.
+pub type EnvFactory = fn(&TaskSpec, &EnvParams) -> Result<Box<dyn Env>, EnvError>;
+
+/// What the registry knows about one environment.
+#[derive(Clone)]
+pub struct EnvDescriptor {
+    pub name: &'static str,
+    /// One line for `agentrl envs`.
+    pub summary: &'static str,
+    /// Difficulty levels; the first is the default.
+    pub difficulties: &'static [&'static str],
+    /// Suggested turn budget for an LLM agent (RAGEN / AgentGym defaults).
+    pub default_max_turns: usize,
+    pub factory: EnvFactory,
+}
+
+impl EnvDescriptor {
+    /// Create an env for `spec`, checking the difficulty first.
+    pub fn create(&self, spec: &TaskSpec, params: &EnvParams) -> Result<Box<dyn Env>, EnvError> {
+        if !self.difficulties.contains(&spec.difficulty.as_str()) {
+            return Err(EnvError::UnknownDifficulty {
+                env: self.name.to_string(),
+                difficulty: spec.difficulty.clone(),
+                available: self.difficulties.join(", "),
+            });
+        }
+        spec.absolute_seed()?;
+        (self.factory)(spec, params)
+    }
+}
+
+impl std::fmt::Debug for EnvDescriptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnvDescriptor")
+            .field("name", &self.name)
+            .field("difficulties", &self.difficulties)
+            .finish()
+    }
+}

@@ -1,0 +1,74 @@
+use serde::{Deserialize, Serialize};
+
+use crate::{StepError, TaskSpec};
+
+/// Extra facts about one step, for metrics and analysis.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepInfo {
+    /// The action changed the environment's state (RAGEN's "action is effective").
+    pub effective: bool,
+    /// Free-form env-specific facts (e.g. `"boxes_on_target": 1`).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The result of a valid action.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    pub observation: String,
+    pub reward: f64,
+    pub done: bool,
+    pub success: bool,
+    pub info: StepInfo,
+}
+
+/// One environment instance playing one task.
+///
+/// Contract:
+/// - `reset` puts the task back in its initial state (same spec → same state)
+///   and returns the first observation;
+/// - `step` applies one action text; an invalid action returns
+///   `Err(StepError::InvalidAction)`, changes nothing but the invalid-action
+///   counter, and the env stays usable;
+/// - after `done`, `step` returns `Err(StepError::EpisodeOver)`.
+pub trait Env: Send {
+    /// The spec this env was created from.
+    fn spec(&self) -> &TaskSpec;
+
+    /// Rules, action grammar and symbol legend, shown once at the start.
+    fn instructions(&self) -> String;
+
+    /// Restart the task from its initial state; returns the first observation.
+    fn reset(&mut self) -> String;
+
+    /// Apply one action given as text.
+    fn step(&mut self, action: &str) -> Result<Step, StepError>;
+
+    /// The current observation text.
+    fn observation(&self) -> String;
+
+    /// Actions valid in the current state, in a stable order. For free-text
+    /// grammars (search queries) this lists representative actions.
+    fn available_actions(&self) -> Vec<String>;
+
+    /// A key identifying the current environment state: equal keys mean the
+    /// same state (used by GiGPO's step-level groups). Must be stable across runs.
+    fn state_key(&self) -> u64;
+
+    /// The expert solver's next action from the current state, or `None` if the
+    /// episode is over or the expert has no move.
+    fn expert_action(&mut self) -> Option<String>;
+
+    /// Valid steps taken since reset.
+    fn steps(&self) -> usize;
+
+    /// Invalid actions attempted since reset.
+    fn invalid_actions(&self) -> usize;
+
+    /// The episode ends (done, not successful) after this many valid steps.
+    fn max_steps(&self) -> usize;
+
+    fn is_done(&self) -> bool;
+
+    fn is_success(&self) -> bool;
+}

@@ -1,0 +1,44 @@
+use thiserror::Error;
+
+/// Why an action text was rejected. The environment stays usable.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ActionError {
+    #[error("empty action")]
+    Empty,
+    #[error("action too long ({len} bytes, at most {max})")]
+    TooLong { len: usize, max: usize },
+    #[error("unknown action '{action}'; valid actions: {expected}")]
+    Unknown { action: String, expected: String },
+    #[error("malformed action '{action}': {reason}")]
+    Malformed { action: String, reason: String },
+    #[error("action '{action}' is not possible now: {reason}")]
+    NotPossible { action: String, reason: String },
+}
+
+/// Why a step could not be taken.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum StepError {
+    /// The action text did not parse or is not allowed; no state changed
+    /// except the env's invalid-action counter.
+    #[error("invalid action: {0}")]
+    InvalidAction(#[from] ActionError),
+    #[error("the episode is over; reset the environment first")]
+    EpisodeOver,
+}
+
+/// Errors creating or configuring an environment.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EnvError {
+    #[error("unknown environment '{name}' (available: {available})")]
+    UnknownEnv { name: String, available: String },
+    #[error("unknown difficulty '{difficulty}' for {env} (available: {available})")]
+    UnknownDifficulty { env: String, difficulty: String, available: String },
+    #[error("invalid task spec: {0}")]
+    InvalidSpec(String),
+    #[error("invalid parameter '{key}' for {env}: {reason}")]
+    InvalidParam { env: String, key: String, reason: String },
+    #[error("cannot load data for {env} from {path}: {reason}")]
+    Data { env: String, path: String, reason: String },
+    #[error("remote environment error: {0}")]
+    Remote(String),
+}
