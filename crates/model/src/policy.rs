@@ -1,0 +1,495 @@
+//! [`PolicyModel`]: the trainable policy (parameters in a `VarMap`), with
+//! checkpoint I/O, differentiable per-token log-probs and batched KV-cache sampling.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::{VarBuilder, VarMap};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::checkpoint::{read_tensors, write_tensors, CONFIG_FILE, WEIGHTS_FILE};
+use crate::qwen2::{
+    log_softmax_last_dim, mask_value, param_specs, LayerKvCache, Model, ParamInit,
+    VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT,
+};
+use crate::sampling::{sample_row, Generation, SamplingParams};
+use crate::{ModelConfig, ModelError};
+
+/// Seed of the fresh value head added to a checkpoint that has none.
+const VALUE_HEAD_SEED: u64 = 0x5641_4c55_4548_4541;
+
+/// Per-token quantities of a batch of sequences (see [`PolicyModel::sequence_logprobs`]).
+#[derive(Debug, Clone)]
+pub struct SequenceLogprobs {
+    /// `[B, T-1]`: log p(token t+1 | tokens ..=t); 0-padded past each sequence's end.
+    pub logprobs: Tensor,
+    /// `[B, T-1]`: entropy of the next-token distribution at position t.
+    pub entropy: Tensor,
+    /// `[B, T]`: value-head output at every position, if the model has a value head.
+    pub values: Option<Tensor>,
+    /// `[B, T-1]`, same dtype as `logprobs`: 1 where token t+1 is a real token, 0 on padding.
+    pub mask: Tensor,
+}
+
+/// The policy: a Qwen2/Llama transformer whose parameters live in `varmap`
+/// under their Hugging Face names, plus an optional scalar value head.
+pub struct PolicyModel {
+    /// The architecture.
+    pub config: ModelConfig,
+    /// Trainable parameters by Hugging Face name.
+    pub varmap: VarMap,
+    /// Where the parameters live.
+    pub device: Device,
+    /// Graph-building model for training (shares storage with `varmap`).
+    model: Model,
+    /// The same weights detached, for sampling: no autograd graph is built.
+    infer: Model,
+    dtype: DType,
+    with_value_head: bool,
+}
+
+impl std::fmt::Debug for PolicyModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyModel")
+            .field("config", &self.config)
+            .field("device", &self.device)
+            .field("dtype", &self.dtype)
+            .field("with_value_head", &self.with_value_head)
+            .finish()
+    }
+}
+
+/// `n` draws of Normal(0, std) from `rng` (Box–Muller, so identical on every machine).
+fn normal_vec(rng: &mut ChaCha8Rng, n: usize, std: f64) -> Vec<f64> {
+    let mut out = Vec::with_capacity(n + 1);
+    while out.len() < n {
+        let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]: ln stays finite
+        let u2: f64 = rng.random::<f64>();
+        let r = (-2.0 * u1.ln()).sqrt();
+        let a = 2.0 * std::f64::consts::PI * u2;
+        out.push(r * a.cos() * std);
+        out.push(r * a.sin() * std);
+    }
+    out.truncate(n);
+    out
+}
+
+fn init_tensor(
+    shape: &[usize],
+    init: ParamInit,
+    std: f64,
+    rng: &mut ChaCha8Rng,
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor, ModelError> {
+    let n: usize = shape.iter().product();
+    let t = match init {
+        ParamInit::Normal => Tensor::from_vec(normal_vec(rng, n, std), shape, device)?,
+        ParamInit::Zeros => Tensor::zeros(shape, DType::F64, device)?,
+        ParamInit::Ones => Tensor::ones(shape, DType::F64, device)?,
+    };
+    Ok(t.to_dtype(dtype)?)
+}
+
+impl PolicyModel {
+    /// A freshly initialised f32 model (Hugging Face init: normal(0,
+    /// `initializer_range`) weights, zero biases, unit norms), seeded so the
+    /// same config and seed give the same weights on every machine.
+    pub fn new_random(
+        config: &ModelConfig,
+        with_value_head: bool,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        Self::new_random_with_dtype(config, with_value_head, seed, DType::F32, device)
+    }
+
+    /// [`PolicyModel::new_random`] in a chosen float dtype (f64 for gradient checks).
+    pub fn new_random_with_dtype(
+        config: &ModelConfig,
+        with_value_head: bool,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        config.validate().map_err(|msg| ModelError::Config {
+            path: "<in memory>".into(),
+            msg,
+        })?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut tensors = BTreeMap::new();
+        for (name, shape, init) in param_specs(config, with_value_head) {
+            let t = init_tensor(&shape, init, config.initializer_range, &mut rng, dtype, device)?;
+            tensors.insert(name, t);
+        }
+        Self::from_tensors(config.clone(), tensors, with_value_head, dtype, device)
+    }
+
+    /// Builds the model around `tensors` (names and shapes already checked).
+    fn from_tensors(
+        config: ModelConfig,
+        tensors: BTreeMap<String, Tensor>,
+        with_value_head: bool,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self, ModelError> {
+        let varmap = VarMap::new();
+        {
+            let mut data = varmap
+                .data()
+                .lock()
+                .map_err(|_| ModelError::InvalidInput("parameter map lock poisoned".into()))?;
+            for (name, t) in tensors {
+                data.insert(name, Var::from_tensor(&t)?);
+            }
+        }
+        let vb = VarBuilder::from_varmap(&varmap, dtype, device);
+        let model = Model::new(&config, with_value_head, vb)?;
+        let infer = model.detach();
+        Ok(Self {
+            config,
+            varmap,
+            device: device.clone(),
+            model,
+            infer,
+            dtype,
+            with_value_head,
+        })
+    }
+
+    /// Loads a Hugging Face directory (`config.json` + `model.safetensors` or
+    /// sharded safetensors with `model.safetensors.index.json`) as f32.
+    /// bf16/f16 weights are converted on the CPU. With `with_value_head`, a
+    /// checkpoint without `value_head.*` gets a fresh (seeded) value head.
+    pub fn load(dir: &Path, with_value_head: bool, device: &Device) -> Result<Self, ModelError> {
+        let config = ModelConfig::from_file(&dir.join(CONFIG_FILE))?;
+        let mut stored = read_tensors(dir)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(VALUE_HEAD_SEED);
+        let mut tensors = BTreeMap::new();
+        for (name, shape, init) in param_specs(&config, with_value_head) {
+            let is_value_head = name == VALUE_HEAD_WEIGHT || name == VALUE_HEAD_BIAS;
+            match stored.remove(&name) {
+                Some(lt) => {
+                    if lt.tensor.dims() != shape.as_slice() {
+                        return Err(ModelError::ShapeMismatch {
+                            name,
+                            path: lt.file,
+                            expected: shape,
+                            got: lt.tensor.dims().to_vec(),
+                        });
+                    }
+                    let t = lt.tensor.to_dtype(DType::F32)?.to_device(device)?;
+                    tensors.insert(name, t);
+                }
+                None if is_value_head => {
+                    let t = init_tensor(
+                        &shape,
+                        init,
+                        config.initializer_range,
+                        &mut rng,
+                        DType::F32,
+                        device,
+                    )?;
+                    tensors.insert(name, t);
+                }
+                None => {
+                    return Err(ModelError::MissingTensor {
+                        name,
+                        path: dir.to_path_buf(),
+                    })
+                }
+            }
+        }
+        Self::from_tensors(config, tensors, with_value_head, DType::F32, device)
+    }
+
+    /// Writes `config.json` and `model.safetensors` (f32, Hugging Face names;
+    /// no `lm_head.weight` when tied; the value head as `value_head.*`, which
+    /// transformers ignores). Tokenizer files are the caller's.
+    pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
+        std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+        let mut config = self.config.clone();
+        // The weights are written as f32 whatever the source checkpoint was.
+        config
+            .extra
+            .insert("dtype".to_string(), serde_json::json!("float32"));
+        if config.extra.contains_key("torch_dtype") {
+            config
+                .extra
+                .insert("torch_dtype".to_string(), serde_json::json!("float32"));
+        }
+        let json = serde_json::to_string_pretty(&config).map_err(|e| ModelError::Config {
+            path: dir.join(CONFIG_FILE),
+            msg: e.to_string(),
+        })?;
+        let cfg_path = dir.join(CONFIG_FILE);
+        std::fs::write(&cfg_path, json).map_err(|e| ModelError::io(&cfg_path, e))?;
+        let tensors: BTreeMap<String, Tensor> = self
+            .named_vars()?
+            .into_iter()
+            .map(|(n, v)| (n, v.as_tensor().clone()))
+            .collect();
+        write_tensors(&dir.join(WEIGHTS_FILE), &tensors)
+    }
+
+    /// Every trainable parameter with its Hugging Face name, sorted by name.
+    pub fn named_vars(&self) -> Result<Vec<(String, Var)>, ModelError> {
+        let data = self
+            .varmap
+            .data()
+            .lock()
+            .map_err(|_| ModelError::InvalidInput("parameter map lock poisoned".into()))?;
+        let mut v: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(v)
+    }
+
+    /// Every trainable parameter, in name order (a stable order for optimizer state).
+    pub fn trainable_vars(&self) -> Vec<Var> {
+        self.named_vars()
+            .map(|v| v.into_iter().map(|(_, v)| v).collect())
+            .unwrap_or_default()
+    }
+
+    /// Total number of scalar parameters.
+    pub fn num_parameters(&self) -> usize {
+        self.trainable_vars().iter().map(|v| v.elem_count()).sum()
+    }
+
+    /// The float dtype of the parameters.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Whether the model has a value head.
+    pub fn has_value_head(&self) -> bool {
+        self.with_value_head
+    }
+
+    /// The graph-building transformer (for callers that need hidden states).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    fn check_ids(&self, seqs: &[Vec<u32>]) -> Result<(), ModelError> {
+        let v = self.config.vocab_size as u32;
+        for (i, s) in seqs.iter().enumerate() {
+            if let Some(&bad) = s.iter().find(|&&t| t >= v) {
+                return Err(ModelError::InvalidInput(format!(
+                    "sequence {i}: token id {bad} >= vocab_size {v}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Logits `[B, T, V]` of `input_ids: [B, T]` (u32), causal attention,
+    /// positions `0..T`. Differentiable.
+    pub fn forward(&self, input_ids: &Tensor) -> Result<Tensor, ModelError> {
+        let t = input_ids.dim(1)?;
+        if t == 0 || t > self.model.rotary().max_positions() {
+            return Err(ModelError::InvalidInput(format!(
+                "sequence length {t} outside 1..={}",
+                self.model.rotary().max_positions()
+            )));
+        }
+        Ok(self.model.forward(input_ids)?)
+    }
+
+    /// [`PolicyModel::forward`] without building an autograd graph.
+    pub fn forward_no_grad(&self, input_ids: &Tensor) -> Result<Tensor, ModelError> {
+        let t = input_ids.dim(1)?;
+        if t == 0 || t > self.infer.rotary().max_positions() {
+            return Err(ModelError::InvalidInput(format!(
+                "sequence length {t} outside 1..={}",
+                self.infer.rotary().max_positions()
+            )));
+        }
+        Ok(self.infer.forward(input_ids)?)
+    }
+
+    /// Per-token log-probs, entropies and values of ragged `seqs` (right-padded
+    /// internally), differentiable with respect to every parameter.
+    ///
+    /// With T the longest length: `logprobs[b, t] = log p(seqs[b][t+1] | seqs[b][..=t])`
+    /// for `t < T-1`, computed as `logit - logsumexp(logits)` with the max shift
+    /// detached; `entropy[b, t] = -Σ p log p` of the same distribution;
+    /// `values[b, t]` the value head at position t; `mask[b, t] = 1` iff
+    /// `t + 1 < seqs[b].len()`. Padded entries are finite and masked.
+    pub fn sequence_logprobs(&self, seqs: &[Vec<u32>]) -> Result<SequenceLogprobs, ModelError> {
+        if seqs.is_empty() {
+            return Err(ModelError::InvalidInput("empty batch".into()));
+        }
+        self.check_ids(seqs)?;
+        let b = seqs.len();
+        let t = seqs.iter().map(Vec::len).max().unwrap_or(0);
+        if t < 2 {
+            return Err(ModelError::InvalidInput(
+                "sequences need at least 2 tokens to have a next-token target".into(),
+            ));
+        }
+        if t > self.model.rotary().max_positions() {
+            return Err(ModelError::InvalidInput(format!(
+                "sequence length {t} > max_position_embeddings {}",
+                self.model.rotary().max_positions()
+            )));
+        }
+        let mut ids = vec![0u32; b * t];
+        let mut mask = vec![0f32; b * (t - 1)];
+        for (i, s) in seqs.iter().enumerate() {
+            ids[i * t..i * t + s.len()].copy_from_slice(s);
+            for j in 0..s.len().saturating_sub(1) {
+                mask[i * (t - 1) + j] = 1.0;
+            }
+        }
+        let ids = Tensor::from_vec(ids, (b, t), &self.device)?;
+        // Right padding needs no key mask: causal attention keeps real tokens
+        // from ever seeing the pads that follow them.
+        let rope = self.model.rotary().tables_contiguous(0, t)?;
+        let causal = self.model.causal_mask(t)?;
+        let h = self.model.forward_hidden(&ids, &rope, Some(&causal), None)?; // [B, T, d]
+        let values = self.model.values(&h)?; // [B, T]
+        // Only positions 0..T-1 predict a token: skip the last row's LM head.
+        let logits = self.model.logits(&h.narrow(1, 0, t - 1)?)?; // [B, T-1, V]
+        let (logp, _lse) = log_softmax_last_dim(&logits)?;
+        let targets = ids.narrow(1, 1, t - 1)?.contiguous()?.unsqueeze(2)?; // [B, T-1, 1]
+        // grad: gather's backward scatters the gradient into the target column.
+        let logprobs = logp.gather(&targets, 2)?.squeeze(2)?;
+        // grad: exp, mul and sum differentiate; entropy = -Σ softmax · log_softmax.
+        let entropy = (logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?;
+        let mask = Tensor::from_vec(mask, (b, t - 1), &self.device)?.to_dtype(self.dtype)?;
+        Ok(SequenceLogprobs {
+            logprobs,
+            entropy,
+            values,
+            mask,
+        })
+    }
+
+    /// Samples continuations of ragged `prompts` in one batch with a KV cache.
+    ///
+    /// Prompts are left-padded; padded keys are masked out and every sequence
+    /// gets its own positions, so each result equals generating that prompt
+    /// alone. Sampling uses `rng` in a fixed order (sequence by sequence, step
+    /// by step). The returned log-probs are under the untempered policy
+    /// (log-softmax of the raw logits), whatever `temperature`/`top_k`/`top_p`
+    /// were. No autograd graph is built.
+    pub fn generate(
+        &self,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Vec<Generation>, ModelError> {
+        params.validate()?;
+        self.check_ids(prompts)?;
+        if let Some(i) = prompts.iter().position(Vec::is_empty) {
+            return Err(ModelError::InvalidInput(format!("prompt {i} is empty")));
+        }
+        let mut gens: Vec<Generation> = prompts
+            .iter()
+            .map(|_| Generation {
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                stopped: false,
+            })
+            .collect();
+        if prompts.is_empty() || params.max_new_tokens == 0 {
+            return Ok(gens);
+        }
+        let b = prompts.len();
+        let p = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        // The last sampled token is never fed back, so the cache needs p + max_new - 1 slots.
+        let capacity = p + params.max_new_tokens - 1;
+        if capacity > self.infer.rotary().max_positions() {
+            return Err(ModelError::InvalidInput(format!(
+                "prompt length {p} + max_new_tokens {} exceeds max_position_embeddings {}",
+                params.max_new_tokens,
+                self.infer.rotary().max_positions()
+            )));
+        }
+        let pads: Vec<usize> = prompts.iter().map(|s| p - s.len()).collect();
+        let neg = mask_value(self.dtype);
+
+        // Prefill: [B, P] left-padded ids, per-sequence positions, mask [B, 1, P, P].
+        let mut ids = vec![0u32; b * p];
+        let mut pos = vec![0u32; b * p];
+        let mut mask = vec![0f32; b * p * p];
+        for (i, s) in prompts.iter().enumerate() {
+            ids[i * p + pads[i]..(i + 1) * p].copy_from_slice(s);
+            for q in 0..p {
+                pos[i * p + q] = q.saturating_sub(pads[i]) as u32;
+                for k in 0..p {
+                    if k > q || k < pads[i] {
+                        mask[(i * p + q) * p + k] = neg;
+                    }
+                }
+            }
+        }
+        let mut caches = (0..self.infer.num_layers())
+            .map(|_| LayerKvCache::new(&self.config, b, capacity, self.dtype, &self.device))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let ids_t = Tensor::from_vec(ids, (b, p), &self.device)?;
+        let pos_t = Tensor::from_vec(pos, (b, p), &self.device)?;
+        let mask_t =
+            Tensor::from_vec(mask, (b, 1, p, p), &self.device)?.to_dtype(self.dtype)?;
+        let rope = self.infer.rotary().tables_for(&pos_t)?;
+        let h = self
+            .infer
+            .forward_hidden(&ids_t, &rope, Some(&mask_t), Some(&mut caches))?;
+        let mut logits = self.last_logits(&h)?;
+
+        let mut done = vec![false; b];
+        for step in 0..params.max_new_tokens {
+            let mut next = vec![0u32; b];
+            for i in 0..b {
+                if done[i] {
+                    continue;
+                }
+                let (tok, lp) = sample_row(&logits[i], params, rng);
+                gens[i].tokens.push(tok);
+                gens[i].logprobs.push(lp);
+                next[i] = tok;
+                if params.stop_tokens.contains(&tok) {
+                    gens[i].stopped = true;
+                    done[i] = true;
+                }
+            }
+            if step + 1 == params.max_new_tokens || done.iter().all(|&d| d) {
+                break;
+            }
+            // Decode one token: keys are the cache plus this token, S = P + step + 1.
+            let s = p + step + 1;
+            let pos: Vec<u32> = (0..b).map(|i| (p + step - pads[i]) as u32).collect();
+            let mut mask = vec![0f32; b * s];
+            for i in 0..b {
+                for k in 0..pads[i] {
+                    mask[i * s + k] = neg;
+                }
+            }
+            let ids_t = Tensor::from_vec(next, (b, 1), &self.device)?;
+            let pos_t = Tensor::from_vec(pos, (b, 1), &self.device)?;
+            let mask_t =
+                Tensor::from_vec(mask, (b, 1, 1, s), &self.device)?.to_dtype(self.dtype)?;
+            let rope = self.infer.rotary().tables_for(&pos_t)?;
+            let h = self
+                .infer
+                .forward_hidden(&ids_t, &rope, Some(&mask_t), Some(&mut caches))?;
+            logits = self.last_logits(&h)?;
+        }
+        Ok(gens)
+    }
+
+    /// Logits of the last position of `h: [B, T, d]`, as host rows of f32.
+    fn last_logits(&self, h: &Tensor) -> Result<Vec<Vec<f32>>, ModelError> {
+        let t = h.dim(1)?;
+        let last = h.narrow(1, t - 1, 1)?.squeeze(1)?; // [B, d]
+        Ok(self
+            .infer
+            .logits(&last)?
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?
+            .to_vec2()?)
+    }
+}

@@ -1,0 +1,652 @@
+//! The Qwen2/Llama transformer, written only from differentiable candle ops.
+//!
+//! Same shape as candle-transformers' model files (rotary tables, attention,
+//! MLP, decoder layer, model; each `new(cfg, vb)` + `forward`), but candle's
+//! fused `softmax_last_dim`, `rms_norm` and `rope` have no backward pass and
+//! silently cut the gradient, so none of them is used here. Every op on the
+//! training path carries a `// grad:` note saying why it back-propagates.
+//!
+//! Weight names follow Hugging Face (`model.layers.N.self_attn.q_proj.weight`,
+//! ...), so a `VarBuilder` over a `VarMap` filled from a checkpoint builds it.
+
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::VarBuilder;
+
+use crate::config::ModelConfig;
+
+/// Name of the optional value head's weight (`[1, hidden]`); transformers ignores it.
+pub const VALUE_HEAD_WEIGHT: &str = "value_head.weight";
+/// Name of the optional value head's bias (`[1]`).
+pub const VALUE_HEAD_BIAS: &str = "value_head.bias";
+
+/// How a parameter is initialised in a fresh model (Hugging Face's `_init_weights`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamInit {
+    /// Normal(0, initializer_range): linear and embedding weights.
+    Normal,
+    /// All zeros: biases.
+    Zeros,
+    /// All ones: RMSNorm gains.
+    Ones,
+}
+
+/// Every parameter the configuration implies, in a fixed order:
+/// (Hugging Face name, shape, initialisation).
+pub fn param_specs(cfg: &ModelConfig, with_value_head: bool) -> Vec<(String, Vec<usize>, ParamInit)> {
+    let d = cfg.hidden_size;
+    let hd = cfg.head_dim();
+    let q_out = cfg.num_attention_heads * hd;
+    let kv_out = cfg.num_kv_heads() * hd;
+    let ffn = cfg.intermediate_size;
+    let mut v = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![cfg.vocab_size, d],
+        ParamInit::Normal,
+    )];
+    for i in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        let a = format!("{p}.self_attn");
+        v.push((format!("{a}.q_proj.weight"), vec![q_out, d], ParamInit::Normal));
+        if cfg.qkv_bias() {
+            v.push((format!("{a}.q_proj.bias"), vec![q_out], ParamInit::Zeros));
+        }
+        v.push((format!("{a}.k_proj.weight"), vec![kv_out, d], ParamInit::Normal));
+        if cfg.qkv_bias() {
+            v.push((format!("{a}.k_proj.bias"), vec![kv_out], ParamInit::Zeros));
+        }
+        v.push((format!("{a}.v_proj.weight"), vec![kv_out, d], ParamInit::Normal));
+        if cfg.qkv_bias() {
+            v.push((format!("{a}.v_proj.bias"), vec![kv_out], ParamInit::Zeros));
+        }
+        v.push((format!("{a}.o_proj.weight"), vec![d, q_out], ParamInit::Normal));
+        v.push((format!("{p}.mlp.gate_proj.weight"), vec![ffn, d], ParamInit::Normal));
+        v.push((format!("{p}.mlp.up_proj.weight"), vec![ffn, d], ParamInit::Normal));
+        v.push((format!("{p}.mlp.down_proj.weight"), vec![d, ffn], ParamInit::Normal));
+        v.push((format!("{p}.input_layernorm.weight"), vec![d], ParamInit::Ones));
+        v.push((format!("{p}.post_attention_layernorm.weight"), vec![d], ParamInit::Ones));
+    }
+    v.push(("model.norm.weight".to_string(), vec![d], ParamInit::Ones));
+    if !cfg.tie_word_embeddings {
+        v.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, d], ParamInit::Normal));
+    }
+    if with_value_head {
+        v.push((VALUE_HEAD_WEIGHT.to_string(), vec![1, d], ParamInit::Normal));
+        v.push((VALUE_HEAD_BIAS.to_string(), vec![1], ParamInit::Zeros));
+    }
+    v
+}
+
+/// `x @ w^T + b` for `x: [.., in]`, `w: [out, in]` (PyTorch layout), `b: [out]`.
+fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let mut out_dims = x.dims().to_vec();
+    let Some(last) = out_dims.last_mut() else {
+        candle_core::bail!("linear: input must have at least one dimension")
+    };
+    let in_dim = *last;
+    *last = w.dim(0)?;
+    let rows = x.elem_count() / in_dim.max(1);
+    // grad: reshape and transpose are views with backward; matmul's backward
+    // is two matmuls (candle handles the transposed rhs through strides, no copy).
+    let y = x.reshape((rows, in_dim))?.matmul(&w.t()?)?;
+    // grad: broadcast_add sums the gradient over the broadcast rows for the bias.
+    let y = match b {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    };
+    y.reshape(out_dims)
+}
+
+/// Softmax over the last dimension from differentiable ops.
+pub(crate) fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    // The max shift does not change the softmax; detaching it only drops a
+    // gradient term that is exactly zero, and keeps exp() from overflowing.
+    let m = x.max_keepdim(D::Minus1)?.detach();
+    // grad: broadcast_sub, exp, sum_keepdim and broadcast_div all have backward rules.
+    let e = x.broadcast_sub(&m)?.exp()?;
+    let s = e.sum_keepdim(D::Minus1)?;
+    e.broadcast_div(&s)
+}
+
+/// Log-softmax over the last dimension (`x - logsumexp(x)`) and the logsumexp itself.
+pub(crate) fn log_softmax_last_dim(x: &Tensor) -> Result<(Tensor, Tensor)> {
+    // Detached max: logsumexp(x) = m + log Σ exp(x - m) for any constant m,
+    // so its gradient through m is zero; the full softmax gradient flows via exp.
+    let m = x.max_keepdim(D::Minus1)?.detach();
+    // grad: broadcast_sub, exp, sum_keepdim, log, broadcast_add all differentiate.
+    let lse = x
+        .broadcast_sub(&m)?
+        .exp()?
+        .sum_keepdim(D::Minus1)?
+        .log()?
+        .broadcast_add(&m)?;
+    Ok((x.broadcast_sub(&lse)?, lse))
+}
+
+/// Root-mean-square layer norm: `x / sqrt(mean(x²) + ε) * w`.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    /// Loads the gain `weight: [d]`.
+    pub fn new(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get(size, "weight")?,
+            eps,
+        })
+    }
+
+    fn detach(&self) -> Self {
+        Self {
+            weight: self.weight.detach(),
+            eps: self.eps,
+        }
+    }
+
+    /// `x: [.., d]` → `[.., d]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // grad: sqr (2x), mean_keepdim (sum then affine), affine (+ε), sqrt and
+        // recip all have backward rules; unlike candle_nn::ops::rms_norm.
+        let inv_rms = x
+            .sqr()?
+            .mean_keepdim(D::Minus1)?
+            .affine(1.0, self.eps)?
+            .sqrt()?
+            .recip()?;
+        // grad: broadcast_mul differentiates both operands (reduces over broadcast dims for w).
+        x.broadcast_mul(&inv_rms)?.broadcast_mul(&self.weight)
+    }
+}
+
+/// Cos/sin tables for the positions of one forward pass, shaped to broadcast
+/// over `[B, T, heads, head_dim / 2]`.
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// Rotary position embeddings in Hugging Face's rotate-half convention:
+/// `x·cos + rotate_half(x)·sin` with `rotate_half([x1, x2]) = [-x2, x1]`
+/// and `cos = [cos(pθ), cos(pθ)]` over the two halves.
+#[derive(Debug, Clone)]
+pub struct RotaryEmbedding {
+    /// `[max_positions, head_dim / 2]`, built once.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl RotaryEmbedding {
+    /// Builds the tables for `max_position_embeddings` positions (computed in f64, stored in `dtype`).
+    pub fn new(cfg: &ModelConfig, dtype: DType, dev: &Device) -> Result<Self> {
+        let half = cfg.head_dim() / 2;
+        let n = cfg.max_position_embeddings;
+        let theta = cfg.rope_theta();
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| 1.0 / theta.powf((2 * i) as f64 / cfg.head_dim() as f64))
+            .collect();
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for p in 0..n {
+            for f in &inv_freq {
+                // Rounding the angle to f32 first matches transformers, which
+                // forms `position * inv_freq` in float32.
+                let a = (p as f32 * *f as f32) as f64;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let cos = Tensor::from_vec(cos, (n, half), dev)?.to_dtype(dtype)?;
+        let sin = Tensor::from_vec(sin, (n, half), dev)?.to_dtype(dtype)?;
+        Ok(Self { cos, sin })
+    }
+
+    /// Tables for positions `offset..offset + t`, identical for every sequence.
+    pub fn tables_contiguous(&self, offset: usize, t: usize) -> Result<RopeTables> {
+        let half = self.cos.dim(1)?;
+        let cos = self.cos.narrow(0, offset, t)?.reshape((1, t, 1, half))?;
+        let sin = self.sin.narrow(0, offset, t)?.reshape((1, t, 1, half))?;
+        Ok(RopeTables { cos, sin })
+    }
+
+    /// Tables for per-sequence positions `positions: [B, T]` (u32).
+    pub fn tables_for(&self, positions: &Tensor) -> Result<RopeTables> {
+        let (b, t) = positions.dims2()?;
+        let half = self.cos.dim(1)?;
+        let flat = positions.flatten_all()?;
+        let cos = self.cos.index_select(&flat, 0)?.reshape((b, t, 1, half))?;
+        let sin = self.sin.index_select(&flat, 0)?.reshape((b, t, 1, half))?;
+        Ok(RopeTables { cos, sin })
+    }
+
+    /// Largest position + 1 the tables cover.
+    pub fn max_positions(&self) -> usize {
+        self.cos.dims()[0]
+    }
+}
+
+/// Rotates `x: [B, T, heads, head_dim]`; returns the same shape.
+fn apply_rope(x: &Tensor, tab: &RopeTables) -> Result<Tensor> {
+    let hd = x.dim(3)?;
+    let half = hd / 2;
+    // grad: narrow's backward pads the gradient back with zeros; broadcast_mul,
+    // sub/add and cat (backward = narrow) all differentiate. The tables are constants.
+    let x1 = x.narrow(3, 0, half)?;
+    let x2 = x.narrow(3, half, half)?;
+    let r1 = (x1.broadcast_mul(&tab.cos)? - x2.broadcast_mul(&tab.sin)?)?;
+    let r2 = (x2.broadcast_mul(&tab.cos)? + x1.broadcast_mul(&tab.sin)?)?;
+    Tensor::cat(&[&r1, &r2], 3)
+}
+
+/// Per-layer key/value cache for generation (no gradient): preallocated
+/// `[B, kv_heads, capacity, head_dim]` buffers filled in place.
+#[derive(Debug, Clone)]
+pub struct LayerKvCache {
+    k: Tensor,
+    v: Tensor,
+    len: usize,
+}
+
+impl LayerKvCache {
+    /// Empty cache for `b` sequences and up to `capacity` positions.
+    pub fn new(
+        cfg: &ModelConfig,
+        b: usize,
+        capacity: usize,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Self> {
+        let shape = (b, cfg.num_kv_heads(), capacity, cfg.head_dim());
+        Ok(Self {
+            k: Tensor::zeros(shape, dtype, dev)?,
+            v: Tensor::zeros(shape, dtype, dev)?,
+            len: 0,
+        })
+    }
+
+    /// Number of positions already cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `k, v: [B, kv, T, hd]` and returns views of everything cached,
+    /// `[B, kv, len, hd]` (strided views; candle's matmul takes them without a copy).
+    fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let t = k.dim(2)?;
+        if self.len + t > self.k.dim(2)? {
+            candle_core::bail!(
+                "kv cache overflow: {} + {} > {}",
+                self.len,
+                t,
+                self.k.dim(2)?
+            )
+        }
+        self.k.slice_set(&k.contiguous()?, 2, self.len)?;
+        self.v.slice_set(&v.contiguous()?, 2, self.len)?;
+        self.len += t;
+        Ok((self.k.narrow(2, 0, self.len)?, self.v.narrow(2, 0, self.len)?))
+    }
+}
+
+/// Grouped-query self-attention with optional q/k/v biases.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    q_w: Tensor,
+    q_b: Option<Tensor>,
+    k_w: Tensor,
+    k_b: Option<Tensor>,
+    v_w: Tensor,
+    v_b: Option<Tensor>,
+    o_w: Tensor,
+    n_heads: usize,
+    n_kv: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    /// Loads `q_proj`, `k_proj`, `v_proj` (with biases when the config says so) and `o_proj`.
+    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let d = cfg.hidden_size;
+        let hd = cfg.head_dim();
+        let (nh, nkv) = (cfg.num_attention_heads, cfg.num_kv_heads());
+        let bias = cfg.qkv_bias();
+        let get_b = |name: &str, n: usize| -> Result<Option<Tensor>> {
+            if bias {
+                Ok(Some(vb.pp(name).get(n, "bias")?))
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(Self {
+            q_w: vb.pp("q_proj").get((nh * hd, d), "weight")?,
+            q_b: get_b("q_proj", nh * hd)?,
+            k_w: vb.pp("k_proj").get((nkv * hd, d), "weight")?,
+            k_b: get_b("k_proj", nkv * hd)?,
+            v_w: vb.pp("v_proj").get((nkv * hd, d), "weight")?,
+            v_b: get_b("v_proj", nkv * hd)?,
+            o_w: vb.pp("o_proj").get((d, nh * hd), "weight")?,
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+        })
+    }
+
+    fn detach(&self) -> Self {
+        let d = |t: &Option<Tensor>| t.as_ref().map(Tensor::detach);
+        Self {
+            q_w: self.q_w.detach(),
+            q_b: d(&self.q_b),
+            k_w: self.k_w.detach(),
+            k_b: d(&self.k_b),
+            v_w: self.v_w.detach(),
+            v_b: d(&self.v_b),
+            o_w: self.o_w.detach(),
+            ..*self
+        }
+    }
+
+    /// `x: [B, T, d]`; `mask`: additive, broadcastable to `[B, heads, T, S]`
+    /// where S = cached + T. Returns `[B, T, d]`.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        mask: Option<&Tensor>,
+        cache: Option<&mut LayerKvCache>,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
+        let rep = nh / nkv;
+        // [B, T, heads, hd], rotated, then [B, heads, T, hd].
+        // grad: linear, reshape, rope (see apply_rope), transpose and contiguous (copy) differentiate.
+        let q = linear(x, &self.q_w, self.q_b.as_ref())?.reshape((b, t, nh, hd))?;
+        let k = linear(x, &self.k_w, self.k_b.as_ref())?.reshape((b, t, nkv, hd))?;
+        let v = linear(x, &self.v_w, self.v_b.as_ref())?.reshape((b, t, nkv, hd))?;
+        // Scaling q (smaller than the scores) by 1/sqrt(hd): affine has a backward rule.
+        let q = apply_rope(&q, rope)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
+        let q = q.transpose(1, 2)?.contiguous()?;
+        let k = apply_rope(&k, rope)?.transpose(1, 2)?.contiguous()?;
+        let v = v.transpose(1, 2)?.contiguous()?;
+        let (k, v) = match cache {
+            Some(c) => c.append(&k, &v)?,
+            None => (k, v),
+        };
+        let s = k.dim(2)?;
+        // Grouped-query attention without copying k/v `rep` times: query head
+        // h uses kv head h / rep (transformers' repeat_kv), so group the rep
+        // query heads of one kv head into the row dimension.
+        // q: [B, kv, rep*T, hd] @ k^T: [B, kv, hd, S] → [B, kv, rep*T, S] → [B, heads, T, S].
+        let q = q.reshape((b, nkv, rep * t, hd))?;
+        // grad: matmul's backward is two matmuls; reshape is a view.
+        let scores = q.matmul(&k.t()?)?.reshape((b, nh, t, s))?;
+        // grad: the additive mask is a constant; broadcast_add passes the gradient through.
+        let scores = match mask {
+            Some(m) => scores.broadcast_add(m)?,
+            None => scores,
+        };
+        let probs = softmax_last_dim(&scores)?;
+        // [B, kv, rep*T, S] @ [B, kv, S, hd] → [B, kv, rep*T, hd] → [B, heads, T, hd] → [B, T, heads*hd].
+        let out = probs
+            .reshape((b, nkv, rep * t, s))?
+            .matmul(&v)?
+            .reshape((b, nh, t, hd))?
+            .transpose(1, 2)?
+            .reshape((b, t, nh * hd))?;
+        linear(&out, &self.o_w, None)
+    }
+}
+
+/// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+}
+
+impl Mlp {
+    /// Loads `gate_proj`, `up_proj`, `down_proj` (no biases).
+    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let (d, f) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(Self {
+            gate: vb.pp("gate_proj").get((f, d), "weight")?,
+            up: vb.pp("up_proj").get((f, d), "weight")?,
+            down: vb.pp("down_proj").get((d, f), "weight")?,
+        })
+    }
+
+    fn detach(&self) -> Self {
+        Self {
+            gate: self.gate.detach(),
+            up: self.up.detach(),
+            down: self.down.detach(),
+        }
+    }
+
+    /// `x: [B, T, d]` → `[B, T, d]` (through `[B, T, ffn]`).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // grad: silu is a unary op with a backward rule (σ(x)(1 + x(1-σ(x))));
+        // mul differentiates both operands.
+        let g = linear(x, &self.gate, None)?.silu()?;
+        let u = linear(x, &self.up, None)?;
+        linear(&(g * u)?, &self.down, None)
+    }
+}
+
+/// One pre-norm decoder block: `h = x + attn(norm(x)); h + mlp(norm(h))`.
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    attn: Attention,
+    mlp: Mlp,
+    input_ln: RmsNorm,
+    post_ln: RmsNorm,
+}
+
+impl DecoderLayer {
+    /// Loads `self_attn`, `mlp`, `input_layernorm`, `post_attention_layernorm`.
+    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            attn: Attention::new(cfg, vb.pp("self_attn"))?,
+            mlp: Mlp::new(cfg, vb.pp("mlp"))?,
+            input_ln: RmsNorm::new(cfg.hidden_size, cfg.rms_norm_eps, vb.pp("input_layernorm"))?,
+            post_ln: RmsNorm::new(
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+                vb.pp("post_attention_layernorm"),
+            )?,
+        })
+    }
+
+    fn detach(&self) -> Self {
+        Self {
+            attn: self.attn.detach(),
+            mlp: self.mlp.detach(),
+            input_ln: self.input_ln.detach(),
+            post_ln: self.post_ln.detach(),
+        }
+    }
+
+    /// `x: [B, T, d]` → `[B, T, d]`.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        mask: Option<&Tensor>,
+        cache: Option<&mut LayerKvCache>,
+    ) -> Result<Tensor> {
+        // grad: residual adds pass the gradient to both branches.
+        let h = (x + self.attn.forward(&self.input_ln.forward(x)?, rope, mask, cache)?)?;
+        &h + self.mlp.forward(&self.post_ln.forward(&h)?)?
+    }
+}
+
+/// The decoder stack with embedding, final norm, LM head and optional value head.
+#[derive(Debug, Clone)]
+pub struct Model {
+    embed: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    /// `[V, d]`; the embedding matrix itself when tied.
+    lm_head: Tensor,
+    value_head: Option<(Tensor, Tensor)>,
+    rotary: RotaryEmbedding,
+    dtype: DType,
+    device: Device,
+}
+
+impl Model {
+    /// Builds the model from `vb` (Hugging Face names); `with_value_head` adds
+    /// `value_head.weight: [1, d]` and `value_head.bias: [1]`.
+    pub fn new(cfg: &ModelConfig, with_value_head: bool, vb: VarBuilder) -> Result<Self> {
+        let d = cfg.hidden_size;
+        let m = vb.pp("model");
+        let embed = m.pp("embed_tokens").get((cfg.vocab_size, d), "weight")?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| DecoderLayer::new(cfg, m.pp("layers").pp(i)))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::new(d, cfg.rms_norm_eps, m.pp("norm"))?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            vb.pp("lm_head").get((cfg.vocab_size, d), "weight")?
+        };
+        let value_head = if with_value_head {
+            let v = vb.pp("value_head");
+            Some((v.get((1, d), "weight")?, v.get(1, "bias")?))
+        } else {
+            None
+        };
+        Ok(Self {
+            embed,
+            layers,
+            norm,
+            lm_head,
+            value_head,
+            rotary: RotaryEmbedding::new(cfg, vb.dtype(), vb.device())?,
+            dtype: vb.dtype(),
+            device: vb.device().clone(),
+        })
+    }
+
+    /// The same model on detached copies of the weights (shared storage, so
+    /// optimizer updates show through) for inference without an autograd graph.
+    pub fn detach(&self) -> Self {
+        Self {
+            embed: self.embed.detach(),
+            layers: self.layers.iter().map(DecoderLayer::detach).collect(),
+            norm: self.norm.detach(),
+            lm_head: self.lm_head.detach(),
+            value_head: self
+                .value_head
+                .as_ref()
+                .map(|(w, b)| (w.detach(), b.detach())),
+            rotary: self.rotary.clone(),
+            dtype: self.dtype,
+            device: self.device.clone(),
+        }
+    }
+
+    /// The rotary tables (for callers building per-sequence positions).
+    pub fn rotary(&self) -> &RotaryEmbedding {
+        &self.rotary
+    }
+
+    /// Whether a value head exists.
+    pub fn has_value_head(&self) -> bool {
+        self.value_head.is_some()
+    }
+
+    /// Final normed hidden states `[B, T, d]` for `ids: [B, T]` (u32).
+    /// `rope` holds the tables for the positions; `mask` is additive and
+    /// broadcastable to `[B, heads, T, S]`; `caches` (one per layer) are
+    /// appended to when given.
+    pub fn forward_hidden(
+        &self,
+        ids: &Tensor,
+        rope: &RopeTables,
+        mask: Option<&Tensor>,
+        caches: Option<&mut [LayerKvCache]>,
+    ) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        // grad: index_select's backward is index_add into the embedding rows.
+        let mut h = self
+            .embed
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, t, ()))?;
+        match caches {
+            Some(caches) => {
+                if caches.len() != self.layers.len() {
+                    candle_core::bail!("expected {} layer caches", self.layers.len())
+                }
+                for (layer, c) in self.layers.iter().zip(caches.iter_mut()) {
+                    h = layer.forward(&h, rope, mask, Some(c))?;
+                }
+            }
+            None => {
+                for layer in &self.layers {
+                    h = layer.forward(&h, rope, mask, None)?;
+                }
+            }
+        }
+        self.norm.forward(&h)
+    }
+
+    /// LM logits `[.., V]` of normed hidden states `[.., d]`.
+    pub fn logits(&self, h: &Tensor) -> Result<Tensor> {
+        // grad: through linear; for tied weights the gradient adds to the embedding's.
+        linear(h, &self.lm_head, None)
+    }
+
+    /// Scalar values `[B, T]` of normed hidden states `[B, T, d]`, if the value head exists.
+    pub fn values(&self, h: &Tensor) -> Result<Option<Tensor>> {
+        match &self.value_head {
+            Some((w, b)) => Ok(Some(linear(h, w, Some(b))?.squeeze(D::Minus1)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Causal additive mask `[1, 1, T, T]`: 0 on and below the diagonal, a large negative above.
+    pub fn causal_mask(&self, t: usize) -> Result<Tensor> {
+        let neg = mask_value(self.dtype);
+        let m: Vec<f32> = (0..t)
+            .flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { neg }))
+            .collect();
+        Tensor::from_vec(m, (1, 1, t, t), &self.device)?.to_dtype(self.dtype)
+    }
+
+    /// Logits `[B, T, V]` of `ids: [B, T]` at positions `0..T`, causal attention.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let t = ids.dim(1)?;
+        let rope = self.rotary.tables_contiguous(0, t)?;
+        let mask = self.causal_mask(t)?;
+        let h = self.forward_hidden(ids, &rope, Some(&mask), None)?;
+        self.logits(&h)
+    }
+
+    /// Number of decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+}
+
+impl Module for Model {
+    fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        Model::forward(self, ids)
+    }
+}
+
+/// The additive value used for masked attention scores: large and finite so
+/// that a fully masked row (a padding query) gives a uniform softmax, not NaN.
+pub(crate) fn mask_value(dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => -6.0e4,
+        _ => -1.0e9,
+    }
+}
