@@ -1,0 +1,150 @@
+//! Reply formats: how the policy writes its actions, and how we read them back.
+//!
+//! - [`ReplyFormat::ThinkAnswer`] (RAGEN): `<think>…</think><answer>a1 || a2</answer>`;
+//! - [`ReplyFormat::React`] (AgentGym): `Thought: … Action: …`.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Why a reply could not be read as actions.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FormatError {
+    #[error("no <answer>…</answer> block after <think>…</think>")]
+    MissingAnswer,
+    #[error("no 'Action:' line")]
+    MissingAction,
+    #[error("the answer holds no action")]
+    EmptyAnswer,
+}
+
+/// The reply format the policy is prompted (and trained) to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplyFormat {
+    /// RAGEN's `<think>…</think><answer>a1 || a2</answer>`.
+    #[default]
+    ThinkAnswer,
+    /// AgentGym's `Thought: …\nAction: …` (one action per turn).
+    React,
+}
+
+impl ReplyFormat {
+    /// The line appended to every observation telling the policy how to answer.
+    pub fn instruction(self, max_actions: usize) -> String {
+        match self {
+            ReplyFormat::ThinkAnswer => format!(
+                "Answer with <think>your thoughts</think><answer>action</answer>; up to {max_actions} actions separated by ' || '."
+            ),
+            ReplyFormat::React => {
+                "Answer with 'Thought: your thoughts' then a line 'Action: your action'.".to_string()
+            }
+        }
+    }
+
+    /// Read the actions out of a reply. At most `max_actions` are returned
+    /// (extra ones are dropped, as RAGEN does).
+    pub fn parse(self, reply: &str, max_actions: usize) -> Result<Vec<String>, FormatError> {
+        let actions: Vec<String> = match self {
+            ReplyFormat::ThinkAnswer => {
+                let answer = think_answer_block(reply).ok_or(FormatError::MissingAnswer)?;
+                answer
+                    .split("||")
+                    .map(|a| a.trim().to_string())
+                    .filter(|a| !a.is_empty())
+                    .collect()
+            }
+            ReplyFormat::React => {
+                let idx = reply.rfind("Action:").ok_or(FormatError::MissingAction)?;
+                let rest = &reply[idx + "Action:".len()..];
+                let line = rest.trim_start().lines().next().unwrap_or("").trim();
+                if line.is_empty() {
+                    vec![]
+                } else {
+                    vec![line.to_string()]
+                }
+            }
+        };
+        if actions.is_empty() {
+            return Err(FormatError::EmptyAnswer);
+        }
+        Ok(actions.into_iter().take(max_actions.max(1)).collect())
+    }
+
+    /// Render actions as a well-formed reply (expert demonstrations).
+    pub fn render(self, thought: &str, actions: &[String]) -> String {
+        match self {
+            ReplyFormat::ThinkAnswer => {
+                format!(
+                    "<think>{thought}</think><answer>{}</answer>",
+                    actions.join(" || ")
+                )
+            }
+            ReplyFormat::React => {
+                let action = actions.first().map(String::as_str).unwrap_or("");
+                format!("Thought: {thought}\nAction: {action}")
+            }
+        }
+    }
+}
+
+/// The content of the first `<answer>…</answer>` that follows a closed
+/// `<think>…</think>` (RAGEN's regex `<think>(.*?)</think>\s*<answer>(.*?)</answer>`).
+fn think_answer_block(reply: &str) -> Option<&str> {
+    let think_start = reply.find("<think>")?;
+    let after_think = &reply[think_start + "<think>".len()..];
+    let think_end = after_think.find("</think>")?;
+    let rest = after_think[think_end + "</think>".len()..].trim_start();
+    let rest = rest.strip_prefix("<answer>")?;
+    let end = rest.find("</answer>")?;
+    Some(&rest[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn think_answer_splits_actions_and_caps_count() {
+        let f = ReplyFormat::ThinkAnswer;
+        let r = "<think>push it</think> <answer>Up || Left||Down</answer>";
+        assert_eq!(f.parse(r, 5).unwrap(), vec!["Up", "Left", "Down"]);
+        assert_eq!(f.parse(r, 2).unwrap(), vec!["Up", "Left"]);
+    }
+
+    #[test]
+    fn think_answer_requires_both_blocks() {
+        let f = ReplyFormat::ThinkAnswer;
+        assert_eq!(
+            f.parse("<answer>Up</answer>", 5),
+            Err(FormatError::MissingAnswer)
+        );
+        assert_eq!(
+            f.parse("<think>x</think>Up", 5),
+            Err(FormatError::MissingAnswer)
+        );
+        assert_eq!(
+            f.parse("<think>x</think><answer> || </answer>", 5),
+            Err(FormatError::EmptyAnswer)
+        );
+        assert_eq!(f.parse("", 5), Err(FormatError::MissingAnswer));
+    }
+
+    #[test]
+    fn react_reads_last_action_line() {
+        let f = ReplyFormat::React;
+        assert_eq!(
+            f.parse("Thought: go\nAction: go to desk 1\n", 1).unwrap(),
+            vec!["go to desk 1"]
+        );
+        assert_eq!(f.parse("Thought: hmm", 1), Err(FormatError::MissingAction));
+        assert_eq!(f.parse("Action:   ", 1), Err(FormatError::EmptyAnswer));
+    }
+
+    #[test]
+    fn render_parses_back() {
+        for f in [ReplyFormat::ThinkAnswer, ReplyFormat::React] {
+            let acts = vec!["Up".to_string()];
+            assert_eq!(f.parse(&f.render("t", &acts), 5).unwrap(), acts);
+        }
+    }
+}
