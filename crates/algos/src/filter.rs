@@ -1,0 +1,173 @@
+//! StarPO-S rollout filtering: keep the groups the policy is most
+//! uncertain about.
+
+use crate::error::{AlgoError, Result};
+use crate::stats::{check_len, group_members, unbiased_std};
+
+/// What [`top_std_groups`] kept, plus the in-group std diagnostics RAGEN logs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupFilterResult {
+    /// Ids of the kept groups, ascending.
+    pub kept_groups: Vec<usize>,
+    /// Per trajectory (same order as the input): true if its group is kept.
+    pub kept_mask: Vec<bool>,
+    /// Mean over all groups of the in-group (unbiased) std of raw scores.
+    pub std_before: f32,
+    /// The same mean over the kept groups only.
+    pub std_after: f32,
+}
+
+/// StarPO-S filter (RAGEN, arXiv 2504.20073): rank groups by the unbiased
+/// std of their members' **raw** trajectory scores and keep the top
+/// `ceil(keep_ratio × n_groups)` groups (at least one).
+///
+/// ```text
+/// s_g  = std_unbiased({ R_i : group_ids[i] = g })     (0 for a singleton)
+/// keep = the k groups with the largest s_g, k = max(1, ceil(keep_ratio · n_groups))
+/// ```
+///
+/// Ties in `s_g` are broken by the smaller group id, so the result is
+/// deterministic. `keep_ratio = 1` keeps every group. The product
+/// `keep_ratio · n_groups` is rounded up after removing a 1e-6 tolerance so
+/// that e.g. 0.3 × 10 keeps 3 groups, not 4 (0.3 · 10 = 3.0000000000000004
+/// in binary floating point).
+///
+/// **Pitfall (RAGEN):** pass the raw environment scores, before format
+/// penalties are folded in and before any GRPO normalisation. RAGEN's code
+/// reads scores after normalisation was written into the same tensor, where
+/// every non-degenerate group has std ≈ 1 and the ranking is meaningless.
+///
+/// # Errors
+/// Length mismatch; [`AlgoError::InvalidParam`] unless `0 < keep_ratio <= 1`.
+pub fn top_std_groups(
+    raw_scores: &[f32],
+    group_ids: &[usize],
+    keep_ratio: f32,
+) -> Result<GroupFilterResult> {
+    check_len("group_ids", raw_scores.len(), group_ids.len())?;
+    if !(keep_ratio > 0.0 && keep_ratio <= 1.0) {
+        return Err(AlgoError::InvalidParam {
+            name: "rollout_filter_ratio",
+            reason: format!("must be in (0, 1], got {keep_ratio}"),
+        });
+    }
+    // (group id, std) in ascending id order.
+    let stds: Vec<(usize, f64)> = group_members(group_ids)
+        .into_iter()
+        .map(|(g, members)| {
+            let xs: Vec<f64> = members.iter().map(|&i| raw_scores[i] as f64).collect();
+            (g, unbiased_std(&xs))
+        })
+        .collect();
+    let n_groups = stds.len();
+    let k =
+        ((keep_ratio as f64 * n_groups as f64 - 1e-6).ceil() as usize).clamp(1, n_groups.max(1));
+
+    let mut ranked = stds.clone();
+    // Largest std first; equal stds keep ascending id order (stable sort).
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut kept_groups: Vec<usize> = ranked.iter().take(k).map(|&(g, _)| g).collect();
+    kept_groups.sort_unstable();
+
+    let mean_std = |it: &mut dyn Iterator<Item = f64>| {
+        let (sum, n) = it.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+        if n == 0 {
+            0.0
+        } else {
+            (sum / n as f64) as f32
+        }
+    };
+    let std_before = mean_std(&mut stds.iter().map(|&(_, s)| s));
+    let std_after = mean_std(
+        &mut stds
+            .iter()
+            .filter(|(g, _)| kept_groups.binary_search(g).is_ok())
+            .map(|&(_, s)| s),
+    );
+    let kept_mask = group_ids
+        .iter()
+        .map(|g| kept_groups.binary_search(g).is_ok())
+        .collect();
+    Ok(GroupFilterResult {
+        kept_groups,
+        kept_mask,
+        std_before,
+        std_after,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // 4 groups of 2:
+    //   g0 [0, 1]      std = |0−1|/√2 = 0.707107
+    //   g1 [1, 1]      std = 0
+    //   g2 [0, 10]     std = 7.071068
+    //   g3 [0.5, 0]    std = 0.353553
+    fn example() -> (Vec<f32>, Vec<usize>) {
+        (
+            vec![0.0, 1.0, 1.0, 1.0, 0.0, 10.0, 0.5, 0.0],
+            vec![0, 0, 1, 1, 2, 2, 3, 3],
+        )
+    }
+
+    #[test]
+    fn filter_keeps_highest_std_groups() {
+        // ratio 0.5 → ceil(2) = 2 groups: g2 (7.07) and g0 (0.707).
+        // std_before = (0.707107 + 0 + 7.071068 + 0.353553)/4 = 2.032932
+        // std_after  = (0.707107 + 7.071068)/2 = 3.889087
+        let (s, g) = example();
+        let f = top_std_groups(&s, &g, 0.5).unwrap();
+        assert_eq!(f.kept_groups, vec![0, 2]);
+        assert_eq!(
+            f.kept_mask,
+            vec![true, true, false, false, true, true, false, false]
+        );
+        assert!((f.std_before - 2.032932).abs() < 1e-5);
+        assert!((f.std_after - 3.889087).abs() < 1e-5);
+        // ratio 0.25 → 1 group; ratio 0.01 still keeps 1.
+        assert_eq!(top_std_groups(&s, &g, 0.25).unwrap().kept_groups, vec![2]);
+        assert_eq!(top_std_groups(&s, &g, 0.01).unwrap().kept_groups, vec![2]);
+    }
+
+    #[test]
+    fn filter_keeps_all_at_ratio_one() {
+        let (s, g) = example();
+        let f = top_std_groups(&s, &g, 1.0).unwrap();
+        assert_eq!(f.kept_groups, vec![0, 1, 2, 3]);
+        assert!(f.kept_mask.iter().all(|&k| k));
+        assert_eq!(f.std_before, f.std_after);
+    }
+
+    #[test]
+    fn filter_uses_raw_scores_not_normalised_ones() {
+        // On raw scores g2 ([0, 10]) is by far the most uncertain group.
+        let (s, g) = example();
+        assert_eq!(top_std_groups(&s, &g, 0.25).unwrap().kept_groups, vec![2]);
+        // After GRPO normalisation every non-degenerate group of 2 becomes
+        // [−0.707, +0.707] with std 1 (RAGEN's pitfall): the ranking carries
+        // no information, which is why the filter must see raw scores.
+        let normalised = crate::advantage::grpo(&s, &g, true, 0.0).unwrap();
+        let f = top_std_groups(&normalised, &g, 1.0).unwrap();
+        // std_before = (1 + 0 + 1 + 1) / 4 = 0.75
+        assert!((f.std_before - 0.75).abs() < 1e-5);
+    }
+
+    #[test]
+    fn filter_breaks_ties_by_group_id_and_rounds_ratio_robustly() {
+        // 10 groups with equal std: 0.3 × 10 keeps exactly 3, the lowest ids.
+        let scores: Vec<f32> = (0..20).map(|i| (i % 2) as f32).collect();
+        let ids: Vec<usize> = (0..20).map(|i| 9 - i / 2).collect();
+        let f = top_std_groups(&scores, &ids, 0.3).unwrap();
+        assert_eq!(f.kept_groups, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn filter_rejects_bad_ratio() {
+        let (s, g) = example();
+        assert!(top_std_groups(&s, &g, 0.0).is_err());
+        assert!(top_std_groups(&s, &g, 1.5).is_err());
+        assert!(top_std_groups(&s, &g, f32::NAN).is_err());
+    }
+}
