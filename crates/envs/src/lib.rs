@@ -6,6 +6,7 @@ pub use agentrl_env_core::*;
 pub fn descriptors() -> Vec<EnvDescriptor> {
     vec![
         // Each env crate adds one line here: `agentrl_env_x::descriptor(),`
+        agentrl_env_textcraft::descriptor(),
     ]
 }
 
