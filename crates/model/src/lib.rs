@@ -11,12 +11,12 @@ pub mod policy;
 pub mod qwen2;
 pub mod sampling;
 
+/// The tensor library, re-exported so callers need no direct dependency.
+pub use candle_core;
+/// candle's NN helpers (VarMap), re-exported for the same reason.
+pub use candle_nn;
 pub use config::{ModelConfig, RopeParameters};
 pub use error::ModelError;
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use policy::{PolicyModel, SequenceLogprobs};
 pub use sampling::{Generation, SamplingParams};
-pub mod chat_template;
-pub mod tokenizer;
-pub use chat_template::{ChatMessage, ChatTemplate, TemplateError};
-pub use tokenizer::{ChatTokenizer, TokenizerError};
