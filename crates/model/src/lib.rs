@@ -20,3 +20,7 @@ pub use error::ModelError;
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use policy::{PolicyModel, SequenceLogprobs};
 pub use sampling::{Generation, SamplingParams};
+pub mod chat_template;
+pub mod tokenizer;
+pub use chat_template::{ChatMessage, ChatTemplate, TemplateError};
+pub use tokenizer::{ChatTokenizer, TokenizerError};
