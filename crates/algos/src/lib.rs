@@ -26,8 +26,8 @@ pub mod stats;
 
 pub use advantage::gae::masks_from_turn_ids;
 pub use advantage::{
-    gae, gae_bilevel, gigpo, grpo, reinforce_plus_plus, rloo, sequence_to_tokens, turns_to_tokens,
-    BiLevelGaeConfig, GaeOutput, GRPO_EPS,
+    gae, gae_bilevel, gigpo, grpo, kl_in_reward, reinforce_plus_plus, rloo, sequence_to_tokens,
+    turns_to_tokens, BiLevelGaeConfig, GaeOutput, GRPO_EPS,
 };
 pub use error::{AlgoError, Result};
 pub use filter::{top_std_groups, GroupFilterResult};
@@ -41,16 +41,16 @@ pub use stats::{explained_variance, masked_mean, masked_whiten, unbiased_std};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AdvEstimator {
-    /// GAE with a critic ([`gae`], or [`gae_bilevel`] when bi-level is on).
+    /// GAE with a critic ([`gae()`], or [`gae_bilevel`] when bi-level is on).
     Gae,
-    /// GRPO / Dr.GRPO ([`grpo`]).
+    /// GRPO / Dr.GRPO ([`grpo()`]).
     #[default]
     Grpo,
-    /// RLOO ([`rloo`]).
+    /// RLOO ([`rloo()`]).
     Rloo,
     /// REINFORCE++ ([`reinforce_plus_plus`]).
     ReinforcePlusPlus,
-    /// GiGPO ([`gigpo`]).
+    /// GiGPO ([`gigpo()`]).
     Gigpo,
 }
 

@@ -245,7 +245,9 @@ mod tests {
     // [obs, p, p | obs | p, p]: turn 1 = positions 1–2 (penalty −0.1 on its
     // last token), turn 2 = positions 4–5 (outcome 1.0 on the last policy
     // token). Observation values are 9.0 so any leak of them shows.
-    fn two_turn() -> (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    type Rows = Vec<Vec<f32>>;
+
+    fn two_turn() -> (Rows, Rows, Rows) {
         (
             vec![vec![0.0, 0.0, -0.1, 0.0, 0.0, 1.0]],
             vec![vec![9.0, 0.5, 0.4, 9.0, 0.6, 0.7]],
@@ -364,7 +366,7 @@ mod tests {
             whiten: false,
         };
         assert!(matches!(
-            gae_bilevel(&vec![vec![0.0, 0.0]], &v, &ids, &cfg),
+            gae_bilevel(&[vec![0.0, 0.0]], &v, &ids, &cfg),
             Err(AlgoError::InvalidTurnId { turn_id: -2, .. })
         ));
     }

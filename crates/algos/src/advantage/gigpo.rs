@@ -104,6 +104,8 @@ pub fn gigpo(
 }
 
 #[cfg(test)]
+// Hand-computed values such as 0.707106 = 0.5/(0.707107 + ε) are not 1/√2.
+#[allow(clippy::approx_constant)]
 mod tests {
     use super::*;
 
@@ -121,7 +123,9 @@ mod tests {
     // last step); traj 1 visits 10 → 40 and fails. Both start in anchor
     // state 10. Group 1: traj 2 also starts in a state keyed 10, but belongs
     // to another task, so it must not join group 0's step group.
-    fn example() -> (Vec<f32>, Vec<usize>, Vec<Vec<u64>>, Vec<Vec<f32>>) {
+    type Example = (Vec<f32>, Vec<usize>, Vec<Vec<u64>>, Vec<Vec<f32>>);
+
+    fn example() -> Example {
         (
             vec![1.0, 0.0, 0.5],
             vec![0, 0, 1],

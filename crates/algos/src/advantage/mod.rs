@@ -22,4 +22,4 @@ pub use gigpo::gigpo;
 pub use grpo::{grpo, GRPO_EPS};
 pub use reinforce::reinforce_plus_plus;
 pub use rloo::rloo;
-pub use spread::{sequence_to_tokens, turns_to_tokens};
+pub use spread::{kl_in_reward, sequence_to_tokens, turns_to_tokens};

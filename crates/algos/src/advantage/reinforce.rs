@@ -88,7 +88,7 @@ mod tests {
         let a = reinforce_plus_plus(&rewards, &masks, 0.9).unwrap();
         let want = [
             vec![0.0, -0.279818, 0.046764, 0.0, 0.0, 0.920716, 1.380691],
-            vec![0.0, -1.149170, -0.919183],
+            vec![0.0, -1.14917, -0.919183],
         ];
         for (row, w) in a.iter().zip(want.iter()) {
             for (x, y) in row.iter().zip(w) {

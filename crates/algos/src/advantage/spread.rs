@@ -1,7 +1,7 @@
 //! Spreading trajectory- or turn-level advantages onto tokens.
 
 use crate::error::{AlgoError, Result};
-use crate::stats::{check_len, check_masks};
+use crate::stats::{check_len, check_masks, check_ragged};
 
 /// Token advantages from one advantage per sequence:
 /// `out[i][t] = adv[i] · mask[i][t]` (verl's `scores.unsqueeze(-1) *
@@ -20,7 +20,7 @@ pub fn sequence_to_tokens(adv: &[f32], masks: &[Vec<f32>]) -> Result<Vec<Vec<f32
         .collect())
 }
 
-/// Token advantages from one advantage per turn (e.g. [`super::gigpo`]):
+/// Token advantages from one advantage per turn (e.g. [`gigpo()`](super::gigpo())):
 /// `out[i][t] = turn_adv[i][turn_ids[i][t]]` for policy tokens, 0 where the
 /// turn id is −1.
 ///
@@ -55,6 +55,43 @@ pub fn turns_to_tokens(turn_adv: &[Vec<f32>], turn_ids: &[Vec<i32>]) -> Result<V
         .collect()
 }
 
+/// KL in the reward (verl `use_kl_in_reward`): `r'_t = r_t − β · kl_t` on
+/// policy tokens, unchanged (0) elsewhere, where `kl_t` is a per-token
+/// estimate from [`crate::kl_penalty`] under the *rollout* log-probs. β = 0
+/// returns the rewards unchanged, and the caller can then skip the
+/// reference forward pass entirely.
+///
+/// # Errors
+/// Shape or mask errors; [`AlgoError::InvalidParam`] for a non-finite β.
+pub fn kl_in_reward(
+    token_rewards: &[Vec<f32>],
+    kl: &[Vec<f32>],
+    masks: &[Vec<f32>],
+    coef: f32,
+) -> Result<Vec<Vec<f32>>> {
+    check_ragged("kl", token_rewards, kl)?;
+    check_ragged("masks", token_rewards, masks)?;
+    check_masks(masks)?;
+    if !coef.is_finite() {
+        return Err(AlgoError::InvalidParam {
+            name: "kl_coef",
+            reason: format!("must be finite, got {coef}"),
+        });
+    }
+    Ok(token_rewards
+        .iter()
+        .zip(kl)
+        .zip(masks)
+        .map(|((r, k), m)| {
+            r.iter()
+                .zip(k)
+                .zip(m)
+                .map(|((&r, &k), &m)| if m == 1.0 { r - coef * k } else { r })
+                .collect()
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,5 +107,22 @@ mod tests {
         let out = turns_to_tokens(&[vec![0.3, -0.7]], &[vec![-1, 0, 0, -1, 1]]).unwrap();
         assert_eq!(out, vec![vec![0.0, 0.3, 0.3, 0.0, -0.7]]);
         assert!(turns_to_tokens(&[vec![0.3]], &[vec![0, 1]]).is_err());
+    }
+
+    #[test]
+    fn kl_in_reward_penalises_policy_tokens_only() {
+        // β = 0.1: policy tokens r − 0.1·kl: 0 − 0.1·0.5 = −0.05; 1 − 0.1·2 = 0.8
+        // the observation token keeps its (zero) reward whatever its kl.
+        let out = kl_in_reward(
+            &[vec![0.0, 0.0, 1.0]],
+            &[vec![0.5, 7.0, 2.0]],
+            &[vec![1.0, 0.0, 1.0]],
+            0.1,
+        )
+        .unwrap();
+        let want = [-0.05, 0.0, 0.8];
+        for (x, y) in out[0].iter().zip(want) {
+            assert!((x - y).abs() < 1e-6, "{out:?}");
+        }
     }
 }

@@ -238,7 +238,7 @@ fn entropy_of_uniform_and_skewed_logits() {
         .unwrap()
         .to_vec2::<f32>()
         .unwrap();
-    close(h[0][0], 0.6931472, 1e-6);
+    close(h[0][0], std::f32::consts::LN_2, 1e-6);
     close(h[0][1], 0.5623351, 1e-6);
     let mask = t2(&[&[1.0, 0.0]]);
     let e = entropy_bonus(
