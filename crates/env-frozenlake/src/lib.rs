@@ -1,1 +1,407 @@
-//! (being written)
+//! FrozenLake as RAGEN uses it: an N×N slippery lake with holes and a goal.
+//!
+//! Maps come from gymnasium's random-map generator (each cell frozen with
+//! probability 0.8, redrawn until solvable); the player starts top-left, the
+//! goal is bottom-right. On slippery ice the intended move happens with
+//! probability `1 - slip` and each perpendicular move with `slip / 2`
+//! (RAGEN: 1/3 each, i.e. `slip = 2/3`). Reward 1 at the goal, else 0.
+
+mod generator;
+mod parser;
+mod solver;
+
+use agentrl_env_core::{
+    stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError, StepInfo,
+    TaskSpec,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+pub use generator::{generate_map, Map, Tile};
+pub use parser::{parse_action, Action, MAX_ACTION_LEN};
+pub use solver::{outcomes, solve, Policy};
+
+/// Registry name.
+pub const NAME: &str = "frozenlake";
+/// Difficulty levels; the first is the default.
+pub const DIFFICULTIES: &[&str] = &["easy", "hard"];
+/// RAGEN's slip: the intended move and each perpendicular move 1/3 each.
+pub const DEFAULT_SLIP: f64 = 2.0 / 3.0;
+
+/// The registry entry.
+pub fn descriptor() -> EnvDescriptor {
+    EnvDescriptor {
+        name: NAME,
+        summary:
+            "slippery N×N ice with holes; reach the goal (RAGEN FrozenLake; easy 4×4, hard 6×6)",
+        difficulties: DIFFICULTIES,
+        default_max_turns: 5,
+        factory: |spec, params| Ok(Box::new(FrozenLake::new(spec, params)?)),
+    }
+}
+
+/// Everything that shapes a task, from the difficulty and the `[env]` params.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Side of the square map.
+    pub size: usize,
+    /// Probability that a generated cell is frozen (gymnasium's `p`).
+    pub frozen_prob: f64,
+    /// Probability that a move slips to one of the two perpendicular directions.
+    pub slip: f64,
+    /// Valid steps before the episode ends unsuccessfully.
+    pub max_steps: usize,
+}
+
+impl Config {
+    /// Defaults of a difficulty: easy 4×4, hard 6×6; RAGEN's slip; 100 steps.
+    pub fn for_difficulty(difficulty: &str) -> Result<Self, EnvError> {
+        let size = match difficulty {
+            "easy" => 4,
+            "hard" => 6,
+            other => {
+                return Err(EnvError::UnknownDifficulty {
+                    env: NAME.to_string(),
+                    difficulty: other.to_string(),
+                    available: DIFFICULTIES.join(", "),
+                })
+            }
+        };
+        Ok(Self {
+            size,
+            frozen_prob: 0.8,
+            slip: DEFAULT_SLIP,
+            max_steps: 100,
+        })
+    }
+
+    /// Apply `[env]` params: `slip` (0 ≤ slip ≤ 1), `is_slippery` (bool; false
+    /// means `slip = 0`), `size` (2–16), `frozen_prob` (0 < p ≤ 1), `max_steps` (≥ 1).
+    pub fn apply_params(&mut self, params: &EnvParams) -> Result<(), EnvError> {
+        let bad = |key: &str, reason: &str| EnvError::InvalidParam {
+            env: NAME.to_string(),
+            key: key.to_string(),
+            reason: reason.to_string(),
+        };
+        for (key, value) in params {
+            match key.as_str() {
+                "slip" => {
+                    let v = value
+                        .as_f64()
+                        .ok_or_else(|| bad(key, "expected a number"))?;
+                    if !(0.0..=1.0).contains(&v) {
+                        return Err(bad(key, "must be between 0 and 1"));
+                    }
+                    self.slip = v;
+                }
+                "is_slippery" => {
+                    let v = value
+                        .as_bool()
+                        .ok_or_else(|| bad(key, "expected true or false"))?;
+                    if !v {
+                        if params
+                            .get("slip")
+                            .and_then(|s| s.as_f64())
+                            .is_some_and(|s| s > 0.0)
+                        {
+                            return Err(bad(key, "is_slippery=false contradicts slip > 0"));
+                        }
+                        self.slip = 0.0;
+                    }
+                }
+                "size" => {
+                    let v = value
+                        .as_u64()
+                        .ok_or_else(|| bad(key, "expected an integer"))?;
+                    if !(2..=16).contains(&v) {
+                        return Err(bad(key, "must be between 2 and 16"));
+                    }
+                    self.size = v as usize;
+                }
+                "frozen_prob" => {
+                    let v = value
+                        .as_f64()
+                        .ok_or_else(|| bad(key, "expected a number"))?;
+                    if !(v > 0.0 && v <= 1.0) {
+                        return Err(bad(key, "must be in (0, 1]"));
+                    }
+                    self.frozen_prob = v;
+                }
+                "max_steps" => {
+                    let v = value
+                        .as_u64()
+                        .ok_or_else(|| bad(key, "expected an integer"))?;
+                    if v == 0 {
+                        return Err(bad(key, "must be at least 1"));
+                    }
+                    self.max_steps = v as usize;
+                }
+                _ => {
+                    return Err(bad(
+                        key,
+                        "unknown key (known: slip, is_slippery, size, frozen_prob, max_steps)",
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One FrozenLake task.
+#[derive(Debug, Clone)]
+pub struct FrozenLake {
+    spec: TaskSpec,
+    config: Config,
+    map: Map,
+    map_hash: u64,
+    pos: usize,
+    steps: usize,
+    invalid: usize,
+    done: bool,
+    success: bool,
+    /// The slip stream as it is at reset, so a reset replays identically.
+    slip_rng_start: ChaCha8Rng,
+    slip_rng: ChaCha8Rng,
+    /// Expert policy, computed on first use (value iteration is not free and
+    /// most envs in training never ask for it).
+    policy: Option<Policy>,
+}
+
+impl FrozenLake {
+    /// Generate the task of `spec` with `[env]` params.
+    pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
+        let mut config = Config::for_difficulty(&spec.difficulty)?;
+        config.apply_params(params)?;
+        Self::with_config(spec, config)
+    }
+
+    /// Generate the task of `spec` with an explicit config.
+    pub fn with_config(spec: &TaskSpec, config: Config) -> Result<Self, EnvError> {
+        let mut rng = task_rng(spec)?;
+        let map = generate_map(&mut rng, config.size, config.frozen_prob);
+        Self::from_map(spec, config, map)
+    }
+
+    /// An env playing a given map (tests, hand-made tasks). The map must be
+    /// `config.size` square with the start at 0 and the goal at the last cell.
+    pub fn from_map(spec: &TaskSpec, config: Config, map: Map) -> Result<Self, EnvError> {
+        if map.size != config.size || map.tiles.len() != map.size * map.size || map.size < 2 {
+            return Err(EnvError::InvalidSpec(
+                "map does not match the configured size".into(),
+            ));
+        }
+        // The slip stream is separate from the map stream so that changing
+        // the slip parameter does not change the map.
+        let abs = spec.absolute_seed()?;
+        let slip_seed = stable_hash(&[
+            b"frozenlake-slip",
+            spec.env.as_bytes(),
+            spec.difficulty.as_bytes(),
+            &abs.to_le_bytes(),
+        ]);
+        let slip_rng = ChaCha8Rng::seed_from_u64(slip_seed);
+        let map_hash = stable_hash(&[&map.to_bytes(), &config.slip.to_le_bytes()]);
+        Ok(Self {
+            spec: spec.clone(),
+            pos: map.start(),
+            config,
+            map,
+            map_hash,
+            steps: 0,
+            invalid: 0,
+            done: false,
+            success: false,
+            slip_rng_start: slip_rng.clone(),
+            slip_rng,
+            policy: None,
+        })
+    }
+
+    /// The lake.
+    pub fn map(&self) -> &Map {
+        &self.map
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The player's cell (row-major index).
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Render the grid with RAGEN's symbols.
+    fn render(&self) -> String {
+        let n = self.map.size;
+        let mut s = String::with_capacity(n * (n + 1) + 2);
+        for (i, tile) in self.map.tiles.iter().enumerate() {
+            if i > 0 && i % n == 0 {
+                s.push('\n');
+            }
+            let c = if i == self.pos {
+                match tile {
+                    Tile::Hole => 'X',
+                    Tile::Goal => '√',
+                    _ => 'P',
+                }
+            } else {
+                match tile {
+                    Tile::Start | Tile::Frozen => '_',
+                    Tile::Hole => 'O',
+                    Tile::Goal => 'G',
+                }
+            };
+            s.push(c);
+        }
+        s
+    }
+
+    /// The direction the ice actually sends the player when `intended` is chosen.
+    fn slide(&mut self, intended: Action) -> Action {
+        if self.config.slip <= 0.0 {
+            return intended;
+        }
+        let u: f64 = self.slip_rng.random();
+        let [a, b] = intended.perpendicular();
+        if u < self.config.slip / 2.0 {
+            a
+        } else if u < self.config.slip {
+            b
+        } else {
+            intended
+        }
+    }
+}
+
+impl Env for FrozenLake {
+    fn spec(&self) -> &TaskSpec {
+        &self.spec
+    }
+
+    fn instructions(&self) -> String {
+        let slip = if self.config.slip > 0.0 {
+            format!(
+                "The ice is slippery: the intended move happens with probability {:.2}; \
+                 otherwise you slide to one of the two perpendicular directions \
+                 (probability {:.2} each). Moving into the edge leaves you in place.",
+                1.0 - self.config.slip,
+                self.config.slip / 2.0
+            )
+        } else {
+            "The ice is not slippery: every move goes where you intend. \
+             Moving into the edge leaves you in place."
+                .to_string()
+        };
+        format!(
+            "FrozenLake: you are on a {n}×{n} frozen lake. Reach the goal without falling into a hole.\n\
+             Symbols: P = you, _ = frozen ice, O = hole, G = goal, X = you in a hole, √ = you on the goal.\n\
+             {slip}\n\
+             Actions: Left, Down, Right, Up (or 1, 2, 3, 4).\n\
+             Reward: 1 when you reach the goal, otherwise 0. Falling into a hole ends the game; \
+             so does running out of steps ({max} steps).",
+            n = self.map.size,
+            max = self.config.max_steps
+        )
+    }
+
+    fn reset(&mut self) -> String {
+        self.pos = self.map.start();
+        self.steps = 0;
+        self.invalid = 0;
+        self.done = false;
+        self.success = false;
+        self.slip_rng = self.slip_rng_start.clone();
+        self.render()
+    }
+
+    fn step(&mut self, action: &str) -> Result<Step, StepError> {
+        if self.done {
+            return Err(StepError::EpisodeOver);
+        }
+        let intended = match parse_action(action) {
+            Ok(a) => a,
+            Err(e) => {
+                self.invalid += 1;
+                return Err(e.into());
+            }
+        };
+        let moved = self.slide(intended);
+        let next = self.map.neighbour(self.pos, moved.delta());
+        let effective = next != self.pos;
+        self.pos = next;
+        self.steps += 1;
+        let tile = self.map.tiles[next];
+        let reward = if tile == Tile::Goal { 1.0 } else { 0.0 };
+        self.success = tile == Tile::Goal;
+        self.done = tile.is_terminal() || self.steps >= self.config.max_steps;
+        Ok(Step {
+            observation: self.render(),
+            reward,
+            done: self.done,
+            success: self.success,
+            info: StepInfo {
+                effective,
+                extra: Default::default(),
+            },
+        })
+    }
+
+    fn observation(&self) -> String {
+        self.render()
+    }
+
+    fn available_actions(&self) -> Vec<String> {
+        if self.done {
+            return Vec::new();
+        }
+        Action::ALL.iter().map(|a| a.name().to_string()).collect()
+    }
+
+    fn state_key(&self) -> u64 {
+        stable_hash(&[
+            &self.map_hash.to_le_bytes(),
+            &(self.pos as u64).to_le_bytes(),
+        ])
+    }
+
+    fn expert_action(&mut self) -> Option<String> {
+        if self.done {
+            return None;
+        }
+        let (slip, horizon) = (self.config.slip, self.config.max_steps);
+        let map = &self.map;
+        let policy = self.policy.get_or_insert_with(|| solve(map, slip, horizon));
+        Some(
+            policy
+                .action(self.pos, horizon - self.steps)
+                .name()
+                .to_string(),
+        )
+    }
+
+    fn steps(&self) -> usize {
+        self.steps
+    }
+
+    fn invalid_actions(&self) -> usize {
+        self.invalid
+    }
+
+    fn max_steps(&self) -> usize {
+        self.config.max_steps
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+
+    fn is_success(&self) -> bool {
+        self.success
+    }
+}
+
+#[cfg(test)]
+mod tests;
