@@ -1,1 +1,40 @@
-//! (being written)
+//! The trainer: configuration, warm start, the RL loop, evaluation, the run
+//! directory with its metrics and checkpoints.
+
+pub mod advantages;
+pub mod batch;
+pub mod bootstrap;
+pub mod config;
+pub mod evaluate;
+pub mod run_dir;
+pub mod sft;
+pub mod trainer;
+
+pub use config::{ConfigError, TrainConfig};
+pub use evaluate::{evaluate, EvalStats};
+pub use trainer::{Progress, Silent, StepMetrics, Summary, Trainer};
+
+/// Anything that can stop a training run, with the file or key it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Env(#[from] agentrl_env_core::EnvError),
+    #[error(transparent)]
+    Model(#[from] agentrl_model::ModelError),
+    #[error(transparent)]
+    Tensor(#[from] candle_core::Error),
+    #[error(transparent)]
+    Algo(#[from] agentrl_algos::AlgoError),
+    #[error(transparent)]
+    Rollout(#[from] agentrl_rollout::RolloutError),
+    #[error(transparent)]
+    Eval(#[from] evaluate::EvalError),
+    #[error(transparent)]
+    Bootstrap(#[from] bootstrap::BootstrapError),
+    #[error("run directory: {0}")]
+    RunDir(#[from] run_dir::RunDirError),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+}

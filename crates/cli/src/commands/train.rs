@@ -1,8 +1,132 @@
-//! `agentrl train` (being written).
+//! `agentrl train [CONFIG.toml] [key=value …] [--out RUN_DIR] [--resume RUN_DIR]`
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use agentrl_trainer::{Progress, TrainConfig, Trainer};
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(clap::Args)]
-pub struct TrainArgs {}
+pub struct TrainArgs {
+    /// A TOML config (default: the embedded tiny Sokoban-easy run), then
+    /// `section.key=value` overrides.
+    #[arg(value_name = "CONFIG_OR_OVERRIDE")]
+    args: Vec<String>,
+    /// Run directory (default: runs/<name>-<timestamp>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue a killed run from its latest checkpoint.
+    #[arg(long, conflicts_with = "out")]
+    resume: Option<PathBuf>,
+    /// Print the resolved config and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// No progress bars (log lines only).
+    #[arg(long)]
+    quiet: bool,
+}
 
-pub fn run(_args: TrainArgs) -> anyhow::Result<()> {
-    anyhow::bail!("agentrl train is being written")
+/// indicatif bars on stderr, one per phase.
+struct Bars {
+    bar: Option<ProgressBar>,
+    quiet: bool,
+}
+
+impl Progress for Bars {
+    fn message(&mut self, text: &str) {
+        match &self.bar {
+            Some(b) => b.println(text),
+            None => eprintln!("{text}"),
+        }
+    }
+    fn phase(&mut self, name: &str, total: usize) {
+        if self.quiet {
+            eprintln!("{name}: {total} steps");
+            return;
+        }
+        let b = ProgressBar::new(total as u64);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>4} [{bar:30}] {pos}/{len} {elapsed_precise} (eta {eta}) {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        b.set_prefix(name.to_string());
+        b.enable_steady_tick(Duration::from_millis(500));
+        self.bar = Some(b);
+    }
+    fn advance(&mut self, done: usize, text: &str) {
+        match &self.bar {
+            Some(b) => {
+                b.set_position(done as u64);
+                b.set_message(text.to_string());
+            }
+            None if !text.is_empty() => eprintln!("  {done}: {text}"),
+            None => {}
+        }
+    }
+    fn finish_phase(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish();
+        }
+    }
+}
+
+pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    let mut bars = Bars {
+        bar: None,
+        quiet: args.quiet,
+    };
+    let mut trainer = if let Some(dir) = &args.resume {
+        anyhow::ensure!(
+            args.args.is_empty(),
+            "--resume takes no config or overrides: the run's config.toml is used"
+        );
+        eprintln!("resuming {}", dir.display());
+        let t = Trainer::resume(dir).with_context(|| format!("cannot resume {}", dir.display()))?;
+        eprintln!(
+            "resuming after step {} of {}",
+            t.state.step, t.cfg.trainer.total_training_steps
+        );
+        t
+    } else {
+        let (config, overrides): (Option<PathBuf>, Vec<String>) = match args.args.split_first() {
+            Some((first, rest)) if !first.contains('=') => {
+                (Some(PathBuf::from(first)), rest.to_vec())
+            }
+            _ => (None, args.args.clone()),
+        };
+        let cfg = TrainConfig::load(config.as_deref(), &overrides)?;
+        if args.print_config {
+            print!("{}", cfg.to_toml());
+            return Ok(());
+        }
+        let out = args.out.clone().unwrap_or_else(|| {
+            let ts = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            PathBuf::from("runs").join(format!("{}-{ts}", cfg.name))
+        });
+        eprintln!("run directory: {}", out.display());
+        Trainer::start(cfg, &out, &mut bars)?
+    };
+    let summary = trainer.train(&mut bars)?;
+    println!(
+        "{}/{}: held-out success {:.1}% -> {:.1}% ({:+.1} points) after {} RL steps in {:.0}s",
+        summary.env,
+        summary.difficulty,
+        100.0 * summary.before.success_rate,
+        100.0 * summary.after.success_rate,
+        100.0 * (summary.after.success_rate - summary.before.success_rate),
+        summary.steps,
+        summary.wall_seconds
+    );
+    println!(
+        "summary: {}",
+        summary.run_dir.join("summary.json").display()
+    );
+    Ok(())
 }

@@ -1,0 +1,145 @@
+//! Making the starting policy: a tokenizer and a model, either loaded from a
+//! Hugging Face directory or created on the spot (byte-level BPE trained on the
+//! environment's own text, and a tiny randomly initialised Qwen2).
+
+use std::cell::RefCell;
+use std::path::Path;
+
+use agentrl_env_core::{Env, EnvError, EnvParams, Split, TaskSpec};
+use agentrl_model::tokenizer::ChatTokenizer;
+use agentrl_model::{ModelConfig, PolicyModel};
+use agentrl_rollout::{expert_trajectory, ChatCodec, RolloutConfig, SYSTEM_PROMPT};
+use candle_core::Device;
+
+use crate::config::{ModelSection, TrainConfig};
+use crate::evaluate::EnvMaker;
+
+/// A codec that records every text it is asked to encode: running expert
+/// demonstrations through it yields exactly the text a rollout tokenises,
+/// which is the corpus the tiny tokenizer is trained on.
+struct RecordingCodec {
+    texts: RefCell<Vec<String>>,
+}
+
+impl ChatCodec for RecordingCodec {
+    fn encode(&self, text: &str) -> Vec<u32> {
+        self.texts.borrow_mut().push(text.to_string());
+        text.bytes().map(u32::from).collect()
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        ids.iter().filter_map(|&i| char::from_u32(i)).collect()
+    }
+    fn im_start(&self) -> u32 {
+        1 << 20
+    }
+    fn im_end(&self) -> u32 {
+        (1 << 20) + 1
+    }
+}
+
+/// Text of expert episodes (prompts, observations, replies) plus error
+/// messages the policy will see, from `episodes` train tasks.
+pub fn environment_corpus(
+    make: &EnvMaker<'_>,
+    env: &str,
+    difficulties: &[&str],
+    params: &EnvParams,
+    rollout: &RolloutConfig,
+    actions_per_turn: usize,
+    episodes: usize,
+) -> Result<Vec<String>, EnvError> {
+    let codec = RecordingCodec {
+        texts: RefCell::new(vec![SYSTEM_PROMPT.to_string()]),
+    };
+    for d in difficulties {
+        for seed in 0..episodes as u64 {
+            let spec = TaskSpec::new(env, Split::Train, *d, seed);
+            let e: Box<dyn Env> = make(&spec, params)?;
+            expert_trajectory(e, 0, &codec, rollout, actions_per_turn);
+            // The messages an invalid action produces.
+            let mut e = make(&spec, params)?;
+            e.reset();
+            if let Err(err) = e.step("not an action") {
+                codec.texts.borrow_mut().push(format!("Invalid: {err}"));
+            }
+        }
+    }
+    let mut texts = codec.texts.into_inner();
+    for f in [
+        agentrl_rollout::ReplyFormat::ThinkAnswer,
+        agentrl_rollout::ReplyFormat::React,
+    ] {
+        for e in [
+            f.parse("", 1),
+            f.parse("<think></think><answer></answer>", 1),
+        ] {
+            if let Err(e) = e {
+                texts.push(format!("Invalid: {e}"));
+            }
+        }
+    }
+    Ok(texts)
+}
+
+/// The tiny model's shape from the `[model]` section.
+pub fn tiny_config(m: &ModelSection, vocab_size: usize) -> ModelConfig {
+    let mut c = ModelConfig::new_qwen2(
+        vocab_size,
+        m.hidden_size,
+        m.num_hidden_layers,
+        m.num_attention_heads,
+        m.num_key_value_heads,
+        m.intermediate_size,
+    );
+    c.max_position_embeddings = m.max_position_embeddings;
+    c
+}
+
+/// Error making the starting policy.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("model: {0}")]
+    Model(String),
+}
+
+/// Load the configured model directory, or create a tokenizer and tiny model.
+pub fn starting_policy(
+    cfg: &TrainConfig,
+    make: &EnvMaker<'_>,
+    with_value_head: bool,
+    device: &Device,
+) -> Result<(ChatTokenizer, PolicyModel), BootstrapError> {
+    if !cfg.model.path.is_empty() {
+        let dir = Path::new(&cfg.model.path);
+        let tok = ChatTokenizer::load(dir).map_err(|e| BootstrapError::Tokenizer(e.to_string()))?;
+        let model = PolicyModel::load(dir, with_value_head, device)
+            .map_err(|e| BootstrapError::Model(e.to_string()))?;
+        return Ok((tok, model));
+    }
+    let desc = agentrl_envs::find(&cfg.env.name)?;
+    let mut difficulties: Vec<&str> = vec![cfg.env.difficulty.as_str()];
+    for d in desc.difficulties {
+        if !difficulties.contains(d) {
+            difficulties.push(d);
+        }
+    }
+    let corpus = environment_corpus(
+        make,
+        &cfg.env.name,
+        &difficulties,
+        &cfg.env.params,
+        &cfg.rollout,
+        cfg.sft.actions_per_turn,
+        48,
+    )?;
+    let tok = ChatTokenizer::train_bpe(&corpus, cfg.model.vocab_size)
+        .map_err(|e| BootstrapError::Tokenizer(e.to_string()))?;
+    let mcfg = tiny_config(&cfg.model, tok.vocab_size());
+    let model = PolicyModel::new_random(&mcfg, with_value_head, cfg.model.init_seed, device)
+        .map_err(|e| BootstrapError::Model(e.to_string()))?;
+    Ok((tok, model))
+}

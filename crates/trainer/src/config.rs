@@ -1,0 +1,438 @@
+//! The training configuration: TOML sections with verl / RAGEN / AgentGym-RL
+//! names, overridable on the command line as `section.key=value`.
+
+use std::path::Path;
+
+use agentrl_rollout::RolloutConfig;
+use serde::{Deserialize, Serialize};
+
+/// The embedded default: a tiny model, SFT warm start, GRPO + StarPO-S.
+pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/default.toml");
+
+/// A config could not be read; the message names the file or key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {reason}")]
+    Read { path: String, reason: String },
+    #[error("config is not valid TOML: {0}")]
+    Syntax(String),
+    #[error("override '{0}' is not of the form section.key=value")]
+    OverrideSyntax(String),
+    #[error("override '{key}': '{section}' is not a table")]
+    NotATable { key: String, section: String },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Run name (the run directory is `runs/<name>-<timestamp>`).
+    #[serde(default = "default_name")]
+    pub name: String,
+    #[serde(default)]
+    pub model: ModelSection,
+    #[serde(default)]
+    pub algorithm: AlgorithmSection,
+    #[serde(default)]
+    pub actor: ActorSection,
+    #[serde(default)]
+    pub critic: CriticSection,
+    #[serde(default)]
+    pub rollout: RolloutConfig,
+    #[serde(default)]
+    pub trainer: TrainerSection,
+    pub env: EnvSection,
+    #[serde(default)]
+    pub sft: SftSection,
+}
+
+fn default_name() -> String {
+    "agentrl".to_string()
+}
+
+/// Which model: a Hugging Face directory, or a tiny one created on the spot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// A HF checkpoint directory; empty = create a tiny model and tokenizer.
+    pub path: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub intermediate_size: usize,
+    pub max_position_embeddings: usize,
+    /// Seed of the tiny model's initial weights.
+    pub init_seed: u64,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            path: String::new(),
+            vocab_size: 512,
+            hidden_size: 128,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            intermediate_size: 384,
+            max_position_embeddings: 2048,
+            init_seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlgorithmSection {
+    /// `gae` | `grpo` | `rloo` | `reinforce_plus_plus` | `gigpo`
+    pub adv_estimator: String,
+    pub gamma: f32,
+    pub lam: f32,
+    /// false = Dr.GRPO (no division by the group std).
+    pub norm_adv_by_std_in_grpo: bool,
+    /// GiGPO's weight ω of the step-level advantage.
+    pub gigpo_step_weight: f32,
+    /// Put the KL to the reference in the reward instead of the loss.
+    pub use_kl_in_reward: bool,
+    pub kl_coef: f32,
+}
+
+impl Default for AlgorithmSection {
+    fn default() -> Self {
+        Self {
+            adv_estimator: "grpo".into(),
+            gamma: 1.0,
+            lam: 1.0,
+            norm_adv_by_std_in_grpo: true,
+            gigpo_step_weight: 1.0,
+            use_kl_in_reward: false,
+            kl_coef: 0.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ActorSection {
+    pub lr: f64,
+    pub weight_decay: f64,
+    /// Trajectories per optimizer step.
+    pub ppo_mini_batch_size: usize,
+    pub ppo_epochs: usize,
+    pub clip_ratio_low: f32,
+    pub clip_ratio_high: f32,
+    /// Dual-clip constant c (0 disables).
+    pub clip_ratio_c: f32,
+    pub use_kl_loss: bool,
+    pub kl_loss_coef: f32,
+    /// `kl` (k1) | `mse` (k2) | `low_var_kl` (k3)
+    pub kl_loss_type: String,
+    pub entropy_coeff: f32,
+    /// `token-mean` | `seq-mean-token-sum` | `seq-mean-token-mean`
+    pub loss_agg_mode: String,
+    pub grad_clip: f64,
+}
+
+impl Default for ActorSection {
+    fn default() -> Self {
+        Self {
+            lr: 1e-4,
+            weight_decay: 0.01,
+            ppo_mini_batch_size: 32,
+            ppo_epochs: 1,
+            clip_ratio_low: 0.2,
+            clip_ratio_high: 0.28,
+            clip_ratio_c: 3.0,
+            use_kl_loss: false,
+            kl_loss_coef: 0.0,
+            kl_loss_type: "low_var_kl".into(),
+            entropy_coeff: 0.001,
+            loss_agg_mode: "token-mean".into(),
+            grad_clip: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CriticSection {
+    pub lr: f64,
+    pub cliprange_value: f32,
+    pub value_loss_coef: f32,
+}
+
+impl Default for CriticSection {
+    fn default() -> Self {
+        Self {
+            lr: 1e-4,
+            cliprange_value: 0.5,
+            value_loss_coef: 0.5,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainerSection {
+    pub total_training_steps: usize,
+    /// Evaluate on the validation seeds every this many steps (0 = only before/after).
+    pub test_freq: usize,
+    /// Checkpoint every this many steps (0 = only at the end).
+    pub save_freq: usize,
+    pub seed: u64,
+    /// Held-out validation tasks (seeds 0..val_tasks of the val split).
+    pub val_tasks: usize,
+    /// Sampling temperature for validation (0 = greedy).
+    pub val_temperature: f64,
+    /// Trajectories per step written to trajectories.jsonl.
+    pub log_trajectories: usize,
+}
+
+impl Default for TrainerSection {
+    fn default() -> Self {
+        Self {
+            total_training_steps: 50,
+            test_freq: 10,
+            save_freq: 10,
+            seed: 0,
+            val_tasks: 64,
+            val_temperature: 0.0,
+            log_trajectories: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvSection {
+    pub name: String,
+    #[serde(default = "default_difficulty")]
+    pub difficulty: String,
+    /// URL of an `agentrl serve` (or AgentGym) env server; empty = in-process.
+    #[serde(default)]
+    pub endpoint: String,
+    /// Environment-specific options.
+    #[serde(default)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+}
+
+fn default_difficulty() -> String {
+    "easy".into()
+}
+
+/// Supervised warm start on expert demonstrations.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SftSection {
+    /// Expert demonstrations (train seeds); 0 skips the warm start.
+    pub demos: usize,
+    pub epochs: usize,
+    pub lr: f64,
+    pub batch_size: usize,
+    /// Actions the expert writes per reply.
+    pub actions_per_turn: usize,
+}
+
+impl Default for SftSection {
+    fn default() -> Self {
+        Self {
+            demos: 256,
+            epochs: 2,
+            lr: 2e-3,
+            batch_size: 16,
+            actions_per_turn: 1,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Parse TOML text, apply `section.key=value` overrides, validate.
+    pub fn from_toml(text: &str, overrides: &[String]) -> Result<Self, ConfigError> {
+        let mut value: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::Syntax(e.to_string()))?;
+        for o in overrides {
+            apply_override(&mut value, o)?;
+        }
+        let cfg: TrainConfig = toml::Value::Table(value)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Invalid(e.to_string().trim().to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Read a config file (or the embedded default when `path` is None).
+    pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<Self, ConfigError> {
+        let text = match path {
+            None => DEFAULT_CONFIG.to_string(),
+            Some(p) => std::fs::read_to_string(p).map_err(|e| ConfigError::Read {
+                path: p.display().to_string(),
+                reason: e.to_string(),
+            })?,
+        };
+        Self::from_toml(&text, overrides)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |k: &str, why: &str| Err(ConfigError::Invalid(format!("{k}: {why}")));
+        if !["gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo"]
+            .contains(&self.algorithm.adv_estimator.as_str())
+        {
+            return bad(
+                "algorithm.adv_estimator",
+                "expected gae, grpo, rloo, reinforce_plus_plus or gigpo",
+            );
+        }
+        if !["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+            .contains(&self.actor.loss_agg_mode.as_str())
+        {
+            return bad(
+                "actor.loss_agg_mode",
+                "expected token-mean, seq-mean-token-sum or seq-mean-token-mean",
+            );
+        }
+        if !["kl", "mse", "low_var_kl"].contains(&self.actor.kl_loss_type.as_str()) {
+            return bad("actor.kl_loss_type", "expected kl, mse or low_var_kl");
+        }
+        if self.rollout.n == 0 || self.rollout.env_groups == 0 {
+            return bad("rollout.n / rollout.env_groups", "must be at least 1");
+        }
+        if self.rollout.max_turns == 0 || self.rollout.response_length == 0 {
+            return bad(
+                "rollout.max_turns / rollout.response_length",
+                "must be at least 1",
+            );
+        }
+        if !(0.0..=1.0).contains(&self.rollout.rollout_filter_ratio)
+            || self.rollout.rollout_filter_ratio == 0.0
+        {
+            return bad("rollout.rollout_filter_ratio", "must be in (0, 1]");
+        }
+        if self.actor.ppo_mini_batch_size == 0 || self.actor.ppo_epochs == 0 {
+            return bad(
+                "actor.ppo_mini_batch_size / actor.ppo_epochs",
+                "must be at least 1",
+            );
+        }
+        if self.actor.lr <= 0.0 || !self.actor.lr.is_finite() {
+            return bad("actor.lr", "must be a positive number");
+        }
+        if self.trainer.val_tasks == 0 {
+            return bad("trainer.val_tasks", "must be at least 1");
+        }
+        if self.model.path.is_empty()
+            && self.model.num_attention_heads % self.model.num_key_value_heads.max(1) != 0
+        {
+            return bad(
+                "model.num_key_value_heads",
+                "must divide model.num_attention_heads",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Set `a.b.c = value` in a TOML table; the value is read as a TOML literal
+/// (number, bool, string, array), falling back to a bare string.
+fn apply_override(root: &mut toml::Table, o: &str) -> Result<(), ConfigError> {
+    let (key, raw) = o
+        .split_once('=')
+        .ok_or_else(|| ConfigError::OverrideSyntax(o.to_string()))?;
+    let key = key.trim();
+    let parts: Vec<&str> = key.split('.').collect();
+    if key.is_empty() || parts.iter().any(|p| p.is_empty()) {
+        return Err(ConfigError::OverrideSyntax(o.to_string()));
+    }
+    let value = parse_literal(raw.trim());
+    let mut table = root;
+    for (i, part) in parts[..parts.len() - 1].iter().enumerate() {
+        let entry = table
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = entry.as_table_mut().ok_or_else(|| ConfigError::NotATable {
+            key: key.to_string(),
+            section: parts[..=i].join("."),
+        })?;
+    }
+    table.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+fn parse_literal(raw: &str) -> toml::Value {
+    let doc = format!("v = {raw}");
+    match doc.parse::<toml::Table>() {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_parses() {
+        let c = TrainConfig::load(None, &[]).unwrap();
+        assert_eq!(c.algorithm.adv_estimator, "grpo");
+    }
+
+    #[test]
+    fn overrides_set_nested_keys_with_types() {
+        let c = TrainConfig::load(
+            None,
+            &[
+                "actor.lr=0.5".into(),
+                "env.difficulty=hard".into(),
+                "rollout.format=react".into(),
+                "trainer.seed=7".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.actor.lr, 0.5);
+        assert_eq!(c.env.difficulty, "hard");
+        assert_eq!(c.rollout.format, agentrl_rollout::ReplyFormat::React);
+        assert_eq!(c.trainer.seed, 7);
+    }
+
+    #[test]
+    fn unknown_key_is_named_in_the_error() {
+        let e = TrainConfig::load(None, &["actor.lrr=0.5".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lrr"), "{e}");
+        let e = TrainConfig::from_toml("[env]\nname='bandit'\n[trainer]\nbogus=1\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_and_bad_values_are_errors() {
+        let e = TrainConfig::load(None, &["actor.lr=fast".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lr") || e.contains("actor"), "{e}");
+        let e = TrainConfig::load(None, &["algorithm.adv_estimator=ppo2".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("adv_estimator"), "{e}");
+        assert!(TrainConfig::load(None, &["nodot".into()]).is_err());
+        assert!(TrainConfig::from_toml("this is = not toml [", &[]).is_err());
+    }
+
+    #[test]
+    fn resolved_config_round_trips() {
+        let c = TrainConfig::load(None, &[]).unwrap();
+        let again = TrainConfig::from_toml(&c.to_toml(), &[]).unwrap();
+        assert_eq!(c, again);
+    }
+}

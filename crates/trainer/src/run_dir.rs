@@ -1,0 +1,202 @@
+//! The run directory: resolved config, metrics, trajectories, checkpoints,
+//! summary. A killed run resumes from its last checkpoint.
+//!
+//! ```text
+//! RUN_DIR/config.toml            resolved config
+//! RUN_DIR/metrics.jsonl          one JSON object per RL step ("kind":"train") and evaluation ("kind":"eval")
+//! RUN_DIR/trajectories.jsonl     sampled trajectories
+//! RUN_DIR/checkpoints/step-N/    model (HF layout) + tokenizer + optimizer.safetensors + trainer_state.json
+//! RUN_DIR/checkpoints/latest     name of the newest complete checkpoint
+//! RUN_DIR/summary.json           before/after success on held-out seeds
+//! ```
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::evaluate::EvalStats;
+
+/// Progress that a checkpoint carries besides weights and optimizer state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// RL steps completed.
+    pub step: usize,
+    /// Validation before RL (after the warm start).
+    pub before: Option<EvalStats>,
+    /// Validation of the freshly created model, before the warm start.
+    pub initial: Option<EvalStats>,
+    /// Wall seconds spent in earlier sessions of this run.
+    pub wall_seconds: f64,
+}
+
+pub struct RunDir {
+    pub path: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {reason}")]
+pub struct RunDirError {
+    pub path: String,
+    pub reason: String,
+}
+
+fn err(path: &Path, e: impl std::fmt::Display) -> RunDirError {
+    RunDirError {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    }
+}
+
+impl RunDir {
+    pub fn create(path: &Path) -> Result<Self, RunDirError> {
+        fs::create_dir_all(path.join("checkpoints")).map_err(|e| err(path, e))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn open(path: &Path) -> Result<Self, RunDirError> {
+        if !path.join("config.toml").is_file() {
+            return Err(err(path, "not a run directory (no config.toml)"));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.path.join("config.toml")
+    }
+
+    pub fn write_config(&self, text: &str) -> Result<(), RunDirError> {
+        let p = self.config_path();
+        fs::write(&p, text).map_err(|e| err(&p, e))
+    }
+
+    fn append_line(&self, file: &str, value: &serde_json::Value) -> Result<(), RunDirError> {
+        let p = self.path.join(file);
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&p)
+            .map_err(|e| err(&p, e))?;
+        writeln!(f, "{value}").map_err(|e| err(&p, e))
+    }
+
+    pub fn log_metrics(&self, value: &serde_json::Value) -> Result<(), RunDirError> {
+        self.append_line("metrics.jsonl", value)
+    }
+
+    pub fn log_trajectory(&self, value: &serde_json::Value) -> Result<(), RunDirError> {
+        self.append_line("trajectories.jsonl", value)
+    }
+
+    /// Drop metric and trajectory lines of steps after `step` (they were
+    /// written after the last checkpoint by a run that was then killed), so a
+    /// resumed run neither loses nor repeats a step.
+    pub fn truncate_logs_after(&self, step: usize) -> Result<(), RunDirError> {
+        for file in ["metrics.jsonl", "trajectories.jsonl"] {
+            let p = self.path.join(file);
+            if !p.exists() {
+                continue;
+            }
+            let f = File::open(&p).map_err(|e| err(&p, e))?;
+            let mut kept = String::new();
+            for line in BufReader::new(f).lines() {
+                let line = line.map_err(|e| err(&p, e))?;
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue; // a half-written last line from a kill
+                };
+                let s = v.get("step").and_then(|s| s.as_u64()).unwrap_or(0) as usize;
+                let phase = v.get("phase").and_then(|s| s.as_str()).unwrap_or("");
+                if s <= step && phase != "after" {
+                    kept.push_str(&line);
+                    kept.push('\n');
+                }
+            }
+            fs::write(&p, kept).map_err(|e| err(&p, e))?;
+        }
+        Ok(())
+    }
+
+    pub fn checkpoint_dir(&self, step: usize) -> PathBuf {
+        self.path.join("checkpoints").join(format!("step-{step}"))
+    }
+
+    /// Mark a fully written checkpoint as the one to resume from.
+    pub fn set_latest(&self, step: usize) -> Result<(), RunDirError> {
+        let p = self.path.join("checkpoints").join("latest");
+        let tmp = p.with_extension("tmp");
+        fs::write(&tmp, format!("step-{step}\n")).map_err(|e| err(&tmp, e))?;
+        fs::rename(&tmp, &p).map_err(|e| err(&p, e))
+    }
+
+    pub fn latest_checkpoint(&self) -> Result<PathBuf, RunDirError> {
+        let p = self.path.join("checkpoints").join("latest");
+        let name = fs::read_to_string(&p)
+            .map_err(|e| err(&p, format!("no checkpoint to resume from ({e})")))?;
+        let dir = self.path.join("checkpoints").join(name.trim());
+        if !dir.is_dir() {
+            return Err(err(&dir, "checkpoint named by 'latest' is missing"));
+        }
+        Ok(dir)
+    }
+
+    pub fn write_state(dir: &Path, state: &TrainerState) -> Result<(), RunDirError> {
+        let p = dir.join("trainer_state.json");
+        let text = serde_json::to_string_pretty(state).map_err(|e| err(&p, e))?;
+        fs::write(&p, text).map_err(|e| err(&p, e))
+    }
+
+    pub fn read_state(dir: &Path) -> Result<TrainerState, RunDirError> {
+        let p = dir.join("trainer_state.json");
+        let text = fs::read_to_string(&p).map_err(|e| err(&p, e))?;
+        serde_json::from_str(&text).map_err(|e| err(&p, e))
+    }
+
+    pub fn write_summary(&self, value: &serde_json::Value) -> Result<(), RunDirError> {
+        let p = self.path.join("summary.json");
+        let text = serde_json::to_string_pretty(value).map_err(|e| err(&p, e))?;
+        fs::write(&p, text + "\n").map_err(|e| err(&p, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_drops_steps_after_checkpoint_and_partial_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path()).unwrap();
+        for s in 1..=5 {
+            run.log_metrics(&serde_json::json!({"kind": "train", "step": s}))
+                .unwrap();
+        }
+        let p = dir.path().join("metrics.jsonl");
+        let mut text = fs::read_to_string(&p).unwrap();
+        text.push_str("{\"kind\": \"tra");
+        fs::write(&p, text).unwrap();
+        run.truncate_logs_after(3).unwrap();
+        let steps: Vec<u64> = fs::read_to_string(&p)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(steps, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn latest_checkpoint_errors_name_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path()).unwrap();
+        let e = run.latest_checkpoint().unwrap_err().to_string();
+        assert!(e.contains("latest"), "{e}");
+    }
+}

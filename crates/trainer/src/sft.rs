@@ -1,0 +1,97 @@
+//! Warm start: supervised next-token training on expert demonstrations,
+//! on the policy's own tokens only (the loss mask of a rollout).
+
+use agentrl_env_core::{EnvParams, Split, TaskSpec};
+use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, PolicyModel};
+use agentrl_rollout::{expert_trajectory, ChatCodec, RolloutConfig, Trajectory};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::batch::padded;
+use crate::config::SftSection;
+use crate::evaluate::EnvMaker;
+use crate::TrainError;
+
+/// Expert demonstrations on train seeds `first_seed..first_seed + n`.
+#[allow(clippy::too_many_arguments)]
+pub fn demonstrations(
+    make: &EnvMaker<'_>,
+    codec: &dyn ChatCodec,
+    env: &str,
+    difficulty: &str,
+    params: &EnvParams,
+    rollout: &RolloutConfig,
+    sft: &SftSection,
+    first_seed: u64,
+) -> Result<Vec<Trajectory>, TrainError> {
+    let mut demos = Vec::with_capacity(sft.demos);
+    for i in 0..sft.demos as u64 {
+        let spec = TaskSpec::new(env, Split::Train, difficulty, first_seed + i);
+        let e = make(&spec, params)?;
+        let t = expert_trajectory(e, i as usize, codec, rollout, sft.actions_per_turn);
+        // Only successful demonstrations teach the right behaviour.
+        if t.success {
+            demos.push(t);
+        }
+    }
+    Ok(demos)
+}
+
+/// Mean next-token NLL of the policy tokens of `trajs` (differentiable).
+pub fn nll(model: &PolicyModel, trajs: &[&Trajectory]) -> Result<candle_core::Tensor, TrainError> {
+    let seqs: Vec<Vec<u32>> = trajs.iter().map(|t| t.tokens.clone()).collect();
+    let out = model.sequence_logprobs(&seqs)?;
+    let width = out.logprobs.dim(1)?;
+    let masks: Vec<Vec<f32>> = trajs
+        .iter()
+        .map(|t| t.loss_mask.iter().skip(1).map(|&m| m as f32).collect())
+        .collect();
+    let mask = padded(&masks, width, &model.device)?;
+    let total = (out.logprobs * &mask)?.sum_all()?;
+    let count = mask.sum_all()?.to_scalar::<f32>()?.max(1.0);
+    Ok((total.neg()? / count as f64)?)
+}
+
+/// Train on the demonstrations; returns the mean loss of each epoch.
+pub fn train(
+    model: &PolicyModel,
+    demos: &[Trajectory],
+    sft: &SftSection,
+    grad_clip: f64,
+    seed: u64,
+    mut on_batch: impl FnMut(usize, usize, f32),
+) -> Result<Vec<f32>, TrainError> {
+    let vars = model.trainable_vars();
+    let mut opt = AdamW::new(
+        vars.clone(),
+        AdamWConfig {
+            lr: sft.lr,
+            weight_decay: 0.0,
+            ..AdamWConfig::default()
+        },
+    )?;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut order: Vec<usize> = (0..demos.len()).collect();
+    let batches_per_epoch = demos.len().div_ceil(sft.batch_size.max(1));
+    let total = batches_per_epoch * sft.epochs;
+    let mut epoch_losses = Vec::new();
+    let mut done = 0;
+    for _ in 0..sft.epochs {
+        order.shuffle(&mut rng);
+        let mut sum = 0.0;
+        for chunk in order.chunks(sft.batch_size.max(1)) {
+            let batch: Vec<&Trajectory> = chunk.iter().map(|&i| &demos[i]).collect();
+            let loss = nll(model, &batch)?;
+            let mut grads = loss.backward()?;
+            clip_grad_norm(&mut grads, &vars, grad_clip)?;
+            opt.step(&grads)?;
+            let l = loss.to_scalar::<f32>()?;
+            sum += l;
+            done += 1;
+            on_batch(done, total, l);
+        }
+        epoch_losses.push(sum / batches_per_epoch.max(1) as f32);
+    }
+    Ok(epoch_losses)
+}
