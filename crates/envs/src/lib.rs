@@ -7,6 +7,7 @@ pub fn descriptors() -> Vec<EnvDescriptor> {
     vec![
         // Each env crate adds one line here: `agentrl_env_x::descriptor(),`
         agentrl_env_textcraft::descriptor(),
+        agentrl_env_alfworld::descriptor(),
     ]
 }
 
