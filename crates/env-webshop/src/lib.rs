@@ -1,0 +1,828 @@
+//! WebShop: find and buy the product an instruction describes, in a text shop
+//! with a real BM25 search engine (tantivy, through `agentrl-search-index`).
+//!
+//! Pages, as in WebShop: the search page, result pages (10 per page, up to 50
+//! results, `next >` / `< prev`), the item page (options, `description`,
+//! `features`, `buy now`) and its description / features sub-pages. Actions
+//! are WebShop's `search[query]` and `click[...]`; results may be clicked by
+//! product id or title. Buying ends the episode with WebShop's reward (see
+//! [`reward`]); success means reward 1.
+//!
+//! Data: a built-in generated catalog (default), or WebShop's own files when
+//! the `data_dir` parameter names a directory holding them (see [`loader`]).
+//!
+//! Parameters (`[env]` keys): `catalog_size` (100–100000), `data_dir`,
+//! `goals` (`auto` | `human` | `synthetic`, for `data_dir`), `cache_dir`
+//! (index cache directory, or `memory`), `max_steps`.
+
+pub mod catalog;
+mod expert;
+pub mod loader;
+pub mod parser;
+pub mod reward;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use agentrl_env_core::{
+    stable_hash, task_rng, ActionError, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError,
+    StepInfo, TaskSpec,
+};
+use agentrl_search_index::{data_hash, shared_index, DocRef, IndexLocation, SearchIndex};
+use rand::seq::IndexedRandom;
+use rand::Rng;
+
+use crate::catalog::{GenConfig, Goal, Product};
+use crate::loader::{GoalSource, GoalTemplate};
+use crate::parser::{normalize_target, Action};
+
+/// Results per page, as WebShop.
+pub const RESULTS_PER_PAGE: usize = 10;
+/// Results a search returns at most, as WebShop (5 pages).
+pub const MAX_RESULTS: usize = 50;
+const DEFAULT_MAX_STEPS: usize = 30;
+
+/// The registry entry.
+pub fn descriptor() -> EnvDescriptor {
+    EnvDescriptor {
+        name: "webshop",
+        summary: "Shop a product catalog with a BM25 search engine: search[query], click[...]; WebShop's attribute/option/price reward",
+        difficulties: &["easy", "hard"],
+        default_max_turns: 15,
+        factory: |spec, params| Ok(Box::new(WebShopEnv::new(spec, params)?)),
+    }
+}
+
+/// How goals are made for the catalog.
+#[derive(Debug, Clone)]
+enum GoalPool {
+    /// Built-in catalog: any product is a target.
+    Generated,
+    /// WebShop files: goal templates from its instruction files.
+    Loaded(Vec<GoalTemplate>),
+}
+
+/// A catalog with its search index, shared by every env over it.
+#[derive(Debug)]
+pub struct World {
+    pub products: Vec<Product>,
+    index: Arc<SearchIndex>,
+    pool: GoalPool,
+}
+
+impl World {
+    /// BM25 search over the catalog: product indices, best first.
+    pub fn search(&self, query: &str, limit: usize) -> Vec<usize> {
+        // The index never fails on well-formed data; an I/O error on a cached
+        // index shows up as no results rather than a crashed rollout.
+        self.index
+            .search(query, 0, limit)
+            .map(|hits| hits.into_iter().map(|h| h.doc).collect())
+            .unwrap_or_default()
+    }
+}
+
+type WorldMap = Mutex<BTreeMap<String, Arc<World>>>;
+
+/// Catalogs by source (generator setting or data directory). Global state for
+/// the same reason as the index cache: `bench envs` and rollouts create one env
+/// per task, and each must not regenerate, reload or re-hash the catalog.
+fn worlds() -> &'static WorldMap {
+    static MAP: OnceLock<WorldMap> = OnceLock::new();
+    MAP.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
+
+#[derive(Debug, Clone)]
+struct Params {
+    catalog_size: Option<usize>,
+    data_dir: Option<PathBuf>,
+    goals: GoalSource,
+    location: IndexLocation,
+    max_steps: usize,
+}
+
+fn param_err(key: &str, reason: impl Into<String>) -> EnvError {
+    EnvError::InvalidParam {
+        env: "webshop".into(),
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+fn parse_params(params: &EnvParams) -> Result<Params, EnvError> {
+    let mut p = Params {
+        catalog_size: None,
+        data_dir: None,
+        goals: GoalSource::Auto,
+        location: IndexLocation::default_cache(),
+        max_steps: DEFAULT_MAX_STEPS,
+    };
+    for (key, value) in params {
+        match key.as_str() {
+            "catalog_size" => {
+                let n = value
+                    .as_u64()
+                    .ok_or_else(|| param_err(key, "expected an integer"))?;
+                if !(100..=100_000).contains(&n) {
+                    return Err(param_err(key, "must be between 100 and 100000"));
+                }
+                p.catalog_size = Some(n as usize);
+            }
+            "data_dir" => {
+                let s = value
+                    .as_str()
+                    .ok_or_else(|| param_err(key, "expected a path string"))?;
+                p.data_dir = Some(PathBuf::from(s));
+            }
+            "goals" => {
+                p.goals = match value.as_str() {
+                    Some("auto") => GoalSource::Auto,
+                    Some("human") => GoalSource::Human,
+                    Some("synthetic") => GoalSource::Synthetic,
+                    _ => {
+                        return Err(param_err(
+                            key,
+                            "expected \"auto\", \"human\" or \"synthetic\"",
+                        ))
+                    }
+                }
+            }
+            "cache_dir" => {
+                let s = value
+                    .as_str()
+                    .ok_or_else(|| param_err(key, "expected a path string or \"memory\""))?;
+                p.location = IndexLocation::from_param(s);
+            }
+            "max_steps" => {
+                let n = value
+                    .as_u64()
+                    .ok_or_else(|| param_err(key, "expected an integer"))?;
+                if n == 0 || n > 1000 {
+                    return Err(param_err(key, "must be between 1 and 1000"));
+                }
+                p.max_steps = n as usize;
+            }
+            _ => return Err(param_err(
+                key,
+                "unknown parameter (known: catalog_size, data_dir, goals, cache_dir, max_steps)",
+            )),
+        }
+    }
+    if p.data_dir.is_some() && p.catalog_size.is_some() {
+        return Err(param_err(
+            "catalog_size",
+            "not used with data_dir (the files set the catalog)",
+        ));
+    }
+    Ok(p)
+}
+
+/// Generator setting of a difficulty.
+fn gen_config(difficulty: &str, size: Option<usize>) -> GenConfig {
+    match difficulty {
+        "hard" => GenConfig {
+            size: size.unwrap_or(10_000),
+            family: 4,
+        },
+        _ => GenConfig {
+            size: size.unwrap_or(1_000),
+            family: 1,
+        },
+    }
+}
+
+fn index_error(e: agentrl_search_index::IndexError) -> EnvError {
+    EnvError::Data {
+        env: "webshop".into(),
+        path: "search index".into(),
+        reason: e.to_string(),
+    }
+}
+
+fn build_world(
+    products: Vec<Product>,
+    pool: GoalPool,
+    location: &IndexLocation,
+) -> Result<World, EnvError> {
+    let bodies: Vec<String> = products.iter().map(|p| p.search_body()).collect();
+    let docs: Vec<DocRef<'_>> = products
+        .iter()
+        .zip(&bodies)
+        .map(|(p, b)| DocRef {
+            title: &p.title,
+            body: b,
+        })
+        .collect();
+    let index = shared_index(&docs, data_hash(&docs), location).map_err(index_error)?;
+    Ok(World {
+        products,
+        index,
+        pool,
+    })
+}
+
+/// The shared catalog and index for a difficulty and parameters.
+fn world_for(difficulty: &str, p: &Params) -> Result<Arc<World>, EnvError> {
+    let key = match &p.data_dir {
+        Some(dir) => format!("dir:{}:{:?}", dir.display(), p.goals),
+        None => {
+            let cfg = gen_config(difficulty, p.catalog_size);
+            format!("gen:{}:{}", cfg.size, cfg.family)
+        }
+    };
+    // One lock over lookup and build: concurrent creators wait for one build.
+    let mut map = worlds().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(w) = map.get(&key) {
+        return Ok(Arc::clone(w));
+    }
+    let world = match &p.data_dir {
+        Some(dir) => {
+            let data = loader::load_dir(dir, p.goals)?;
+            build_world(data.products, GoalPool::Loaded(data.goals), &p.location)?
+        }
+        None => build_world(
+            catalog::generate(gen_config(difficulty, p.catalog_size)),
+            GoalPool::Generated,
+            &p.location,
+        )?,
+    };
+    let world = Arc::new(world);
+    map.insert(key, Arc::clone(&world));
+    Ok(world)
+}
+
+/// Which sub-page of an item is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    Description,
+    Features,
+}
+
+/// The page the agent is on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Page {
+    Search,
+    /// Result page `page` (0-based).
+    Results {
+        page: usize,
+    },
+    /// Product `product` (catalog index), opened from result page `page`.
+    Item {
+        product: usize,
+        page: usize,
+    },
+    Detail {
+        product: usize,
+        page: usize,
+        which: Detail,
+    },
+}
+
+/// One WebShop task.
+pub struct WebShopEnv {
+    spec: TaskSpec,
+    world: Arc<World>,
+    goal: Goal,
+    max_steps: usize,
+    page: Page,
+    query: String,
+    results: Vec<usize>,
+    /// Chosen option values by option name.
+    selected: BTreeMap<String, String>,
+    steps: usize,
+    invalid: usize,
+    done: bool,
+    success: bool,
+    last_reward: Option<reward::RewardBreakdown>,
+}
+
+impl std::fmt::Debug for WebShopEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebShopEnv")
+            .field("spec", &self.spec)
+            .field("goal", &self.goal)
+            .field("page", &self.page)
+            .finish()
+    }
+}
+
+impl WebShopEnv {
+    /// Create the env for a spec (see the crate docs for parameters).
+    pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
+        let p = parse_params(params)?;
+        let world = world_for(&spec.difficulty, &p)?;
+        let mut rng = task_rng(spec)?;
+        let hard = spec.difficulty == "hard";
+        let goal = match &world.pool {
+            GoalPool::Generated => {
+                let target = &world.products[rng.random_range(0..world.products.len())];
+                let (n_attrs, n_options) = if hard {
+                    (rng.random_range(2..=3), 2)
+                } else {
+                    (1, 1)
+                };
+                catalog::make_goal(target, n_attrs, n_options, &mut rng)
+            }
+            GoalPool::Loaded(templates) => {
+                let ids = loader::split_goals(templates, &world.products, spec.split);
+                let t = &templates[*ids
+                    .choose(&mut rng)
+                    .ok_or_else(|| EnvError::InvalidSpec("no goals".into()))?];
+                loaded_goal(t, &world.products[t.product], &mut rng)
+            }
+        };
+        let mut env = WebShopEnv {
+            spec: spec.clone(),
+            world,
+            goal,
+            max_steps: p.max_steps,
+            page: Page::Search,
+            query: String::new(),
+            results: Vec::new(),
+            selected: BTreeMap::new(),
+            steps: 0,
+            invalid: 0,
+            done: false,
+            success: false,
+            last_reward: None,
+        };
+        env.reset();
+        Ok(env)
+    }
+
+    /// The goal of this task.
+    pub fn goal(&self) -> &Goal {
+        &self.goal
+    }
+
+    /// The shared catalog.
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+
+    /// The current page.
+    pub fn page(&self) -> &Page {
+        &self.page
+    }
+
+    /// The reward buying catalog product `product` would earn with the option
+    /// values that match the goal chosen (the expert's scoring of a product).
+    pub fn achievable_reward(&self, product: usize) -> f64 {
+        expert::achievable(self, product)
+    }
+
+    /// Product indices of the current search results, best first.
+    pub fn results(&self) -> &[usize] {
+        &self.results
+    }
+
+    /// The reward breakdown of the purchase, once bought.
+    pub fn last_reward(&self) -> Option<&reward::RewardBreakdown> {
+        self.last_reward.as_ref()
+    }
+
+    fn num_pages(&self) -> usize {
+        self.results.len().div_ceil(RESULTS_PER_PAGE)
+    }
+
+    fn page_results(&self, page: usize) -> &[usize] {
+        let start = (page * RESULTS_PER_PAGE).min(self.results.len());
+        let end = (start + RESULTS_PER_PAGE).min(self.results.len());
+        &self.results[start..end]
+    }
+
+    fn header(&self) -> String {
+        format!("Instruction: {}\n", self.goal.instruction)
+    }
+
+    fn render(&self) -> String {
+        let mut s = self.header();
+        match &self.page {
+            Page::Search => s.push_str("[Search]\n"),
+            Page::Results { page } => {
+                s.push_str("[Back to Search]\n");
+                s.push_str(&format!(
+                    "Page {} (Total results: {})\n",
+                    page + 1,
+                    self.results.len()
+                ));
+                if *page > 0 {
+                    s.push_str("[< Prev]\n");
+                }
+                if page + 1 < self.num_pages() {
+                    s.push_str("[Next >]\n");
+                }
+                if self.results.is_empty() {
+                    s.push_str(&format!("No products match '{}'.\n", self.query));
+                }
+                for &i in self.page_results(*page) {
+                    let p = &self.world.products[i];
+                    s.push_str(&format!("[{}] {}\n${:.2}\n", p.asin, p.title, p.price));
+                }
+            }
+            Page::Item { product, .. } => {
+                let p = &self.world.products[*product];
+                s.push_str("[Back to Search]\n[< Prev]\n");
+                for (name, values) in &p.options {
+                    let vals: Vec<String> = values.iter().map(|v| format!("[{v}]")).collect();
+                    s.push_str(&format!("{name}: {}", vals.join(" ")));
+                    if let Some(sel) = self.selected.get(name) {
+                        s.push_str(&format!("  (selected: {sel})"));
+                    }
+                    s.push('\n');
+                }
+                s.push_str(&format!(
+                    "{}\nPrice: ${:.2}\nRating: N.A.\n",
+                    p.title, p.price
+                ));
+                s.push_str("[Description] [Features] [Buy Now]\n");
+            }
+            Page::Detail { product, which, .. } => {
+                let p = &self.world.products[*product];
+                s.push_str("[Back to Search]\n[< Prev]\n");
+                match which {
+                    Detail::Description => s.push_str(&format!("{}\n", p.description)),
+                    Detail::Features => {
+                        for b in &p.bullet_points {
+                            s.push_str(&format!("- {b}\n"));
+                        }
+                    }
+                }
+            }
+        }
+        s
+    }
+
+    /// The clickable targets of the current page, in display order (as typed in `click[...]`).
+    fn clickables(&self) -> Vec<String> {
+        match &self.page {
+            Page::Search => Vec::new(),
+            Page::Results { page } => {
+                let mut c = vec!["back to search".to_string()];
+                if *page > 0 {
+                    c.push("< prev".into());
+                }
+                if page + 1 < self.num_pages() {
+                    c.push("next >".into());
+                }
+                c.extend(
+                    self.page_results(*page)
+                        .iter()
+                        .map(|&i| self.world.products[i].asin.to_lowercase()),
+                );
+                c
+            }
+            Page::Item { product, .. } => {
+                let mut c = vec!["back to search".to_string(), "< prev".into()];
+                for (_, values) in &self.world.products[*product].options {
+                    c.extend(values.iter().cloned());
+                }
+                c.extend(["description".into(), "features".into(), "buy now".into()]);
+                c
+            }
+            Page::Detail { .. } => vec!["back to search".into(), "< prev".into()],
+        }
+    }
+
+    fn not_possible(action: &str, reason: &str) -> StepError {
+        StepError::InvalidAction(ActionError::NotPossible {
+            action: action.into(),
+            reason: reason.into(),
+        })
+    }
+
+    fn unknown_click(&self, target: &str) -> StepError {
+        StepError::InvalidAction(ActionError::Unknown {
+            action: format!("click[{target}]"),
+            expected: self
+                .clickables()
+                .iter()
+                .map(|c| format!("click[{c}]"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    /// Apply a parsed action; `Err` leaves the state untouched.
+    fn apply(&mut self, action: Action) -> Result<(f64, bool), StepError> {
+        match action {
+            Action::Search(q) => {
+                if self.page != Page::Search {
+                    return Err(Self::not_possible(
+                        &format!("search[{q}]"),
+                        "search is only possible on the search page; click[back to search] first",
+                    ));
+                }
+                self.results = self.world.search(&q, MAX_RESULTS);
+                self.query = q;
+                self.page = Page::Results { page: 0 };
+                Ok((0.0, true))
+            }
+            Action::Click(target) => self.click(&target),
+        }
+    }
+
+    fn click(&mut self, target: &str) -> Result<(f64, bool), StepError> {
+        let page = self.page.clone();
+        if target == "back to search" && page != Page::Search {
+            self.page = Page::Search;
+            self.selected.clear();
+            return Ok((0.0, true));
+        }
+        match page {
+            Page::Search => Err(Self::not_possible(
+                &format!("click[{target}]"),
+                "nothing to click on the search page; use search[query]",
+            )),
+            Page::Results { page } => {
+                if target == "next >" && page + 1 < self.num_pages() {
+                    self.page = Page::Results { page: page + 1 };
+                    return Ok((0.0, true));
+                }
+                if target == "< prev" && page > 0 {
+                    self.page = Page::Results { page: page - 1 };
+                    return Ok((0.0, true));
+                }
+                let hit = self.page_results(page).iter().copied().find(|&i| {
+                    let p = &self.world.products[i];
+                    p.asin.to_lowercase() == target || normalize_target(&p.title) == target
+                });
+                match hit {
+                    Some(product) => {
+                        self.page = Page::Item { product, page };
+                        self.selected.clear();
+                        Ok((0.0, true))
+                    }
+                    None => Err(self.unknown_click(target)),
+                }
+            }
+            Page::Item { product, page } => match target {
+                "< prev" => {
+                    self.page = Page::Results { page };
+                    Ok((0.0, true))
+                }
+                "description" | "features" => {
+                    let which = if target == "description" {
+                        Detail::Description
+                    } else {
+                        Detail::Features
+                    };
+                    self.page = Page::Detail {
+                        product,
+                        page,
+                        which,
+                    };
+                    Ok((0.0, true))
+                }
+                "buy now" => Ok(self.buy(product)),
+                _ => {
+                    let p = &self.world.products[product];
+                    let found = p.options.iter().find_map(|(name, values)| {
+                        values
+                            .iter()
+                            .find(|v| normalize_target(v) == target)
+                            .map(|v| (name, v))
+                    });
+                    match found {
+                        Some((name, value)) => {
+                            let changed = self.selected.get(name) != Some(value);
+                            self.selected.insert(name.clone(), value.clone());
+                            Ok((0.0, changed))
+                        }
+                        None => Err(self.unknown_click(target)),
+                    }
+                }
+            },
+            Page::Detail { product, page, .. } => match target {
+                "< prev" => {
+                    self.page = Page::Item { product, page };
+                    Ok((0.0, true))
+                }
+                _ => Err(self.unknown_click(target)),
+            },
+        }
+    }
+
+    fn chosen_options(&self, product: usize) -> Vec<String> {
+        // In the product's option order, as WebShop's `options.values()`.
+        self.world.products[product]
+            .options
+            .iter()
+            .filter_map(|(name, _)| self.selected.get(name).cloned())
+            .collect()
+    }
+
+    fn buy(&mut self, product: usize) -> (f64, bool) {
+        let p = &self.world.products[product];
+        let r = reward::reward(p, &self.goal, p.price, &self.chosen_options(product));
+        self.done = true;
+        self.success = (r.total - 1.0).abs() < 1e-9;
+        let total = r.total;
+        self.last_reward = Some(r);
+        (total, true)
+    }
+
+    fn state_text(&self) -> String {
+        let page = match &self.page {
+            Page::Search => "search".to_string(),
+            Page::Results { page } => format!("results:{page}"),
+            Page::Item { product, .. } => format!("item:{}", self.world.products[*product].asin),
+            Page::Detail { product, which, .. } => {
+                format!("detail:{}:{which:?}", self.world.products[*product].asin)
+            }
+        };
+        let sel: Vec<String> = self
+            .selected
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        format!("{page}|{}|{}|{}", self.query, sel.join(","), self.done)
+    }
+}
+
+/// A goal from a WebShop file template: fixed (human) or drawn (synthetic)
+/// options, WebShop's price ceiling and instruction format.
+fn loaded_goal(t: &GoalTemplate, target: &Product, rng: &mut agentrl_env_core::TaskRng) -> Goal {
+    let price_upper = catalog::price_ceiling(target.price, rng);
+    let price_text = if price_upper < 1_000_000.0 {
+        format!(", and price lower than {price_upper:.2} dollars")
+    } else {
+        String::new()
+    };
+    let (options, instruction) = match &t.options {
+        Some(fixed) => (fixed.clone(), format!("{}{price_text}", t.instruction)),
+        None => {
+            let mut names: Vec<&(String, Vec<String>)> = target
+                .options
+                .iter()
+                .filter(|(_, v)| !v.is_empty())
+                .collect();
+            names.sort_by(|a, b| a.0.cmp(&b.0));
+            let opts: Vec<(String, String)> = names
+                .iter()
+                .filter_map(|(n, v)| v.choose(rng).map(|v| (n.clone(), v.clone())))
+                .collect();
+            let option_text = if opts.is_empty() {
+                String::new()
+            } else {
+                let parts: Vec<String> = opts.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+                format!(" with {}", parts.join(", and "))
+            };
+            (opts, format!("{}{option_text}{price_text}", t.instruction))
+        }
+    };
+    Goal {
+        asin: target.asin.clone(),
+        name: target.title.clone(),
+        query: target.query.clone(),
+        product_category: target.product_category.clone(),
+        attributes: t.attributes.clone(),
+        options,
+        price_upper,
+        instruction,
+    }
+}
+
+impl Env for WebShopEnv {
+    fn spec(&self) -> &TaskSpec {
+        &self.spec
+    }
+
+    fn instructions(&self) -> String {
+        format!(
+            "You are shopping in an online store. Find and buy the product the instruction describes.\n\
+             Actions (one per turn):\n\
+             - search[query]: search the catalog (only on the search page); results come 10 per page.\n\
+             - click[target]: click a button shown in [brackets]: a product id or title on a result page, \
+             'next >', '< prev', 'back to search', an option value on a product page, 'description', \
+             'features', or 'buy now'.\n\
+             Choose the requested options before you click 'buy now'; buying ends the episode.\n\
+             The reward counts the requested attributes, options and price ceiling that the bought product meets.\n\
+             You have at most {} actions.",
+            self.max_steps
+        )
+    }
+
+    fn reset(&mut self) -> String {
+        self.page = Page::Search;
+        self.query.clear();
+        self.results.clear();
+        self.selected.clear();
+        self.steps = 0;
+        self.invalid = 0;
+        self.done = false;
+        self.success = false;
+        self.last_reward = None;
+        self.render()
+    }
+
+    fn step(&mut self, action: &str) -> Result<Step, StepError> {
+        if self.done {
+            return Err(StepError::EpisodeOver);
+        }
+        let parsed = match parser::parse(action) {
+            Ok(a) => a,
+            Err(e) => {
+                self.invalid += 1;
+                return Err(e.into());
+            }
+        };
+        let (reward, effective) = match self.apply(parsed) {
+            Ok(x) => x,
+            Err(e) => {
+                self.invalid += 1;
+                return Err(e);
+            }
+        };
+        self.steps += 1;
+        let mut observation = self.render();
+        let mut extra = serde_json::Map::new();
+        if let Some(r) = &self.last_reward {
+            extra.insert("r_type".into(), r.r_type.into());
+            extra.insert("title_score".into(), r.title_score.into());
+            extra.insert("attr_matches".into(), (r.attr_matches as u64).into());
+            extra.insert("option_matches".into(), (r.option_matches as u64).into());
+            extra.insert("price_ok".into(), r.price_ok.into());
+            observation = format!(
+                "Thank you for shopping with us!\nYour score (min 0.0, max 1.0): {:.4}\n",
+                r.total
+            );
+        } else if self.steps >= self.max_steps {
+            self.done = true;
+            observation.push_str("The action budget is exhausted; nothing was bought.\n");
+        }
+        Ok(Step {
+            observation,
+            reward,
+            done: self.done,
+            success: self.success,
+            info: StepInfo { effective, extra },
+        })
+    }
+
+    fn observation(&self) -> String {
+        match &self.last_reward {
+            Some(r) => format!(
+                "Thank you for shopping with us!\nYour score (min 0.0, max 1.0): {:.4}\n",
+                r.total
+            ),
+            None => self.render(),
+        }
+    }
+
+    fn available_actions(&self) -> Vec<String> {
+        if self.done {
+            return Vec::new();
+        }
+        match self.page {
+            Page::Search => vec![format!(
+                "search[{}]",
+                expert::representative_query(&self.goal)
+            )],
+            _ => self
+                .clickables()
+                .into_iter()
+                .map(|c| format!("click[{c}]"))
+                .collect(),
+        }
+    }
+
+    fn state_key(&self) -> u64 {
+        let seed = self.spec.seed.to_le_bytes();
+        stable_hash(&[
+            self.spec.env.as_bytes(),
+            self.spec.split.as_str().as_bytes(),
+            self.spec.difficulty.as_bytes(),
+            &seed,
+            self.state_text().as_bytes(),
+        ])
+    }
+
+    fn expert_action(&mut self) -> Option<String> {
+        if self.done {
+            return None;
+        }
+        expert::next_action(self)
+    }
+
+    fn steps(&self) -> usize {
+        self.steps
+    }
+
+    fn invalid_actions(&self) -> usize {
+        self.invalid
+    }
+
+    fn max_steps(&self) -> usize {
+        self.max_steps
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+
+    fn is_success(&self) -> bool {
+        self.success
+    }
+}

@@ -1,0 +1,141 @@
+//! The action grammar: `search[query]`, `click[target]` (WebShop's), plus
+//! `buy now` / `buy` as a shorthand for `click[buy now]`.
+
+use agentrl_env_core::ActionError;
+
+/// Longest accepted action text, in bytes.
+pub const MAX_ACTION_LEN: usize = 512;
+
+/// A parsed action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// `search[query]`: the query as typed (trimmed).
+    Search(String),
+    /// `click[target]`: the target lower-cased with whitespace collapsed.
+    Click(String),
+}
+
+/// Lower-case and collapse whitespace, the form click targets are compared in.
+pub fn normalize_target(s: &str) -> String {
+    s.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
+}
+
+/// Parse one action text.
+pub fn parse(text: &str) -> Result<Action, ActionError> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(ActionError::Empty);
+    }
+    if t.len() > MAX_ACTION_LEN {
+        return Err(ActionError::TooLong {
+            len: t.len(),
+            max: MAX_ACTION_LEN,
+        });
+    }
+    let lower = t.to_lowercase();
+    if lower == "buy" || lower == "buy now" {
+        return Ok(Action::Click("buy now".into()));
+    }
+    let Some(open) = t.find('[') else {
+        return Err(ActionError::Unknown {
+            action: t.to_string(),
+            expected: "search[query] or click[target]".into(),
+        });
+    };
+    let verb = t[..open].trim().to_lowercase();
+    let malformed = |reason: &str| ActionError::Malformed {
+        action: t.to_string(),
+        reason: reason.to_string(),
+    };
+    if !t.ends_with(']') {
+        return Err(malformed("missing closing ']'"));
+    }
+    let arg = t[open + 1..t.len() - 1].trim();
+    match verb.as_str() {
+        "search" => {
+            if arg.is_empty() {
+                Err(malformed("empty search query"))
+            } else {
+                Ok(Action::Search(arg.to_string()))
+            }
+        }
+        "click" => {
+            if arg.is_empty() {
+                Err(malformed("nothing to click"))
+            } else {
+                Ok(Action::Click(normalize_target(arg)))
+            }
+        }
+        _ => Err(ActionError::Unknown {
+            action: t.to_string(),
+            expected: "search[query] or click[target]".into(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_webshop_grammar() {
+        assert_eq!(
+            parse("search[ dark roast coffee ]").unwrap(),
+            Action::Search("dark roast coffee".into())
+        );
+        assert_eq!(
+            parse("Click[Next >]").unwrap(),
+            Action::Click("next >".into())
+        );
+        assert_eq!(
+            parse("click[< Prev]").unwrap(),
+            Action::Click("< prev".into())
+        );
+        assert_eq!(
+            parse("click[Buy  Now]").unwrap(),
+            Action::Click("buy now".into())
+        );
+        assert_eq!(parse("buy").unwrap(), Action::Click("buy now".into()));
+        // Brackets inside a query are kept.
+        assert_eq!(
+            parse("search[size [large]]").unwrap(),
+            Action::Search("size [large]".into())
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_actions_with_typed_errors() {
+        assert_eq!(parse("   "), Err(ActionError::Empty));
+        assert!(matches!(
+            parse("search[]"),
+            Err(ActionError::Malformed { .. })
+        ));
+        assert!(matches!(
+            parse("search[coffee"),
+            Err(ActionError::Malformed { .. })
+        ));
+        assert!(matches!(parse("jump[x]"), Err(ActionError::Unknown { .. })));
+        assert!(matches!(parse("hello"), Err(ActionError::Unknown { .. })));
+        assert!(matches!(
+            parse(&"x".repeat(600)),
+            Err(ActionError::TooLong { .. })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn parser_never_panics(s in "\\PC{0,80}") {
+            let _ = parse(&s);
+        }
+
+        #[test]
+        fn search_round_trips(q in "[a-z0-9 ]{1,40}") {
+            prop_assume!(!q.trim().is_empty());
+            prop_assert_eq!(parse(&format!("search[{q}]")).unwrap(), Action::Search(q.trim().to_string()));
+        }
+    }
+}
