@@ -1,0 +1,124 @@
+//! `agentrl generate` on the qwen2-tiny fixture made by transformers.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny")
+}
+
+fn reference() -> Value {
+    let text = std::fs::read_to_string(fixture_dir().join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn agentrl(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_agentrl"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json_stdout(out: &std::process::Output) -> Value {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn greedy_generate_matches_transformers_continuation() {
+    let r = reference();
+    let dir = tempfile::tempdir().unwrap();
+    let chat = dir.path().join("chat.json");
+    std::fs::write(&chat, r["chat_messages"].to_string()).unwrap();
+    let greedy = r["greedy_new_ids"].as_array().unwrap();
+    let out = agentrl(&[
+        "generate",
+        "--model",
+        fixture_dir().to_str().unwrap(),
+        "--chat",
+        chat.to_str().unwrap(),
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        &greedy.len().to_string(),
+        "--json",
+    ]);
+    let v = json_stdout(&out);
+    assert_eq!(v["prompt_ids"], r["input_ids"]);
+    assert_eq!(v["new_ids"], r["greedy_new_ids"]);
+    assert_eq!(v["stopped"], Value::Bool(false));
+    assert!(!v["text"].as_str().unwrap().is_empty());
+}
+
+#[test]
+fn prompt_is_rendered_as_one_user_message_and_seeded_sampling_repeats() {
+    let run = |seed: &str| {
+        json_stdout(&agentrl(&[
+            "generate",
+            "--model",
+            fixture_dir().to_str().unwrap(),
+            "--prompt",
+            "Your move?",
+            "--max-new-tokens",
+            "8",
+            "--temperature",
+            "1.0",
+            "--top-k",
+            "50",
+            "--seed",
+            seed,
+            "--json",
+        ]))
+    };
+    let a = run("3");
+    let b = run("3");
+    assert_eq!(a, b);
+    // <|im_start|>user\n … <|im_end|>\n<|im_start|>assistant\n
+    let prompt: Vec<u64> = a["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert_eq!(prompt[0], 1);
+    assert_eq!(prompt.iter().filter(|&&t| t == 1).count(), 2);
+    assert_eq!(prompt.iter().filter(|&&t| t == 2).count(), 1);
+    assert!(a["new_ids"].as_array().unwrap().len() <= 8);
+}
+
+#[test]
+fn missing_model_directory_is_named_in_the_error() {
+    let out = agentrl(&[
+        "generate",
+        "--model",
+        "/nonexistent/agentrl-model",
+        "--prompt",
+        "hi",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/agentrl-model"), "{err}");
+}
+
+#[test]
+fn bad_chat_json_is_named_in_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let chat = dir.path().join("broken-chat.json");
+    std::fs::write(&chat, "[{\"role\": \"user\"").unwrap();
+    let out = agentrl(&[
+        "generate",
+        "--model",
+        fixture_dir().to_str().unwrap(),
+        "--chat",
+        chat.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("broken-chat.json"), "{err}");
+}
