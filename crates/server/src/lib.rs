@@ -1,1 +1,32 @@
-//! (being written)
+//! Environments over HTTP, speaking AgentGym's env-server protocol, and the
+//! [`HttpEnv`] client that makes a remote environment look local.
+//!
+//! Server: every registered environment is served at the top level
+//! (`POST /create {"env": "sokoban"}`) and under `/{env}/` (`POST
+//! /sokoban/create`), so that an AgentGym client given the base URL
+//! `http://host:port/sokoban` works unchanged. Sessions have their own lock,
+//! an idle TTL and a cap; every bad input is a 4xx with a JSON body
+//! `{"error": "...", "kind": "..."}`.
+//!
+//! AgentGym's `data_idx` is the seed index inside the chosen split (default
+//! `train`): `data_idx = 7` is `TaskSpec { split: train, seed: 7 }`.
+//!
+//! An invalid action text answers 400 with `kind = "invalid_action"` and the
+//! structured reason; the session stays usable and its invalid-action counter
+//! went up, exactly as in-process. [`HttpEnv`] turns it back into
+//! `StepError::InvalidAction`.
+
+mod client;
+mod error;
+mod openapi;
+pub mod protocol;
+mod routes;
+mod server;
+mod sessions;
+
+pub use client::{remote_env, ClientOptions, HttpEnv};
+pub use error::{ApiError, ServerError};
+pub use server::{
+    registry_descriptors, select, serve_until, spawn, BackgroundServer, ServerConfig, ServerHandle,
+    DEFAULT_PORT,
+};

@@ -1,0 +1,572 @@
+//! [`HttpEnv`]: an environment living on a server, behind the `Env` trait.
+//!
+//! It talks to an agentrl server or to an AgentGym Python env server (SciWorld,
+//! WebArena, …) through the same routes. From an AgentGym server it needs:
+//! `POST /create` answering `{"id": …}` or a bare id; `POST /reset {id,
+//! data_idx}`; `POST /step {id, action}` answering `{observation, reward,
+//! done}` (`success` and `info` are used when present); `POST /close {id}`.
+//! For such servers `success` is `done && reward > 0` unless the server sends
+//! it, `state_key` is a stable hash of the observation text, `max_steps` is
+//! unbounded, `instructions` is empty unless it serves `GET /instructions`, and
+//! `expert_action` is `None`.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use agentrl_env_core::{
+    stable_hash, ActionError, Env, EnvError, EnvParams, Step, StepError, StepInfo, TaskSpec,
+};
+use reqwest::blocking::{Client, RequestBuilder};
+use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::protocol::{
+    CloseRequest, CreateRequest, ErrorBody, ErrorKind, ExpertActionResponse, ResetRequest,
+    SessionResponse, SessionStatus, StepRequest, StepResponse,
+};
+
+/// How [`HttpEnv`] talks to the server.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Sent as `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+    /// Per-request timeout.
+    pub timeout: Duration,
+    /// Retries after a connection error (the request never reached the server).
+    pub connect_retries: u32,
+    /// Wait before the first retry; doubles on each retry.
+    pub backoff: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            token: None,
+            timeout: Duration::from_secs(60),
+            connect_retries: 5,
+            backoff: Duration::from_millis(50),
+        }
+    }
+}
+
+/// One process-wide blocking client: each `reqwest::blocking::Client` owns a
+/// runtime thread, and rollouts open thousands of envs.
+fn shared_client() -> Result<Client, EnvError> {
+    static CLIENT: OnceLock<Result<Client, String>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| Client::builder().build().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|e| EnvError::Remote(format!("cannot build the HTTP client: {e}")))
+}
+
+/// An answer: the status and the body parsed as JSON (`Null` when empty or not JSON).
+struct Answer {
+    status: StatusCode,
+    body: Value,
+}
+
+impl Answer {
+    fn error(&self) -> Option<ErrorBody> {
+        serde_json::from_value(self.body.clone()).ok()
+    }
+
+    fn message(&self) -> String {
+        match self.error() {
+            Some(e) => format!("{} ({})", e.error, self.status),
+            None => format!("{}: {}", self.status, self.body),
+        }
+    }
+
+    fn parse<T: DeserializeOwned>(&self, what: &str) -> Result<T, EnvError> {
+        serde_json::from_value(self.body.clone()).map_err(|e| {
+            EnvError::Remote(format!("unexpected answer to {what}: {e}: {}", self.body))
+        })
+    }
+}
+
+/// A remote environment session. Creating it creates the session on the
+/// server; dropping it closes the session.
+///
+/// The `Env` trait cannot report transport errors from `reset`/`step`; when
+/// one happens the env is marked broken: `is_done()` is true, `step` answers
+/// `StepError::EpisodeOver`, and [`HttpEnv::last_error`] says what happened.
+/// Blocking client: do not use it inside an async runtime.
+pub struct HttpEnv {
+    base: String,
+    opts: ClientOptions,
+    client: Client,
+    id: Value,
+    spec: TaskSpec,
+    /// The server is not an agentrl server (an AgentGym Python server).
+    foreign: bool,
+    instructions: String,
+    observation: String,
+    status: SessionStatus,
+    last_error: Option<EnvError>,
+    closed: bool,
+}
+
+impl HttpEnv {
+    /// Create a session for `spec` on the server at `base_url` (either the
+    /// server root or an `/{env}` mount), with the default options.
+    pub fn connect(
+        base_url: &str,
+        spec: &TaskSpec,
+        params: &EnvParams,
+        token: Option<&str>,
+    ) -> Result<Self, EnvError> {
+        let opts = ClientOptions {
+            token: token.map(str::to_string),
+            ..ClientOptions::default()
+        };
+        Self::connect_with(base_url, spec, params, opts)
+    }
+
+    /// [`HttpEnv::connect`] with explicit options.
+    pub fn connect_with(
+        base_url: &str,
+        spec: &TaskSpec,
+        params: &EnvParams,
+        opts: ClientOptions,
+    ) -> Result<Self, EnvError> {
+        let base = base_url.trim_end_matches('/').to_string();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(EnvError::Remote(format!(
+                "endpoint '{base_url}' must start with http:// or https://"
+            )));
+        }
+        let client = shared_client()?;
+        let req = CreateRequest {
+            env: Some(spec.env.clone()),
+            seed: Some(spec.seed),
+            data_idx: Some(spec.seed),
+            difficulty: Some(spec.difficulty.clone()),
+            split: Some(spec.split.as_str().to_string()),
+            params: if params.is_empty() {
+                None
+            } else {
+                Some(params.clone())
+            },
+        };
+        let mut env = Self {
+            base,
+            opts,
+            client,
+            id: Value::Null,
+            spec: spec.clone(),
+            foreign: false,
+            instructions: String::new(),
+            observation: String::new(),
+            status: SessionStatus {
+                done: false,
+                success: false,
+                score: 0.0,
+                steps: 0,
+                invalid_actions: 0,
+                max_steps: usize::MAX,
+                state_key: 0,
+            },
+            last_error: None,
+            // Nothing to close until the server gave an id.
+            closed: true,
+        };
+        let answer = env.post("create", &req)?;
+        if !answer.status.is_success() {
+            return Err(EnvError::Remote(format!(
+                "cannot create a {} session: {}",
+                spec,
+                answer.message()
+            )));
+        }
+        if answer.body.get("spec").is_some() {
+            let r: SessionResponse = answer.parse("create")?;
+            env.id = Value::from(r.id);
+            env.closed = false;
+            if r.spec != *spec {
+                return Err(EnvError::Remote(format!(
+                    "the server built task {} instead of {}",
+                    r.spec, spec
+                )));
+            }
+            env.observation = r.observation;
+            env.instructions = r.instructions.unwrap_or_default();
+            env.status = r.status;
+        } else {
+            // An AgentGym server: `{"id": …}` or a bare id; pick the task by reset.
+            env.foreign = true;
+            env.id = match answer.body.get("id") {
+                Some(id) => id.clone(),
+                None if answer.body.is_number() || answer.body.is_string() => answer.body.clone(),
+                None => {
+                    return Err(EnvError::Remote(format!(
+                        "create answered no session id: {}",
+                        answer.body
+                    )))
+                }
+            };
+            env.closed = false;
+            env.remote_reset()?;
+            env.instructions = env.get_json::<String>("instructions").unwrap_or_default();
+        }
+        Ok(env)
+    }
+
+    /// The server's session id.
+    pub fn id(&self) -> &Value {
+        &self.id
+    }
+
+    /// The transport or protocol error that broke this env, if any.
+    pub fn last_error(&self) -> Option<&EnvError> {
+        self.last_error.as_ref()
+    }
+
+    /// Close the session now (dropping does the same, ignoring errors).
+    pub fn close(mut self) -> Result<(), EnvError> {
+        self.closed = true;
+        let answer = self.post("close", &self.close_body())?;
+        if answer.status.is_success() {
+            Ok(())
+        } else {
+            Err(EnvError::Remote(format!(
+                "close failed: {}",
+                answer.message()
+            )))
+        }
+    }
+
+    fn close_body(&self) -> Value {
+        match self.id.as_u64() {
+            Some(id) => serde_json::to_value(CloseRequest { env: None, id }).unwrap_or(Value::Null),
+            None => serde_json::json!({ "id": self.id }),
+        }
+    }
+
+    fn url(&self, route: &str) -> String {
+        format!("{}/{}", self.base, route)
+    }
+
+    fn authed(&self, rb: RequestBuilder) -> RequestBuilder {
+        let rb = rb.timeout(self.opts.timeout);
+        match &self.opts.token {
+            Some(t) => rb.bearer_auth(t),
+            None => rb,
+        }
+    }
+
+    /// Send with retries on connection errors (the request never reached the
+    /// server, so even a step is safe to resend); other errors are final.
+    fn send(&self, build: impl Fn() -> RequestBuilder) -> Result<Answer, EnvError> {
+        let mut wait = self.opts.backoff;
+        let mut attempt = 0;
+        loop {
+            match self.authed(build()).send() {
+                Ok(resp) => {
+                    let status = resp.status();
+                    let bytes = resp.bytes().map_err(|e| {
+                        EnvError::Remote(format!("reading the answer from {}: {e}", self.base))
+                    })?;
+                    let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+                        if bytes.is_empty() {
+                            Value::Null
+                        } else {
+                            Value::String(String::from_utf8_lossy(&bytes).into_owned())
+                        }
+                    });
+                    return Ok(Answer { status, body });
+                }
+                Err(e) if e.is_connect() && attempt < self.opts.connect_retries => {
+                    tracing::debug!(error = %e, attempt, "connection failed; retrying");
+                    std::thread::sleep(wait);
+                    wait = wait.saturating_mul(2);
+                    attempt += 1;
+                }
+                Err(e) => {
+                    return Err(EnvError::Remote(format!(
+                        "request to {} failed: {e}",
+                        self.base
+                    )))
+                }
+            }
+        }
+    }
+
+    fn post(&self, route: &str, body: &impl Serialize) -> Result<Answer, EnvError> {
+        let url = self.url(route);
+        self.send(|| self.client.post(&url).json(body))
+    }
+
+    fn get(&self, route: &str) -> Result<Answer, EnvError> {
+        let url = self.url(route);
+        let id = match &self.id {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        self.send(|| self.client.get(&url).query(&[("id", id.as_str())]))
+    }
+
+    fn get_json<T: DeserializeOwned>(&self, route: &str) -> Result<T, EnvError> {
+        let answer = self.get(route)?;
+        if !answer.status.is_success() {
+            return Err(EnvError::Remote(format!(
+                "GET /{route}: {}",
+                answer.message()
+            )));
+        }
+        answer.parse(route)
+    }
+
+    fn break_with(&mut self, e: EnvError) {
+        tracing::error!(error = %e, env = %self.spec, "remote environment failed; marking it done");
+        self.status.done = true;
+        self.last_error = Some(e);
+    }
+
+    fn remote_reset(&mut self) -> Result<String, EnvError> {
+        let id = self.id.as_u64().unwrap_or_default();
+        let body = if self.foreign {
+            serde_json::json!({ "id": self.id, "data_idx": self.spec.seed })
+        } else {
+            serde_json::to_value(ResetRequest {
+                env: None,
+                id,
+                seed: Some(self.spec.seed),
+                data_idx: None,
+                difficulty: Some(self.spec.difficulty.clone()),
+                split: Some(self.spec.split.as_str().to_string()),
+            })
+            .map_err(|e| EnvError::Remote(e.to_string()))?
+        };
+        let answer = self.post("reset", &body)?;
+        if !answer.status.is_success() {
+            return Err(EnvError::Remote(format!(
+                "reset failed: {}",
+                answer.message()
+            )));
+        }
+        if self.foreign {
+            self.observation = match answer.body.get("observation").and_then(Value::as_str) {
+                Some(o) => o.to_string(),
+                None => self.get_json::<String>("observation")?,
+            };
+            self.status.done = false;
+            self.status.success = false;
+            self.status.score = 0.0;
+            self.status.steps = 0;
+            self.status.invalid_actions = 0;
+            self.status.state_key = stable_hash(&[self.observation.as_bytes()]);
+        } else {
+            let r: SessionResponse = answer.parse("reset")?;
+            self.observation = r.observation;
+            self.status = r.status;
+        }
+        self.last_error = None;
+        Ok(self.observation.clone())
+    }
+
+    fn remote_step(&mut self, action: &str) -> Result<Result<Step, StepError>, EnvError> {
+        let answer = if self.foreign {
+            self.post(
+                "step",
+                &serde_json::json!({ "id": self.id, "action": action }),
+            )?
+        } else {
+            let id = self.id.as_u64().unwrap_or_default();
+            self.post(
+                "step",
+                &StepRequest {
+                    env: None,
+                    id,
+                    action: action.to_string(),
+                },
+            )?
+        };
+        if answer.status.is_success() {
+            return if self.foreign {
+                self.foreign_step(&answer).map(Ok)
+            } else {
+                self.own_step(&answer).map(Ok)
+            };
+        }
+        let Some(err) = answer.error() else {
+            return Err(EnvError::Remote(format!(
+                "step failed: {}",
+                answer.message()
+            )));
+        };
+        if let Some(status) = err.status.clone() {
+            self.status = status;
+        }
+        match (err.kind, err.action_error) {
+            (ErrorKind::InvalidAction, Some(a)) => {
+                Ok(Err(StepError::InvalidAction(ActionError::from(a))))
+            }
+            (ErrorKind::EpisodeOver, _) => Ok(Err(StepError::EpisodeOver)),
+            _ => Err(EnvError::Remote(format!(
+                "step failed: {}",
+                answer.message()
+            ))),
+        }
+    }
+
+    fn own_step(&mut self, answer: &Answer) -> Result<Step, EnvError> {
+        let r: StepResponse = answer.parse("step")?;
+        self.observation = r.observation.clone();
+        self.status = r.status;
+        Ok(Step {
+            observation: r.observation,
+            reward: r.reward,
+            done: self.status.done,
+            success: self.status.success,
+            info: r.info,
+        })
+    }
+
+    fn foreign_step(&mut self, answer: &Answer) -> Result<Step, EnvError> {
+        let b = &answer.body;
+        let observation = b
+            .get("observation")
+            .and_then(Value::as_str)
+            .ok_or_else(|| EnvError::Remote(format!("step answered no observation: {b}")))?
+            .to_string();
+        let reward = b.get("reward").and_then(Value::as_f64).unwrap_or(0.0);
+        let done = b.get("done").and_then(Value::as_bool).unwrap_or(false);
+        let success = b
+            .get("success")
+            .and_then(Value::as_bool)
+            .unwrap_or(done && reward > 0.0);
+        let info = b
+            .get("info")
+            .and_then(|i| serde_json::from_value::<StepInfo>(i.clone()).ok())
+            .unwrap_or(StepInfo {
+                effective: true,
+                extra: serde_json::Map::new(),
+            });
+        self.observation = observation.clone();
+        self.status.done = done;
+        self.status.success = success;
+        self.status.score += reward;
+        self.status.steps += 1;
+        self.status.state_key = stable_hash(&[observation.as_bytes()]);
+        Ok(Step {
+            observation,
+            reward,
+            done,
+            success,
+            info,
+        })
+    }
+}
+
+impl Env for HttpEnv {
+    fn spec(&self) -> &TaskSpec {
+        &self.spec
+    }
+
+    fn instructions(&self) -> String {
+        self.instructions.clone()
+    }
+
+    fn reset(&mut self) -> String {
+        match self.remote_reset() {
+            Ok(o) => o,
+            Err(e) => {
+                self.break_with(e);
+                self.observation.clone()
+            }
+        }
+    }
+
+    fn step(&mut self, action: &str) -> Result<Step, StepError> {
+        if self.last_error.is_some() {
+            return Err(StepError::EpisodeOver);
+        }
+        match self.remote_step(action) {
+            Ok(r) => r,
+            Err(e) => {
+                self.break_with(e);
+                Err(StepError::EpisodeOver)
+            }
+        }
+    }
+
+    fn observation(&self) -> String {
+        self.observation.clone()
+    }
+
+    fn available_actions(&self) -> Vec<String> {
+        self.get_json::<Vec<String>>("available_actions")
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "available_actions failed; answering none");
+                Vec::new()
+            })
+    }
+
+    fn state_key(&self) -> u64 {
+        self.status.state_key
+    }
+
+    fn expert_action(&mut self) -> Option<String> {
+        if self.foreign {
+            return None;
+        }
+        match self.get_json::<ExpertActionResponse>("expert_action") {
+            Ok(r) => r.action,
+            Err(e) => {
+                tracing::warn!(error = %e, "expert_action failed");
+                None
+            }
+        }
+    }
+
+    fn steps(&self) -> usize {
+        self.status.steps
+    }
+
+    fn invalid_actions(&self) -> usize {
+        self.status.invalid_actions
+    }
+
+    fn max_steps(&self) -> usize {
+        self.status.max_steps
+    }
+
+    fn is_done(&self) -> bool {
+        self.status.done
+    }
+
+    fn is_success(&self) -> bool {
+        self.status.success
+    }
+}
+
+impl Drop for HttpEnv {
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let url = self.url("close");
+        let body = self.close_body();
+        // One try with a short timeout: a dead server must not stall a drop;
+        // the server's TTL reaper closes what we could not.
+        let rb = self
+            .authed(self.client.post(&url).json(&body))
+            .timeout(Duration::from_secs(5));
+        if let Err(e) = rb.send() {
+            tracing::debug!(error = %e, "closing the remote session failed");
+        }
+    }
+}
+
+/// A remote env as a boxed `Env`, for `env.endpoint = "http://…"` configs.
+pub fn remote_env(
+    endpoint: &str,
+    spec: &TaskSpec,
+    params: &EnvParams,
+    token: Option<&str>,
+) -> Result<Box<dyn Env>, EnvError> {
+    Ok(Box::new(HttpEnv::connect(endpoint, spec, params, token)?))
+}

@@ -1,0 +1,146 @@
+//! Errors: [`ApiError`] is what a route answers (always a JSON body, always a
+//! 4xx except for an environment bug); [`ServerError`] is what starting the
+//! server can fail with.
+
+use agentrl_env_core::{EnvError, StepError};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use thiserror::Error;
+
+use crate::protocol::{ErrorBody, ErrorKind, SessionId, SessionStatus, WireActionError};
+
+/// An error answer: an HTTP status and the JSON body `{"error", "kind", …}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// Boxed: errors travel in every handler's `Result`; keep that small.
+    pub body: Box<ErrorBody>,
+}
+
+impl ApiError {
+    /// An error with a status, a kind and a message.
+    pub fn new(status: StatusCode, kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            body: Box::new(ErrorBody {
+                error: message.into(),
+                kind,
+                action_error: None,
+                status: None,
+            }),
+        }
+    }
+
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, ErrorKind::BadRequest, message)
+    }
+
+    pub(crate) fn unknown_session(id: SessionId) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            ErrorKind::NotFound,
+            format!("unknown session id {id} (closed, expired or never created)"),
+        )
+    }
+
+    pub(crate) fn unknown_env(name: &str, available: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            ErrorKind::NotFound,
+            format!("unknown environment '{name}' (served: {available})"),
+        )
+    }
+
+    pub(crate) fn full(max: usize) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Full,
+            format!(
+                "the server holds its maximum of {max} sessions; close sessions or retry later"
+            ),
+        )
+    }
+
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::Internal,
+            message,
+        )
+    }
+
+    /// A rejected step, carrying the session's counters after it.
+    pub(crate) fn from_step(err: &StepError, status: SessionStatus) -> Self {
+        let mut e = match err {
+            StepError::InvalidAction(a) => {
+                let mut e = Self::new(
+                    StatusCode::BAD_REQUEST,
+                    ErrorKind::InvalidAction,
+                    err.to_string(),
+                );
+                e.body.action_error = Some(WireActionError::from(a));
+                e
+            }
+            StepError::EpisodeOver => Self::new(
+                StatusCode::CONFLICT,
+                ErrorKind::EpisodeOver,
+                err.to_string(),
+            ),
+        };
+        e.body.status = Some(status);
+        e
+    }
+}
+
+impl From<EnvError> for ApiError {
+    fn from(e: EnvError) -> Self {
+        match e {
+            EnvError::UnknownEnv { .. } => {
+                Self::new(StatusCode::NOT_FOUND, ErrorKind::NotFound, e.to_string())
+            }
+            // Data errors come from user-given params (a data path) here.
+            _ => Self::new(
+                StatusCode::BAD_REQUEST,
+                ErrorKind::InvalidSpec,
+                e.to_string(),
+            ),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, Json(*self.body)).into_response();
+        match self.status {
+            StatusCode::UNAUTHORIZED => {
+                resp.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            StatusCode::SERVICE_UNAVAILABLE => {
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        resp
+    }
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("unknown environment '{name}' in --envs (available: {available})")]
+    UnknownEnv { name: String, available: String },
+    #[error("no environment to serve")]
+    NoEnvs,
+    #[error("invalid server configuration: {0}")]
+    Config(String),
+    #[error("server i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,773 @@
+//! The routes, their extractors and the layers around them.
+//!
+//! Every route exists twice: at the top level (the environment comes from the
+//! body or, for session routes, from the session id) and under `/{env}/`, so
+//! that an AgentGym client given the base URL `http://host:port/{env}` works
+//! unchanged.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use agentrl_env_core::{EnvDescriptor, Split, TaskSpec};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+
+use crate::error::ApiError;
+use crate::openapi;
+use crate::protocol::{
+    BatchStepResult, CloseRequest, CloseResponse, CreateRequest, EnvEntry, ErrorKind,
+    ExpertActionResponse, HealthResponse, IdQuery, ResetRequest, SessionId, SessionResponse,
+    StepRequest, StepResponse,
+};
+use crate::sessions::{Session, SessionState, SessionStore};
+
+/// Shared state of every route.
+pub(crate) struct AppState {
+    pub envs: BTreeMap<&'static str, EnvDescriptor>,
+    pub sessions: SessionStore,
+    pub token: Option<String>,
+}
+
+type Shared = Arc<AppState>;
+
+/// The full application: routes plus auth, body limit, panic and JSON-error layers.
+pub(crate) fn router(state: Shared, body_limit: usize) -> Router {
+    let routes = Router::new()
+        .route("/", get(root))
+        .route("/health", get(health))
+        .route("/envs", get(list_envs))
+        .route("/openapi.json", get(openapi_json))
+        .route("/create", post(create_top))
+        .route("/reset", post(reset_top))
+        .route("/step", post(step_top))
+        .route("/step_batch", post(step_batch_top))
+        .route("/close", post(close_top))
+        .route("/observation", get(observation_top))
+        .route("/available_actions", get(available_actions_top))
+        .route("/instructions", get(instructions_top))
+        .route("/expert_action", get(expert_action_top))
+        .route("/{env}", get(env_info))
+        .route("/{env}/", get(env_info))
+        .route("/{env}/create", post(create_env))
+        .route("/{env}/reset", post(reset_env))
+        .route("/{env}/step", post(step_env))
+        .route("/{env}/step_batch", post(step_batch_env))
+        .route("/{env}/close", post(close_env))
+        .route("/{env}/observation", get(observation_env))
+        .route("/{env}/available_actions", get(available_actions_env))
+        .route("/{env}/instructions", get(instructions_env))
+        .route("/{env}/expert_action", get(expert_action_env))
+        .fallback(not_found);
+    routes
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
+        // The tower-http layer is the limit; axum's own 2 MB default is turned
+        // off so that there is exactly one, configurable, limit.
+        .layer(DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(body_limit))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(middleware::map_response(json_errors))
+        .with_state(state)
+}
+
+// ---------------------------------------------------------------- extractors
+
+/// A JSON body, read whatever the content type (AgentGym clients post
+/// `create` with no body and no content type); an empty body reads as `{}`.
+/// Rejections are JSON errors: 400 malformed JSON, 422 wrong shape, 413 too large.
+pub(crate) struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(body_rejection)?;
+        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(text).map(JsonBody).map_err(|e| {
+            if e.is_data() {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    ErrorKind::BadRequest,
+                    format!("invalid request body: {e}"),
+                )
+            } else {
+                ApiError::bad_request(format!("malformed JSON body: {e}"))
+            }
+        })
+    }
+}
+
+fn body_rejection(r: BytesRejection) -> ApiError {
+    let status = r.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(status, ErrorKind::PayloadTooLarge, "request body too large")
+    } else {
+        ApiError::new(
+            status,
+            ErrorKind::BadRequest,
+            format!("cannot read request body: {}", r.body_text()),
+        )
+    }
+}
+
+/// The `?id=` query of the GET routes.
+pub(crate) struct IdParam(pub SessionId);
+
+impl<S: Send + Sync> FromRequestParts<S> for IdParam {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Query::<IdQuery>::from_request_parts(parts, state)
+            .await
+            .map(|q| IdParam(q.0.id))
+            .map_err(|e| {
+                ApiError::bad_request(format!(
+                    "expected a query ?id=<session id>: {}",
+                    e.body_text()
+                ))
+            })
+    }
+}
+
+/// The `{env}` path segment.
+pub(crate) struct EnvPath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for EnvPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|p| EnvPath(p.0))
+            .map_err(|e| {
+                ApiError::bad_request(format!("bad environment name in path: {}", e.body_text()))
+            })
+    }
+}
+
+// ---------------------------------------------------------------- layers
+
+async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    let Some(token) = st.token.as_deref() else {
+        return next.run(req).await;
+    };
+    // Liveness probes stay open; /health reveals only a session count.
+    if req.uri().path() == "/health" {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(given.as_bytes(), token.as_bytes()) {
+        next.run(req).await
+    } else {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            ErrorKind::Unauthorized,
+            "missing or wrong bearer token (send 'Authorization: Bearer <token>')",
+        )
+        .into_response()
+    }
+}
+
+/// Compares without an early exit, so timing does not reveal a token prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let msg = err
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".to_string());
+    tracing::error!(panic = %msg, "a request handler panicked");
+    ApiError::internal(format!("internal error (an environment panicked): {msg}")).into_response()
+}
+
+/// Turns every non-JSON error answer (axum's 405, tower-http's 413, …) into
+/// the same `{"error", "kind"}` body the routes answer.
+async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let kind = match status {
+        StatusCode::NOT_FOUND => ErrorKind::NotFound,
+        StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::PayloadTooLarge,
+        StatusCode::UNAUTHORIZED => ErrorKind::Unauthorized,
+        s if s.is_server_error() => ErrorKind::Internal,
+        _ => ErrorKind::BadRequest,
+    };
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_lowercase()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, kind, message).into_response();
+    // Keep headers such as Allow (405) and WWW-Authenticate.
+    for (name, value) in parts.headers.iter() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+async fn not_found(req: Request<Body>) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        ErrorKind::NotFound,
+        format!(
+            "no route {} {} (see GET /openapi.json)",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}
+
+// ---------------------------------------------------------------- helpers
+
+impl AppState {
+    fn served(&self) -> String {
+        self.envs.keys().copied().collect::<Vec<_>>().join(", ")
+    }
+
+    /// The environment a request names: by path, by body, or the only one served.
+    fn resolve_env(
+        &self,
+        path: Option<&str>,
+        body: Option<&str>,
+    ) -> Result<&EnvDescriptor, ApiError> {
+        let name = match (path, body) {
+            (Some(p), Some(b)) if p != b => {
+                return Err(ApiError::bad_request(format!(
+                    "the body names environment '{b}' but the route is /{p}/"
+                )))
+            }
+            (Some(n), _) | (None, Some(n)) => n,
+            (None, None) if self.envs.len() == 1 => {
+                return self
+                    .envs
+                    .values()
+                    .next()
+                    .ok_or_else(|| ApiError::internal("no environment"))
+            }
+            (None, None) => {
+                return Err(ApiError::bad_request(format!(
+                "which environment? pass \"env\" in the body or use /{{env}}/create (served: {})",
+                self.served()
+            )))
+            }
+        };
+        self.envs
+            .get(name)
+            .ok_or_else(|| ApiError::unknown_env(name, &self.served()))
+    }
+
+    /// The session `id`, checked against the environment the route or body names.
+    fn session(
+        &self,
+        id: SessionId,
+        path: Option<&str>,
+        body: Option<&str>,
+    ) -> Result<Arc<Session>, ApiError> {
+        for name in [path, body].into_iter().flatten() {
+            if !self.envs.contains_key(name) {
+                return Err(ApiError::unknown_env(name, &self.served()));
+            }
+        }
+        let s = self
+            .sessions
+            .get(id)
+            .ok_or_else(|| ApiError::unknown_session(id))?;
+        for name in [path, body].into_iter().flatten() {
+            if name != s.env_name {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    ErrorKind::NotFound,
+                    format!("session {id} is a '{}' session, not '{name}'", s.env_name),
+                ));
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// Runs environment work that may take milliseconds (generating a level,
+/// loading data, a solver) off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        tracing::error!(error = %e, "environment task failed");
+        ApiError::internal(format!("internal error (an environment panicked): {e}"))
+    })
+}
+
+fn pick_seed(seed: Option<u64>, data_idx: Option<u64>) -> Result<Option<u64>, ApiError> {
+    match (seed, data_idx) {
+        (Some(a), Some(b)) if a != b => Err(ApiError::bad_request(format!(
+            "seed {a} and data_idx {b} differ; they name the same thing"
+        ))),
+        (Some(a), _) | (None, Some(a)) => Ok(Some(a)),
+        (None, None) => Ok(None),
+    }
+}
+
+fn parse_split(split: Option<&str>) -> Result<Option<Split>, ApiError> {
+    split
+        .map(|s| {
+            s.parse::<Split>()
+                .map_err(|e| ApiError::bad_request(e.to_string()))
+        })
+        .transpose()
+}
+
+// ---------------------------------------------------------------- info routes
+
+async fn root(State(st): State<Shared>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "name": "agentrl env server",
+        "protocol": "AgentGym env-server routes; see /openapi.json",
+        "envs": st.envs.keys().collect::<Vec<_>>(),
+    }))
+}
+
+async fn health(State(st): State<Shared>) -> Json<HealthResponse> {
+    Json(HealthResponse {
+        status: "ok".into(),
+        sessions: st.sessions.len(),
+        max_sessions: st.sessions.max_sessions,
+    })
+}
+
+fn entry(d: &EnvDescriptor) -> EnvEntry {
+    EnvEntry {
+        name: d.name.to_string(),
+        summary: d.summary.to_string(),
+        difficulties: d.difficulties.iter().map(|s| s.to_string()).collect(),
+        default_max_turns: d.default_max_turns,
+    }
+}
+
+async fn list_envs(State(st): State<Shared>) -> Json<Vec<EnvEntry>> {
+    Json(st.envs.values().map(entry).collect())
+}
+
+async fn env_info(
+    State(st): State<Shared>,
+    EnvPath(env): EnvPath,
+) -> Result<Json<EnvEntry>, ApiError> {
+    Ok(Json(entry(st.resolve_env(Some(&env), None)?)))
+}
+
+async fn openapi_json(State(st): State<Shared>) -> Json<serde_json::Value> {
+    Json(openapi::document(
+        &st.envs.keys().copied().collect::<Vec<_>>(),
+    ))
+}
+
+// ---------------------------------------------------------------- create
+
+async fn create_top(
+    State(st): State<Shared>,
+    JsonBody(req): JsonBody<CreateRequest>,
+) -> Result<Response, ApiError> {
+    create(st, None, req).await
+}
+
+async fn create_env(
+    State(st): State<Shared>,
+    EnvPath(env): EnvPath,
+    JsonBody(req): JsonBody<CreateRequest>,
+) -> Result<Response, ApiError> {
+    create(st, Some(env), req).await
+}
+
+async fn create(
+    st: Shared,
+    path: Option<String>,
+    req: CreateRequest,
+) -> Result<Response, ApiError> {
+    let desc = st.resolve_env(path.as_deref(), req.env.as_deref())?.clone();
+    // Refuse before building the env: building can cost milliseconds.
+    if st.sessions.is_full() {
+        return Err(ApiError::full(st.sessions.max_sessions));
+    }
+    let seed = pick_seed(req.seed, req.data_idx)?.unwrap_or(0);
+    let split = parse_split(req.split.as_deref())?.unwrap_or(Split::Train);
+    let difficulty = match req.difficulty {
+        Some(d) => d,
+        None => desc
+            .difficulties
+            .first()
+            .map(|d| d.to_string())
+            .unwrap_or_default(),
+    };
+    let spec = TaskSpec::new(desc.name, split, difficulty, seed);
+    let params = req.params.unwrap_or_default();
+    let build_params = params.clone();
+    let build_spec = spec.clone();
+    let (env, observation, instructions) = blocking(move || {
+        let env = desc.create(&build_spec, &build_params)?;
+        let observation = env.observation();
+        let instructions = env.instructions();
+        Ok::<_, ApiError>((env, observation, instructions))
+    })
+    .await??;
+    let state = SessionState { env, score: 0.0 };
+    let status = state.status();
+    let id = st
+        .sessions
+        .insert(desc_name(&st, &spec.env)?, params, state)
+        .ok_or_else(|| ApiError::full(st.sessions.max_sessions))?;
+    let body = SessionResponse {
+        id,
+        env: spec.env.clone(),
+        spec,
+        observation,
+        instructions: Some(instructions),
+        reward: 0.0,
+        status,
+    };
+    Ok((StatusCode::OK, Json(body)).into_response())
+}
+
+fn desc_name(st: &AppState, name: &str) -> Result<&'static str, ApiError> {
+    st.envs
+        .get(name)
+        .map(|d| d.name)
+        .ok_or_else(|| ApiError::unknown_env(name, &st.served()))
+}
+
+// ---------------------------------------------------------------- reset
+
+async fn reset_top(
+    State(st): State<Shared>,
+    JsonBody(req): JsonBody<ResetRequest>,
+) -> Result<Json<SessionResponse>, ApiError> {
+    reset(st, None, req).await
+}
+
+async fn reset_env(
+    State(st): State<Shared>,
+    EnvPath(env): EnvPath,
+    JsonBody(req): JsonBody<ResetRequest>,
+) -> Result<Json<SessionResponse>, ApiError> {
+    reset(st, Some(env), req).await
+}
+
+async fn reset(
+    st: Shared,
+    path: Option<String>,
+    req: ResetRequest,
+) -> Result<Json<SessionResponse>, ApiError> {
+    let session = st.session(req.id, path.as_deref(), req.env.as_deref())?;
+    let seed = pick_seed(req.seed, req.data_idx)?;
+    let split = parse_split(req.split.as_deref())?;
+    let desc = st.resolve_env(Some(session.env_name), None)?.clone();
+    let params = session.params.clone();
+    let mut guard = Arc::clone(&session.state).lock_owned().await;
+    let current = guard.env.spec().clone();
+    let mut spec = current.clone();
+    if let Some(seed) = seed {
+        spec.seed = seed;
+    }
+    if let Some(split) = split {
+        spec.split = split;
+    }
+    if let Some(d) = req.difficulty {
+        spec.difficulty = d;
+    }
+    let (guard, observation) = if spec == current {
+        // Same task: the env's own reset is cheap (it restores a stored state).
+        let observation = guard.env.reset();
+        (guard, observation)
+    } else {
+        // Another task: build it like `create` does, off the async workers.
+        let new_spec = spec.clone();
+        blocking(move || {
+            let env = desc.create(&new_spec, &params)?;
+            let observation = env.observation();
+            guard.env = env;
+            Ok::<_, ApiError>((guard, observation))
+        })
+        .await??
+    };
+    let mut guard = guard;
+    guard.score = 0.0;
+    let status = guard.status();
+    drop(guard);
+    st.sessions.touch(&session);
+    Ok(Json(SessionResponse {
+        id: req.id,
+        env: session.env_name.to_string(),
+        spec,
+        observation,
+        instructions: None,
+        reward: 0.0,
+        status,
+    }))
+}
+
+// ---------------------------------------------------------------- step
+
+async fn step_top(
+    State(st): State<Shared>,
+    JsonBody(req): JsonBody<StepRequest>,
+) -> Result<Json<StepResponse>, ApiError> {
+    step(&st, None, req).await.map(Json)
+}
+
+async fn step_env(
+    State(st): State<Shared>,
+    EnvPath(env): EnvPath,
+    JsonBody(req): JsonBody<StepRequest>,
+) -> Result<Json<StepResponse>, ApiError> {
+    step(&st, Some(&env), req).await.map(Json)
+}
+
+/// One step, called directly on the async worker: environment steps take
+/// microseconds (see `agentrl bench server`), less than a `spawn_blocking`
+/// hand-off costs.
+async fn step(
+    st: &AppState,
+    path: Option<&str>,
+    req: StepRequest,
+) -> Result<StepResponse, ApiError> {
+    let session = st.session(req.id, path, req.env.as_deref())?;
+    let mut guard = session.state.lock().await;
+    let result = guard.env.step(&req.action);
+    let out = match result {
+        Ok(s) => {
+            guard.score += s.reward;
+            let mut status = guard.status();
+            // The step's own flags are what an in-process caller sees.
+            status.done = s.done;
+            status.success = s.success;
+            Ok(StepResponse {
+                id: req.id,
+                observation: s.observation,
+                reward: s.reward,
+                info: s.info,
+                status,
+            })
+        }
+        Err(e) => Err(ApiError::from_step(&e, guard.status())),
+    };
+    drop(guard);
+    st.sessions.touch(&session);
+    out
+}
+
+async fn step_batch_top(
+    State(st): State<Shared>,
+    JsonBody(reqs): JsonBody<Vec<StepRequest>>,
+) -> Json<Vec<BatchStepResult>> {
+    Json(step_batch(&st, None, reqs).await)
+}
+
+async fn step_batch_env(
+    State(st): State<Shared>,
+    EnvPath(env): EnvPath,
+    JsonBody(reqs): JsonBody<Vec<StepRequest>>,
+) -> Json<Vec<BatchStepResult>> {
+    Json(step_batch(&st, Some(&env), reqs).await)
+}
+
+/// Steps in the order given (two entries for one session apply in order).
+async fn step_batch(
+    st: &AppState,
+    path: Option<&str>,
+    reqs: Vec<StepRequest>,
+) -> Vec<BatchStepResult> {
+    let mut out = Vec::with_capacity(reqs.len());
+    for req in reqs {
+        out.push(match step(st, path, req).await {
+            Ok(r) => BatchStepResult {
+                code: 200,
+                ok: Some(r),
+                err: None,
+            },
+            Err(e) => BatchStepResult {
+                code: e.status.as_u16(),
+                ok: None,
+                err: Some(*e.body),
+            },
+        });
+    }
+    out
+}
+
+// ---------------------------------------------------------------- close
+
+async fn close_top(
+    State(st): State<Shared>,
+    JsonBody(req): JsonBody<CloseRequest>,
+) -> Result<Json<CloseResponse>, ApiError> {
+    close(&st, None, req)
+}
+
+async fn close_env(
+    State(st): State<Shared>,
+    EnvPath(env): EnvPath,
+    JsonBody(req): JsonBody<CloseRequest>,
+) -> Result<Json<CloseResponse>, ApiError> {
+    close(&st, Some(&env), req)
+}
+
+fn close(
+    st: &AppState,
+    path: Option<&str>,
+    req: CloseRequest,
+) -> Result<Json<CloseResponse>, ApiError> {
+    st.session(req.id, path, req.env.as_deref())?;
+    st.sessions
+        .remove(req.id)
+        .ok_or_else(|| ApiError::unknown_session(req.id))?;
+    Ok(Json(CloseResponse {
+        id: req.id,
+        closed: true,
+    }))
+}
+
+// ---------------------------------------------------------------- GET ?id=
+
+async fn observation_top(
+    State(st): State<Shared>,
+    IdParam(id): IdParam,
+) -> Result<Json<String>, ApiError> {
+    observation(&st, None, id).await
+}
+
+async fn observation_env(
+    State(st): State<Shared>,
+    EnvPath(env): EnvPath,
+    IdParam(id): IdParam,
+) -> Result<Json<String>, ApiError> {
+    observation(&st, Some(&env), id).await
+}
+
+/// A bare JSON string, as AgentGym's `/observation` answers.
+async fn observation(
+    st: &AppState,
+    path: Option<&str>,
+    id: SessionId,
+) -> Result<Json<String>, ApiError> {
+    let session = st.session(id, path, None)?;
+    let guard = session.state.lock().await;
+    Ok(Json(guard.env.observation()))
+}
+
+async fn available_actions_top(
+    State(st): State<Shared>,
+    IdParam(id): IdParam,
+) -> Result<Json<Vec<String>>, ApiError> {
+    available_actions(&st, None, id).await
+}
+
+async fn available_actions_env(
+    State(st): State<Shared>,
+    EnvPath(env): EnvPath,
+    IdParam(id): IdParam,
+) -> Result<Json<Vec<String>>, ApiError> {
+    available_actions(&st, Some(&env), id).await
+}
+
+async fn available_actions(
+    st: &AppState,
+    path: Option<&str>,
+    id: SessionId,
+) -> Result<Json<Vec<String>>, ApiError> {
+    let session = st.session(id, path, None)?;
+    let guard = session.state.lock().await;
+    Ok(Json(guard.env.available_actions()))
+}
+
+async fn instructions_top(
+    State(st): State<Shared>,
+    IdParam(id): IdParam,
+) -> Result<Json<String>, ApiError> {
+    instructions(&st, None, id).await
+}
+
+async fn instructions_env(
+    State(st): State<Shared>,
+    EnvPath(env): EnvPath,
+    IdParam(id): IdParam,
+) -> Result<Json<String>, ApiError> {
+    instructions(&st, Some(&env), id).await
+}
+
+async fn instructions(
+    st: &AppState,
+    path: Option<&str>,
+    id: SessionId,
+) -> Result<Json<String>, ApiError> {
+    let session = st.session(id, path, None)?;
+    let guard = session.state.lock().await;
+    Ok(Json(guard.env.instructions()))
+}
+
+async fn expert_action_top(
+    State(st): State<Shared>,
+    IdParam(id): IdParam,
+) -> Result<Json<ExpertActionResponse>, ApiError> {
+    expert_action(&st, None, id).await
+}
+
+async fn expert_action_env(
+    State(st): State<Shared>,
+    EnvPath(env): EnvPath,
+    IdParam(id): IdParam,
+) -> Result<Json<ExpertActionResponse>, ApiError> {
+    expert_action(&st, Some(&env), id).await
+}
+
+/// The expert may search (BFS, value iteration): run it off the async workers.
+async fn expert_action(
+    st: &AppState,
+    path: Option<&str>,
+    id: SessionId,
+) -> Result<Json<ExpertActionResponse>, ApiError> {
+    let session = st.session(id, path, None)?;
+    let mut guard = Arc::clone(&session.state).lock_owned().await;
+    let action = blocking(move || guard.env.expert_action()).await?;
+    st.sessions.touch(&session);
+    Ok(Json(ExpertActionResponse { action }))
+}

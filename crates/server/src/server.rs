@@ -1,0 +1,316 @@
+//! Starting and stopping the server: configuration, the reaper task, graceful
+//! shutdown, and a background runner for synchronous callers.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentrl_env_core::EnvDescriptor;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::error::ServerError;
+use crate::routes::{router, AppState};
+use crate::sessions::SessionStore;
+
+/// The default port, AgentGym's first env-server port.
+pub const DEFAULT_PORT: u16 = 36001;
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where to listen; loopback by default. Port 0 lets the OS pick one.
+    pub addr: SocketAddr,
+    /// When set, every route but `/health` needs `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+    /// Live sessions at most; `create` answers 503 beyond.
+    pub max_sessions: usize,
+    /// A session unused for this long is closed by the reaper.
+    pub ttl: Duration,
+    /// How often the reaper looks; `None`: a quarter of the TTL, within 100 ms..30 s.
+    pub reap_interval: Option<Duration>,
+    /// Largest accepted request body in bytes; larger bodies get 413.
+    pub body_limit: usize,
+    /// How long shutdown waits for in-flight requests before giving up on them.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)),
+            token: None,
+            max_sessions: 4096,
+            ttl: Duration::from_secs(600),
+            reap_interval: None,
+            body_limit: 1 << 20,
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ServerConfig {
+    fn reap_every(&self) -> Duration {
+        self.reap_interval.unwrap_or_else(|| {
+            (self.ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(30))
+        })
+    }
+
+    fn validate(&self) -> Result<(), ServerError> {
+        if self.max_sessions == 0 {
+            return Err(ServerError::Config(
+                "max_sessions must be at least 1".into(),
+            ));
+        }
+        if self.ttl.is_zero() {
+            return Err(ServerError::Config(
+                "the session TTL must be positive".into(),
+            ));
+        }
+        if self.token.as_deref().is_some_and(str::is_empty) {
+            return Err(ServerError::Config("the token must not be empty".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The registry's environments, all of them or those named (in registry order).
+pub fn registry_descriptors(names: Option<&[String]>) -> Result<Vec<EnvDescriptor>, ServerError> {
+    select(agentrl_envs::descriptors(), names)
+}
+
+/// `all` restricted to `names` (unknown names are an error).
+pub fn select(
+    all: Vec<EnvDescriptor>,
+    names: Option<&[String]>,
+) -> Result<Vec<EnvDescriptor>, ServerError> {
+    let Some(names) = names else { return Ok(all) };
+    let available = all.iter().map(|d| d.name).collect::<Vec<_>>().join(", ");
+    for n in names {
+        if !all.iter().any(|d| d.name == n) {
+            return Err(ServerError::UnknownEnv {
+                name: n.clone(),
+                available,
+            });
+        }
+    }
+    Ok(all
+        .into_iter()
+        .filter(|d| names.iter().any(|n| n == d.name))
+        .collect())
+}
+
+/// A running server (started with [`spawn`]).
+pub struct ServerHandle {
+    addr: SocketAddr,
+    state: Arc<AppState>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), ServerError>>,
+    drain_timeout: Duration,
+}
+
+impl ServerHandle {
+    /// The bound address (the real port when the config asked for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ip:port`, the base URL for clients.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Live sessions right now.
+    pub fn live_sessions(&self) -> usize {
+        self.state.sessions.len()
+    }
+
+    /// Stop accepting connections, let in-flight requests finish (up to the
+    /// drain timeout), then return.
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        if let Some(tx) = self.shutdown.take() {
+            // The receiver is gone only if the server already stopped.
+            let _ = tx.send(());
+        }
+        match tokio::time::timeout(self.drain_timeout, &mut self.task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(ServerError::Io(std::io::Error::other(join.to_string()))),
+            Err(_) => {
+                tracing::warn!("in-flight requests did not finish within the drain timeout");
+                self.task.abort();
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Bind and start serving in the current tokio runtime.
+pub async fn spawn(
+    config: ServerConfig,
+    descriptors: Vec<EnvDescriptor>,
+) -> Result<ServerHandle, ServerError> {
+    let (tx, rx) = oneshot::channel::<()>();
+    let (addr, state, task) = start(config.clone(), descriptors, async move {
+        // A dropped sender also means stop.
+        let _ = rx.await;
+    })
+    .await?;
+    Ok(ServerHandle {
+        addr,
+        state,
+        shutdown: Some(tx),
+        task,
+        drain_timeout: config.drain_timeout,
+    })
+}
+
+/// Serve until `signal` completes (e.g. ctrl-c), then drain and return.
+pub async fn serve_until(
+    config: ServerConfig,
+    descriptors: Vec<EnvDescriptor>,
+    signal: impl Future<Output = ()> + Send + 'static,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServerError> {
+    let (addr, _state, task) = start(config, descriptors, signal).await?;
+    on_ready(addr);
+    task.await
+        .map_err(|e| ServerError::Io(std::io::Error::other(e.to_string())))?
+}
+
+async fn start(
+    config: ServerConfig,
+    descriptors: Vec<EnvDescriptor>,
+    signal: impl Future<Output = ()> + Send + 'static,
+) -> Result<
+    (
+        SocketAddr,
+        Arc<AppState>,
+        JoinHandle<Result<(), ServerError>>,
+    ),
+    ServerError,
+> {
+    config.validate()?;
+    if descriptors.is_empty() {
+        return Err(ServerError::NoEnvs);
+    }
+    if !config.addr.ip().is_loopback() && config.token.is_none() {
+        tracing::warn!(addr = %config.addr, "serving on a non-loopback address without --token");
+    }
+    let envs: BTreeMap<&'static str, EnvDescriptor> =
+        descriptors.into_iter().map(|d| (d.name, d)).collect();
+    let state = Arc::new(AppState {
+        envs,
+        sessions: SessionStore::new(config.max_sessions),
+        token: config.token.clone(),
+    });
+    let listener = TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.addr.to_string(),
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    let app = router(Arc::clone(&state), config.body_limit);
+
+    let reaper = {
+        let state = Arc::clone(&state);
+        let ttl = config.ttl;
+        let every = config.reap_every();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let n = state.sessions.reap(ttl);
+                if n > 0 {
+                    tracing::info!(reaped = n, "closed idle sessions");
+                }
+            }
+        })
+    };
+
+    let task = tokio::spawn(async move {
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(signal)
+            .await;
+        reaper.abort();
+        result.map_err(ServerError::Io)
+    });
+    Ok((addr, state, task))
+}
+
+/// A server on its own tokio runtime, for synchronous code (tests, benches,
+/// a rollout that wants in-process HTTP). Dropping it shuts the server down.
+/// Do not drop it inside an async context.
+pub struct BackgroundServer {
+    handle: Option<ServerHandle>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl BackgroundServer {
+    /// Start on a new multi-threaded runtime with `worker_threads` workers.
+    pub fn start(
+        config: ServerConfig,
+        descriptors: Vec<EnvDescriptor>,
+        worker_threads: usize,
+    ) -> Result<Self, ServerError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads.max(1))
+            .thread_name("agentrl-server")
+            .enable_all()
+            .build()?;
+        let handle = runtime.block_on(spawn(config, descriptors))?;
+        Ok(Self {
+            handle: Some(handle),
+            runtime: Some(runtime),
+        })
+    }
+
+    fn handle(&self) -> Option<&ServerHandle> {
+        self.handle.as_ref()
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.handle().map(ServerHandle::local_addr)
+    }
+
+    /// `http://ip:port`.
+    pub fn base_url(&self) -> String {
+        self.handle()
+            .map(ServerHandle::base_url)
+            .unwrap_or_default()
+    }
+
+    /// Live sessions right now.
+    pub fn live_sessions(&self) -> usize {
+        self.handle().map_or(0, ServerHandle::live_sessions)
+    }
+
+    /// Shut down and wait for in-flight requests.
+    pub fn shutdown(mut self) -> Result<(), ServerError> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<(), ServerError> {
+        let result = match (self.handle.take(), self.runtime.as_ref()) {
+            (Some(h), Some(rt)) => rt.block_on(h.shutdown()),
+            _ => Ok(()),
+        };
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+        result
+    }
+}
+
+impl Drop for BackgroundServer {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::warn!(error = %e, "server shutdown failed");
+        }
+    }
+}

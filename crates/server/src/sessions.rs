@@ -1,0 +1,150 @@
+//! Live sessions: one environment each, behind its own lock, with an idle TTL.
+//!
+//! The map lock is held only to look a session up, insert or remove it; the
+//! environment itself sits behind a per-session `tokio::sync::Mutex`, so two
+//! requests for one session run one after the other while requests for
+//! different sessions run in parallel.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use agentrl_env_core::{Env, EnvParams};
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::protocol::{SessionId, SessionStatus};
+
+/// The mutable part of a session, behind the session lock.
+pub(crate) struct SessionState {
+    pub env: Box<dyn Env>,
+    /// Sum of rewards since the last reset.
+    pub score: f64,
+}
+
+impl SessionState {
+    pub(crate) fn status(&self) -> SessionStatus {
+        SessionStatus {
+            done: self.env.is_done(),
+            success: self.env.is_success(),
+            score: self.score,
+            steps: self.env.steps(),
+            invalid_actions: self.env.invalid_actions(),
+            max_steps: self.env.max_steps(),
+            state_key: self.env.state_key(),
+        }
+    }
+}
+
+/// One live session.
+pub(crate) struct Session {
+    pub env_name: &'static str,
+    /// The params the session was created with, reused when a reset switches task.
+    pub params: EnvParams,
+    pub state: Arc<AsyncMutex<SessionState>>,
+    /// Milliseconds since the store's epoch at the last request.
+    last_used_ms: AtomicU64,
+}
+
+/// Every live session of a server.
+pub(crate) struct SessionStore {
+    sessions: Mutex<HashMap<SessionId, Arc<Session>>>,
+    next_id: AtomicU64,
+    epoch: Instant,
+    pub max_sessions: usize,
+}
+
+impl SessionStore {
+    pub(crate) fn new(max_sessions: usize) -> Self {
+        Self {
+            sessions: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            epoch: Instant::now(),
+            max_sessions,
+        }
+    }
+
+    fn map(&self) -> MutexGuard<'_, HashMap<SessionId, Arc<Session>>> {
+        // A panic while holding this lock cannot leave the map half-updated
+        // (every critical section is a single insert/remove/get), so a
+        // poisoned lock is still consistent.
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Number of live sessions.
+    pub(crate) fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    /// Whether a new session would be refused (checked before building an env).
+    pub(crate) fn is_full(&self) -> bool {
+        self.len() >= self.max_sessions
+    }
+
+    /// Insert a new session; `None` when the store is full.
+    pub(crate) fn insert(
+        &self,
+        env_name: &'static str,
+        params: EnvParams,
+        state: SessionState,
+    ) -> Option<SessionId> {
+        let session = Arc::new(Session {
+            env_name,
+            params,
+            state: Arc::new(AsyncMutex::new(state)),
+            last_used_ms: AtomicU64::new(self.now_ms()),
+        });
+        let mut map = self.map();
+        if map.len() >= self.max_sessions {
+            return None;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        map.insert(id, session);
+        Some(id)
+    }
+
+    /// Look a session up and mark it used.
+    pub(crate) fn get(&self, id: SessionId) -> Option<Arc<Session>> {
+        let s = self.map().get(&id).cloned()?;
+        s.last_used_ms.store(self.now_ms(), Ordering::Relaxed);
+        Some(s)
+    }
+
+    /// Mark a session used (at the end of a long request).
+    pub(crate) fn touch(&self, s: &Session) {
+        s.last_used_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Remove a session; the env is dropped once in-flight requests finish.
+    pub(crate) fn remove(&self, id: SessionId) -> Option<Arc<Session>> {
+        self.map().remove(&id)
+    }
+
+    /// Remove every session idle for longer than `ttl` and not in use right
+    /// now; returns how many were removed.
+    pub(crate) fn reap(&self, ttl: Duration) -> usize {
+        let now = self.now_ms();
+        let ttl_ms = ttl.as_millis() as u64;
+        let mut removed = Vec::new();
+        {
+            let mut map = self.map();
+            map.retain(|_, s| {
+                let idle = now.saturating_sub(s.last_used_ms.load(Ordering::Relaxed));
+                // A session whose lock is held is in use, whatever its timestamp.
+                let expired = idle > ttl_ms && s.state.try_lock().is_ok();
+                if expired {
+                    removed.push(Arc::clone(s));
+                }
+                !expired
+            });
+        }
+        // Drop the environments outside the map lock: an env's Drop may be slow.
+        let n = removed.len();
+        drop(removed);
+        n
+    }
+}

@@ -1,0 +1,226 @@
+//! A small deterministic test environment and helpers shared by the tests.
+#![allow(dead_code)]
+
+use agentrl_env_core::{
+    stable_hash, task_rng, ActionError, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError,
+    StepInfo, TaskRng, TaskSpec,
+};
+use agentrl_server::{ServerConfig, ServerHandle};
+use rand::Rng;
+use std::net::SocketAddr;
+
+/// "counter": reach a target number with `inc`, `dec`, `add N`. Rewards carry
+/// random fractions (drawn from the task RNG) so float exactness is tested,
+/// and `noop` moves the RNG so that `reset` must restore it.
+pub struct Counter {
+    spec: TaskSpec,
+    rng0: TaskRng,
+    rng: TaskRng,
+    target: i64,
+    value: i64,
+    steps: usize,
+    invalid: usize,
+    max_steps: usize,
+    done: bool,
+    success: bool,
+}
+
+pub fn counter_factory(spec: &TaskSpec, params: &EnvParams) -> Result<Box<dyn Env>, EnvError> {
+    let mut max_steps = if spec.difficulty == "hard" { 20 } else { 10 };
+    for (k, v) in params {
+        match k.as_str() {
+            "max_steps" => {
+                max_steps = v.as_u64().ok_or_else(|| EnvError::InvalidParam {
+                    env: "counter".into(),
+                    key: k.clone(),
+                    reason: "expected a positive integer".into(),
+                })? as usize
+            }
+            _ => {
+                return Err(EnvError::InvalidParam {
+                    env: "counter".into(),
+                    key: k.clone(),
+                    reason: "unknown parameter".into(),
+                })
+            }
+        }
+    }
+    let mut rng = task_rng(spec)?;
+    let span = if spec.difficulty == "hard" { 12 } else { 5 };
+    let target = rng.random_range(2..2 + span);
+    Ok(Box::new(Counter {
+        spec: spec.clone(),
+        rng0: rng.clone(),
+        rng,
+        target,
+        value: 0,
+        steps: 0,
+        invalid: 0,
+        max_steps,
+        done: false,
+        success: false,
+    }))
+}
+
+pub fn counter_descriptor() -> EnvDescriptor {
+    EnvDescriptor {
+        name: "counter",
+        summary: "test env: count up to a target",
+        difficulties: &["easy", "hard"],
+        default_max_turns: 10,
+        factory: counter_factory,
+    }
+}
+
+impl Env for Counter {
+    fn spec(&self) -> &TaskSpec {
+        &self.spec
+    }
+    fn instructions(&self) -> String {
+        "Reach the target number. Actions: inc, dec, add N (N in 1..=3), noop.".into()
+    }
+    fn reset(&mut self) -> String {
+        self.rng = self.rng0.clone();
+        self.value = 0;
+        self.steps = 0;
+        self.invalid = 0;
+        self.done = false;
+        self.success = false;
+        self.observation()
+    }
+    fn step(&mut self, action: &str) -> Result<Step, StepError> {
+        if self.done {
+            return Err(StepError::EpisodeOver);
+        }
+        let a = action.trim();
+        let delta = match a {
+            "" => Err(ActionError::Empty),
+            "inc" => Ok(1),
+            "dec" if self.value == 0 => Err(ActionError::NotPossible {
+                action: a.into(),
+                reason: "already at 0".into(),
+            }),
+            "dec" => Ok(-1),
+            "noop" => Ok(0),
+            "slow" => {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                Ok(0)
+            }
+            "boom" => panic!("counter env asked to panic"),
+            _ => match a.strip_prefix("add ") {
+                Some(n) => match n.trim().parse::<i64>() {
+                    Ok(n) if (1..=3).contains(&n) => Ok(n),
+                    _ => Err(ActionError::Malformed {
+                        action: a.into(),
+                        reason: "N must be 1, 2 or 3".into(),
+                    }),
+                },
+                None => Err(ActionError::Unknown {
+                    action: a.into(),
+                    expected: "inc, dec, add N, noop".into(),
+                }),
+            },
+        };
+        let delta = match delta {
+            Ok(d) => d,
+            Err(e) => {
+                self.invalid += 1;
+                return Err(StepError::InvalidAction(e));
+            }
+        };
+        self.value += delta;
+        self.steps += 1;
+        let mut reward = -0.1 + self.rng.random::<f64>() * 1e-3;
+        if self.value == self.target {
+            reward += 1.0;
+            self.done = true;
+            self.success = true;
+        } else if self.steps >= self.max_steps {
+            self.done = true;
+        }
+        let mut extra = serde_json::Map::new();
+        extra.insert("value".into(), self.value.into());
+        Ok(Step {
+            observation: self.observation(),
+            reward,
+            done: self.done,
+            success: self.success,
+            info: StepInfo {
+                effective: delta != 0,
+                extra,
+            },
+        })
+    }
+    fn observation(&self) -> String {
+        format!(
+            "value {} target {} steps {}",
+            self.value, self.target, self.steps
+        )
+    }
+    fn available_actions(&self) -> Vec<String> {
+        let mut v = vec!["inc".to_string(), "noop".to_string(), "add 2".to_string()];
+        if self.value > 0 {
+            v.push("dec".into());
+        }
+        v
+    }
+    fn state_key(&self) -> u64 {
+        stable_hash(&[&self.value.to_le_bytes(), &self.target.to_le_bytes()])
+    }
+    fn expert_action(&mut self) -> Option<String> {
+        if self.done {
+            return None;
+        }
+        Some(
+            if self.value < self.target {
+                "inc"
+            } else {
+                "dec"
+            }
+            .into(),
+        )
+    }
+    fn steps(&self) -> usize {
+        self.steps
+    }
+    fn invalid_actions(&self) -> usize {
+        self.invalid
+    }
+    fn max_steps(&self) -> usize {
+        self.max_steps
+    }
+    fn is_done(&self) -> bool {
+        self.done
+    }
+    fn is_success(&self) -> bool {
+        self.success
+    }
+}
+
+/// The test env plus every registered env.
+pub fn all_descriptors() -> Vec<EnvDescriptor> {
+    let mut v = vec![counter_descriptor()];
+    v.extend(agentrl_envs::descriptors());
+    v
+}
+
+/// A loopback config on an OS-assigned port.
+pub fn test_config() -> ServerConfig {
+    ServerConfig {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..ServerConfig::default()
+    }
+}
+
+pub async fn start(config: ServerConfig) -> ServerHandle {
+    agentrl_server::spawn(config, all_descriptors())
+        .await
+        .unwrap()
+}
+
+/// Open file descriptors of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
