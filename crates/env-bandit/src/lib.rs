@@ -1,1 +1,314 @@
-//! (being written)
+//! The two-armed bandit of RAGEN: one turn, one pull.
+//!
+//! The low arm pays 0.1 every time; the high arm pays 1.0 with probability
+//! 0.25 (expected 0.25, the right choice). Each task draws a name pair (test
+//! tasks use pairs never seen in training), which name is the risky arm, the
+//! display order and the wording of the descriptions. On `easy` the
+//! descriptions state the payouts; on `hard` they only hint at them
+//! symbolically, as RAGEN asks the agent to reason from the arms' names.
+
+mod generator;
+mod parser;
+mod solver;
+
+use agentrl_env_core::{
+    stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError, StepInfo,
+    TaskSpec,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+pub use generator::{draw, Task, TEST_PAIRS, TRAIN_PAIRS};
+pub use parser::{parse_action, MAX_ACTION_LEN};
+pub use solver::{best_arm, expected_payouts};
+
+/// Registry name.
+pub const NAME: &str = "bandit";
+/// Difficulty levels; the first is the default.
+pub const DIFFICULTIES: &[&str] = &["easy", "hard"];
+
+/// The registry entry.
+pub fn descriptor() -> EnvDescriptor {
+    EnvDescriptor {
+        name: NAME,
+        summary: "two named arms, one pull: a safe 0.1 or a 25% chance of 1.0 (RAGEN Bandit; test uses held-out names)",
+        difficulties: DIFFICULTIES,
+        default_max_turns: 1,
+        factory: |spec, params| Ok(Box::new(Bandit::new(spec, params)?)),
+    }
+}
+
+/// Payouts, from the `[env]` params.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The safe arm's certain payout.
+    pub low_reward: f64,
+    /// The risky arm's payout when it pays.
+    pub high_reward: f64,
+    /// How often the risky arm pays.
+    pub high_prob: f64,
+    /// Hard level: descriptions without numbers.
+    pub symbolic: bool,
+}
+
+impl Config {
+    /// RAGEN's payouts; `hard` hides the numbers.
+    pub fn for_difficulty(difficulty: &str) -> Result<Self, EnvError> {
+        let symbolic = match difficulty {
+            "easy" => false,
+            "hard" => true,
+            other => {
+                return Err(EnvError::UnknownDifficulty {
+                    env: NAME.to_string(),
+                    difficulty: other.to_string(),
+                    available: DIFFICULTIES.join(", "),
+                })
+            }
+        };
+        Ok(Self {
+            low_reward: 0.1,
+            high_reward: 1.0,
+            high_prob: 0.25,
+            symbolic,
+        })
+    }
+
+    /// Apply `[env]` params `low_reward`, `high_reward`, `high_prob`; the
+    /// risky arm must keep the higher expectation (that is the task).
+    pub fn apply_params(&mut self, params: &EnvParams) -> Result<(), EnvError> {
+        let bad = |key: &str, reason: &str| EnvError::InvalidParam {
+            env: NAME.to_string(),
+            key: key.to_string(),
+            reason: reason.to_string(),
+        };
+        for (key, value) in params {
+            let v = value
+                .as_f64()
+                .ok_or_else(|| bad(key, "expected a number"))?;
+            if !v.is_finite() {
+                return Err(bad(key, "must be finite"));
+            }
+            match key.as_str() {
+                "low_reward" => self.low_reward = v,
+                "high_reward" => self.high_reward = v,
+                "high_prob" if (0.0..=1.0).contains(&v) => self.high_prob = v,
+                "high_prob" => return Err(bad(key, "must be between 0 and 1")),
+                _ => {
+                    return Err(bad(
+                        key,
+                        "unknown key (known: low_reward, high_reward, high_prob)",
+                    ))
+                }
+            }
+        }
+        let (low, high) = expected_payouts(self.low_reward, self.high_reward, self.high_prob);
+        if high <= low {
+            return Err(bad(
+                "high_prob",
+                "the risky arm's expectation (high_reward × high_prob) must exceed low_reward",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One bandit task.
+#[derive(Debug, Clone)]
+pub struct Bandit {
+    spec: TaskSpec,
+    config: Config,
+    task: Task,
+    task_hash: u64,
+    /// Display index pulled, once pulled.
+    pulled: Option<usize>,
+    payout: f64,
+    invalid: usize,
+    payout_rng_start: ChaCha8Rng,
+    payout_rng: ChaCha8Rng,
+}
+
+impl Bandit {
+    /// Draw the task of `spec` with `[env]` params.
+    pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
+        let mut config = Config::for_difficulty(&spec.difficulty)?;
+        config.apply_params(params)?;
+        Self::with_config(spec, config)
+    }
+
+    /// Draw the task of `spec` with an explicit config.
+    pub fn with_config(spec: &TaskSpec, config: Config) -> Result<Self, EnvError> {
+        let mut rng = task_rng(spec)?;
+        let task = draw(
+            &mut rng,
+            spec.split,
+            config.symbolic,
+            config.low_reward,
+            config.high_reward,
+            config.high_prob,
+        );
+        // Payouts come from their own stream so that the task itself does not
+        // depend on how often the arm is pulled across resets.
+        let abs = spec.absolute_seed()?;
+        let payout_rng = ChaCha8Rng::seed_from_u64(stable_hash(&[
+            b"bandit-payout",
+            spec.env.as_bytes(),
+            spec.difficulty.as_bytes(),
+            &abs.to_le_bytes(),
+        ]));
+        let task_hash = stable_hash(&[
+            task.names[0].as_bytes(),
+            task.names[1].as_bytes(),
+            task.descriptions[0].as_bytes(),
+            task.descriptions[1].as_bytes(),
+            &[task.high as u8],
+        ]);
+        Ok(Self {
+            spec: spec.clone(),
+            config,
+            task,
+            task_hash,
+            pulled: None,
+            payout: 0.0,
+            invalid: 0,
+            payout_rng_start: payout_rng.clone(),
+            payout_rng,
+        })
+    }
+
+    /// The drawn names, descriptions and the risky arm.
+    pub fn task(&self) -> &Task {
+        &self.task
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn render(&self) -> String {
+        let t = &self.task;
+        match self.pulled {
+            None => format!(
+                "Arm 1: {} — {} {}.\nArm 2: {} — {} {}.\nWhich arm do you pull?",
+                t.names[0],
+                t.names[0],
+                t.descriptions[0],
+                t.names[1],
+                t.names[1],
+                t.descriptions[1]
+            ),
+            Some(i) => format!("You pulled {} and received {}.", t.names[i], self.payout),
+        }
+    }
+}
+
+impl Env for Bandit {
+    fn spec(&self) -> &TaskSpec {
+        &self.spec
+    }
+
+    fn instructions(&self) -> String {
+        format!(
+            "Bandit: there are two slot-machine arms, {a} and {b}. Each arm has its own reward \
+             distribution, described next to its name; one arm is safe and pays a small amount every \
+             time, the other is risky. Pull the arm you expect to pay more on average.\n\
+             You pull exactly once. Action: the arm's name ({a} or {b}, any case) or its number (1 or 2).\n\
+             Reward: whatever the pulled arm pays.",
+            a = self.task.names[0],
+            b = self.task.names[1]
+        )
+    }
+
+    fn reset(&mut self) -> String {
+        self.pulled = None;
+        self.payout = 0.0;
+        self.invalid = 0;
+        self.payout_rng = self.payout_rng_start.clone();
+        self.render()
+    }
+
+    fn step(&mut self, action: &str) -> Result<Step, StepError> {
+        if self.pulled.is_some() {
+            return Err(StepError::EpisodeOver);
+        }
+        let arm = match parse_action(action, &self.task.names) {
+            Ok(a) => a,
+            Err(e) => {
+                self.invalid += 1;
+                return Err(e.into());
+            }
+        };
+        // Draw even for the safe arm so the stream position never depends on the choice.
+        let u: f64 = self.payout_rng.random();
+        self.payout = if arm == self.task.high {
+            if u < self.config.high_prob {
+                self.config.high_reward
+            } else {
+                0.0
+            }
+        } else {
+            self.config.low_reward
+        };
+        self.pulled = Some(arm);
+        let mut extra = serde_json::Map::new();
+        extra.insert("arm".into(), self.task.names[arm].clone().into());
+        Ok(Step {
+            observation: self.render(),
+            reward: self.payout,
+            done: true,
+            success: self.is_success(),
+            info: StepInfo {
+                effective: true,
+                extra,
+            },
+        })
+    }
+
+    fn observation(&self) -> String {
+        self.render()
+    }
+
+    fn available_actions(&self) -> Vec<String> {
+        if self.pulled.is_some() {
+            return Vec::new();
+        }
+        self.task.names.to_vec()
+    }
+
+    fn state_key(&self) -> u64 {
+        let pulled = self.pulled.map_or(0u8, |i| i as u8 + 1);
+        stable_hash(&[&self.task_hash.to_le_bytes(), &[pulled]])
+    }
+
+    fn expert_action(&mut self) -> Option<String> {
+        if self.pulled.is_some() {
+            return None;
+        }
+        let c = &self.config;
+        let arm = best_arm(self.task.high, c.low_reward, c.high_reward, c.high_prob);
+        Some(self.task.names[arm].clone())
+    }
+
+    fn steps(&self) -> usize {
+        self.pulled.is_some() as usize
+    }
+
+    fn invalid_actions(&self) -> usize {
+        self.invalid
+    }
+
+    fn max_steps(&self) -> usize {
+        1
+    }
+
+    fn is_done(&self) -> bool {
+        self.pulled.is_some()
+    }
+
+    fn is_success(&self) -> bool {
+        self.pulled == Some(self.task.high)
+    }
+}
+
+#[cfg(test)]
+mod tests;
