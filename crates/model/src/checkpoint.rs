@@ -129,15 +129,24 @@ pub(crate) fn write_tensors_exact(
         let (dtype, bytes): (safetensors::Dtype, Vec<u8>) = match t.dtype() {
             DType::F32 => (
                 safetensors::Dtype::F32,
-                flat.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                flat.to_vec1::<f32>()?
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
             ),
             DType::F64 => (
                 safetensors::Dtype::F64,
-                flat.to_vec1::<f64>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                flat.to_vec1::<f64>()?
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
             ),
             DType::U32 => (
                 safetensors::Dtype::U32,
-                flat.to_vec1::<u32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                flat.to_vec1::<u32>()?
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
             ),
             other => {
                 return Err(ModelError::InvalidInput(format!(

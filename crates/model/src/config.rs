@@ -237,7 +237,6 @@ impl ModelConfig {
 
     /// Whether q/k/v projections carry biases (Qwen2 yes, Llama no unless `attention_bias`).
     pub fn qkv_bias(&self) -> bool {
-        self.attention_bias
-            .unwrap_or(self.model_type == "qwen2")
+        self.attention_bias.unwrap_or(self.model_type == "qwen2")
     }
 }

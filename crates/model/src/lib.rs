@@ -6,6 +6,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod ops;
 pub mod optim;
 pub mod policy;
 pub mod qwen2;

@@ -102,7 +102,12 @@ impl AdamW {
         let t = self.step as i32;
         let bc1 = 1.0 - c.beta1.powi(t);
         let bc2 = 1.0 - c.beta2.powi(t);
-        for ((var, m), v) in self.vars.iter().zip(self.m.iter_mut()).zip(self.v.iter_mut()) {
+        for ((var, m), v) in self
+            .vars
+            .iter()
+            .zip(self.m.iter_mut())
+            .zip(self.v.iter_mut())
+        {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
             };

@@ -11,8 +11,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::checkpoint::{read_tensors, write_tensors, CONFIG_FILE, WEIGHTS_FILE};
 use crate::qwen2::{
-    log_softmax_last_dim, mask_value, param_specs, LayerKvCache, Model, ParamInit,
-    VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT,
+    mask_value, param_specs, LayerKvCache, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT,
 };
 use crate::sampling::{sample_row, Generation, SamplingParams};
 use crate::{ModelConfig, ModelError};
@@ -121,7 +120,14 @@ impl PolicyModel {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut tensors = BTreeMap::new();
         for (name, shape, init) in param_specs(config, with_value_head) {
-            let t = init_tensor(&shape, init, config.initializer_range, &mut rng, dtype, device)?;
+            let t = init_tensor(
+                &shape,
+                init,
+                config.initializer_range,
+                &mut rng,
+                dtype,
+                device,
+            )?;
             tensors.insert(name, t);
         }
         Self::from_tensors(config.clone(), tensors, with_value_head, dtype, device)
@@ -348,14 +354,14 @@ impl PolicyModel {
         // Right padding needs no key mask: causal attention keeps real tokens
         // from ever seeing the pads that follow them.
         let rope = self.model.rotary().tables_contiguous(0, t)?;
-        let causal = self.model.causal_mask(t)?;
-        let h = self.model.forward_hidden(&ids, &rope, Some(&causal), None)?; // [B, T, d]
+        let h = self.model.forward_hidden(&ids, &rope, None, None)?; // [B, T, d]
         let values = self.model.values(&h)?; // [B, T]
-        // Only positions 0..T-1 predict a token: skip the last row's LM head.
+                                             // Only positions 0..T-1 predict a token: skip the last row's LM head.
         let logits = self.model.logits(&h.narrow(1, 0, t - 1)?)?; // [B, T-1, V]
-        let (logp, _lse) = log_softmax_last_dim(&logits)?;
+                                                                  // grad: fused log-softmax with its own bwd (crate::ops).
+        let logp = crate::ops::log_softmax(&logits)?;
         let targets = ids.narrow(1, 1, t - 1)?.contiguous()?.unsqueeze(2)?; // [B, T-1, 1]
-        // grad: gather's backward scatters the gradient into the target column.
+                                                                            // grad: gather's backward scatters the gradient into the target column.
         let logprobs = logp.gather(&targets, 2)?.squeeze(2)?;
         // grad: exp, mul and sum differentiate; entropy = -Σ softmax · log_softmax.
         let entropy = (logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?;
@@ -432,8 +438,7 @@ impl PolicyModel {
             .collect::<candle_core::Result<Vec<_>>>()?;
         let ids_t = Tensor::from_vec(ids, (b, p), &self.device)?;
         let pos_t = Tensor::from_vec(pos, (b, p), &self.device)?;
-        let mask_t =
-            Tensor::from_vec(mask, (b, 1, p, p), &self.device)?.to_dtype(self.dtype)?;
+        let mask_t = Tensor::from_vec(mask, (b, 1, p, p), &self.device)?.to_dtype(self.dtype)?;
         let rope = self.infer.rotary().tables_for(&pos_t)?;
         let h = self
             .infer

@@ -32,7 +32,10 @@ pub enum ParamInit {
 
 /// Every parameter the configuration implies, in a fixed order:
 /// (Hugging Face name, shape, initialisation).
-pub fn param_specs(cfg: &ModelConfig, with_value_head: bool) -> Vec<(String, Vec<usize>, ParamInit)> {
+pub fn param_specs(
+    cfg: &ModelConfig,
+    with_value_head: bool,
+) -> Vec<(String, Vec<usize>, ParamInit)> {
     let d = cfg.hidden_size;
     let hd = cfg.head_dim();
     let q_out = cfg.num_attention_heads * hd;
@@ -46,28 +49,68 @@ pub fn param_specs(cfg: &ModelConfig, with_value_head: bool) -> Vec<(String, Vec
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
         let a = format!("{p}.self_attn");
-        v.push((format!("{a}.q_proj.weight"), vec![q_out, d], ParamInit::Normal));
+        v.push((
+            format!("{a}.q_proj.weight"),
+            vec![q_out, d],
+            ParamInit::Normal,
+        ));
         if cfg.qkv_bias() {
             v.push((format!("{a}.q_proj.bias"), vec![q_out], ParamInit::Zeros));
         }
-        v.push((format!("{a}.k_proj.weight"), vec![kv_out, d], ParamInit::Normal));
+        v.push((
+            format!("{a}.k_proj.weight"),
+            vec![kv_out, d],
+            ParamInit::Normal,
+        ));
         if cfg.qkv_bias() {
             v.push((format!("{a}.k_proj.bias"), vec![kv_out], ParamInit::Zeros));
         }
-        v.push((format!("{a}.v_proj.weight"), vec![kv_out, d], ParamInit::Normal));
+        v.push((
+            format!("{a}.v_proj.weight"),
+            vec![kv_out, d],
+            ParamInit::Normal,
+        ));
         if cfg.qkv_bias() {
             v.push((format!("{a}.v_proj.bias"), vec![kv_out], ParamInit::Zeros));
         }
-        v.push((format!("{a}.o_proj.weight"), vec![d, q_out], ParamInit::Normal));
-        v.push((format!("{p}.mlp.gate_proj.weight"), vec![ffn, d], ParamInit::Normal));
-        v.push((format!("{p}.mlp.up_proj.weight"), vec![ffn, d], ParamInit::Normal));
-        v.push((format!("{p}.mlp.down_proj.weight"), vec![d, ffn], ParamInit::Normal));
-        v.push((format!("{p}.input_layernorm.weight"), vec![d], ParamInit::Ones));
-        v.push((format!("{p}.post_attention_layernorm.weight"), vec![d], ParamInit::Ones));
+        v.push((
+            format!("{a}.o_proj.weight"),
+            vec![d, q_out],
+            ParamInit::Normal,
+        ));
+        v.push((
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![ffn, d],
+            ParamInit::Normal,
+        ));
+        v.push((
+            format!("{p}.mlp.up_proj.weight"),
+            vec![ffn, d],
+            ParamInit::Normal,
+        ));
+        v.push((
+            format!("{p}.mlp.down_proj.weight"),
+            vec![d, ffn],
+            ParamInit::Normal,
+        ));
+        v.push((
+            format!("{p}.input_layernorm.weight"),
+            vec![d],
+            ParamInit::Ones,
+        ));
+        v.push((
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![d],
+            ParamInit::Ones,
+        ));
     }
     v.push(("model.norm.weight".to_string(), vec![d], ParamInit::Ones));
     if !cfg.tie_word_embeddings {
-        v.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, d], ParamInit::Normal));
+        v.push((
+            "lm_head.weight".to_string(),
+            vec![cfg.vocab_size, d],
+            ParamInit::Normal,
+        ));
     }
     if with_value_head {
         v.push((VALUE_HEAD_WEIGHT.to_string(), vec![1, d], ParamInit::Normal));
@@ -127,6 +170,8 @@ pub(crate) fn log_softmax_last_dim(x: &Tensor) -> Result<(Tensor, Tensor)> {
 pub struct RmsNorm {
     weight: Tensor,
     eps: f64,
+    /// Detached weights: candle's fused (gradient-free) kernel is allowed.
+    inference: bool,
 }
 
 impl RmsNorm {
@@ -135,6 +180,7 @@ impl RmsNorm {
         Ok(Self {
             weight: vb.get(size, "weight")?,
             eps,
+            inference: false,
         })
     }
 
@@ -142,11 +188,20 @@ impl RmsNorm {
         Self {
             weight: self.weight.detach(),
             eps: self.eps,
+            inference: true,
         }
     }
 
     /// `x: [.., d]` → `[.., d]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.inference && x.is_contiguous() {
+            // No gradient is needed here, so candle's fused kernel may serve.
+            return candle_nn::ops::rms_norm(x, &self.weight, self.eps as f32);
+        }
+        // grad: fused CPU kernel with its own bwd for x and w (crate::ops).
+        if let Some(y) = crate::ops::rms_norm(x, &self.weight, self.eps) {
+            return y;
+        }
         // grad: sqr (2x), mean_keepdim (sum then affine), affine (+ε), sqrt and
         // recip all have backward rules; unlike candle_nn::ops::rms_norm.
         let inv_rms = x
@@ -291,7 +346,10 @@ impl LayerKvCache {
         self.k.slice_set(&k.contiguous()?, 2, self.len)?;
         self.v.slice_set(&v.contiguous()?, 2, self.len)?;
         self.len += t;
-        Ok((self.k.narrow(2, 0, self.len)?, self.v.narrow(2, 0, self.len)?))
+        Ok((
+            self.k.narrow(2, 0, self.len)?,
+            self.v.narrow(2, 0, self.len)?,
+        ))
     }
 }
 
@@ -308,6 +366,7 @@ pub struct Attention {
     n_heads: usize,
     n_kv: usize,
     head_dim: usize,
+    inference: bool,
 }
 
 impl Attention {
@@ -335,6 +394,7 @@ impl Attention {
             n_heads: nh,
             n_kv: nkv,
             head_dim: hd,
+            inference: false,
         })
     }
 
@@ -348,12 +408,14 @@ impl Attention {
             v_w: self.v_w.detach(),
             v_b: d(&self.v_b),
             o_w: self.o_w.detach(),
+            inference: true,
             ..*self
         }
     }
 
     /// `x: [B, T, d]`; `mask`: additive, broadcastable to `[B, heads, T, S]`
-    /// where S = cached + T. Returns `[B, T, d]`.
+    /// where S = cached + T; `None` means plain causal attention (query i
+    /// sees keys `..= i + S - T`). Returns `[B, T, d]`.
     pub fn forward(
         &self,
         x: &Tensor,
@@ -386,12 +448,15 @@ impl Attention {
         let q = q.reshape((b, nkv, rep * t, hd))?;
         // grad: matmul's backward is two matmuls; reshape is a view.
         let scores = q.matmul(&k.t()?)?.reshape((b, nh, t, s))?;
-        // grad: the additive mask is a constant; broadcast_add passes the gradient through.
-        let scores = match mask {
-            Some(m) => scores.broadcast_add(m)?,
-            None => scores,
+        let probs = match mask {
+            // grad: the fused causal softmax has its own bwd (crate::ops).
+            None => crate::ops::causal_softmax(&scores)?,
+            Some(m) if self.inference => {
+                candle_nn::ops::softmax_last_dim(&scores.broadcast_add(m)?)?
+            }
+            // grad: the additive mask is a constant; broadcast_add passes the gradient through.
+            Some(m) => softmax_last_dim(&scores.broadcast_add(m)?)?,
         };
-        let probs = softmax_last_dim(&scores)?;
         // [B, kv, rep*T, S] @ [B, kv, S, hd] → [B, kv, rep*T, hd] → [B, heads, T, hd] → [B, T, heads*hd].
         let out = probs
             .reshape((b, nkv, rep * t, s))?
@@ -482,7 +547,9 @@ impl DecoderLayer {
         cache: Option<&mut LayerKvCache>,
     ) -> Result<Tensor> {
         // grad: residual adds pass the gradient to both branches.
-        let h = (x + self.attn.forward(&self.input_ln.forward(x)?, rope, mask, cache)?)?;
+        let h = (x + self
+            .attn
+            .forward(&self.input_ln.forward(x)?, rope, mask, cache)?)?;
         &h + self.mlp.forward(&self.post_ln.forward(&h)?)?
     }
 }
@@ -625,8 +692,7 @@ impl Model {
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let t = ids.dim(1)?;
         let rope = self.rotary.tables_contiguous(0, t)?;
-        let mask = self.causal_mask(t)?;
-        let h = self.forward_hidden(ids, &rope, Some(&mask), None)?;
+        let h = self.forward_hidden(ids, &rope, None, None)?;
         self.logits(&h)
     }
 

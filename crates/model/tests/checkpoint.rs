@@ -11,13 +11,26 @@ fn fixture_dir() -> PathBuf {
 }
 
 fn logits(model: &PolicyModel) -> Vec<Vec<f32>> {
-    let ids: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % model.config.vocab_size as u32).collect();
-    let input = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-    model.forward(&input).unwrap().squeeze(0).unwrap().to_vec2().unwrap()
+    let ids: Vec<u32> = (0..24)
+        .map(|i| (i * 7 + 3) % model.config.vocab_size as u32)
+        .collect();
+    let input = Tensor::new(ids.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    model
+        .forward(&input)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec2()
+        .unwrap()
 }
 
 fn values(model: &PolicyModel) -> Vec<Vec<f32>> {
-    let out = model.sequence_logprobs(&[vec![1, 2, 3, 4], vec![5, 6]]).unwrap();
+    let out = model
+        .sequence_logprobs(&[vec![1, 2, 3, 4], vec![5, 6]])
+        .unwrap();
     out.values.unwrap().to_vec2().unwrap()
 }
 
@@ -35,7 +48,10 @@ fn llama_config() -> ModelConfig {
     let mut c = ModelConfig::new_qwen2(50, 16, 2, 4, 2, 40);
     c.model_type = "llama".to_string();
     c.tie_word_embeddings = false;
-    c.extra.insert("architectures".into(), serde_json::json!(["LlamaForCausalLM"]));
+    c.extra.insert(
+        "architectures".into(),
+        serde_json::json!(["LlamaForCausalLM"]),
+    );
     c
 }
 
@@ -59,13 +75,16 @@ fn saved_tensor_names_follow_hugging_face() {
     let dir = tempfile::tempdir().unwrap();
     let tied = PolicyModel::new_random(&ModelConfig::tiny(64), true, 1, &Device::Cpu).unwrap();
     tied.save(dir.path()).unwrap();
-    let t = candle_core::safetensors::load(dir.path().join("model.safetensors"), &Device::Cpu)
-        .unwrap();
+    let t =
+        candle_core::safetensors::load(dir.path().join("model.safetensors"), &Device::Cpu).unwrap();
     assert!(t.contains_key("model.embed_tokens.weight"));
     assert!(t.contains_key("model.layers.3.self_attn.q_proj.bias"));
     assert!(t.contains_key("model.layers.0.mlp.down_proj.weight"));
     assert!(t.contains_key("value_head.weight") && t.contains_key("value_head.bias"));
-    assert!(!t.contains_key("lm_head.weight"), "tied embeddings must not save lm_head");
+    assert!(
+        !t.contains_key("lm_head.weight"),
+        "tied embeddings must not save lm_head"
+    );
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
             .unwrap();
@@ -75,8 +94,8 @@ fn saved_tensor_names_follow_hugging_face() {
 
     let untied = PolicyModel::new_random(&llama_config(), false, 1, &Device::Cpu).unwrap();
     untied.save(dir.path()).unwrap();
-    let t = candle_core::safetensors::load(dir.path().join("model.safetensors"), &Device::Cpu)
-        .unwrap();
+    let t =
+        candle_core::safetensors::load(dir.path().join("model.safetensors"), &Device::Cpu).unwrap();
     assert!(t.contains_key("lm_head.weight"));
     assert!(!t.contains_key("model.layers.0.self_attn.q_proj.bias"));
 }
@@ -108,7 +127,11 @@ fn fixture_round_trip_keeps_logits_and_adds_value_head() {
 fn sharded_checkpoint_loads_like_the_single_file() {
     let tensors = fixture_tensors();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture_dir().join("config.json"), dir.path().join("config.json")).unwrap();
+    std::fs::copy(
+        fixture_dir().join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
     let mut shards = [HashMap::new(), HashMap::new()];
     let mut weight_map = serde_json::Map::new();
     for (i, (name, t)) in tensors.iter().enumerate() {
@@ -121,7 +144,11 @@ fn sharded_checkpoint_loads_like_the_single_file() {
         candle_core::safetensors::save(s, dir.path().join(file)).unwrap();
     }
     let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
-    std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
     let sharded = PolicyModel::load(dir.path(), false, &Device::Cpu).unwrap();
     let single = PolicyModel::load(&fixture_dir(), false, &Device::Cpu).unwrap();
     assert_eq!(logits(&sharded), logits(&single));
@@ -156,13 +183,19 @@ fn bf16_and_f16_checkpoints_load_as_exact_f32() {
 fn wrong_shape_error_names_the_tensor_and_file() {
     let mut tensors = fixture_tensors();
     let name = "model.layers.1.self_attn.k_proj.weight";
-    tensors.insert(name.to_string(), Tensor::zeros((3, 64), DType::F32, &Device::Cpu).unwrap());
+    tensors.insert(
+        name.to_string(),
+        Tensor::zeros((3, 64), DType::F32, &Device::Cpu).unwrap(),
+    );
     let dir = tempfile::tempdir().unwrap();
     write_checkpoint(dir.path(), &tensors);
     let err = PolicyModel::load(dir.path(), false, &Device::Cpu).unwrap_err();
     assert!(matches!(err, ModelError::ShapeMismatch { .. }), "{err:?}");
     let msg = err.to_string();
-    assert!(msg.contains(name) && msg.contains("model.safetensors"), "{msg}");
+    assert!(
+        msg.contains(name) && msg.contains("model.safetensors"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -180,9 +213,17 @@ fn missing_tensor_error_names_the_tensor() {
 #[test]
 fn corrupt_file_error_names_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture_dir().join("config.json"), dir.path().join("config.json")).unwrap();
+    std::fs::copy(
+        fixture_dir().join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
     let bytes = std::fs::read(fixture_dir().join("model.safetensors")).unwrap();
-    std::fs::write(dir.path().join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::write(
+        dir.path().join("model.safetensors"),
+        &bytes[..bytes.len() / 2],
+    )
+    .unwrap();
     let err = PolicyModel::load(dir.path(), false, &Device::Cpu).unwrap_err();
     assert!(matches!(err, ModelError::CorruptFile { .. }), "{err:?}");
     assert!(err.to_string().contains("model.safetensors"), "{err}");
@@ -191,8 +232,11 @@ fn corrupt_file_error_names_the_file() {
 #[test]
 fn bad_config_json_error_names_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture_dir().join("model.safetensors"), dir.path().join("model.safetensors"))
-        .unwrap();
+    std::fs::copy(
+        fixture_dir().join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
     for bad in [
         "{not json",
         r#"{"vocab_size": 10}"#,
@@ -208,7 +252,11 @@ fn bad_config_json_error_names_the_file() {
 #[test]
 fn missing_weights_file_error_names_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture_dir().join("config.json"), dir.path().join("config.json")).unwrap();
+    std::fs::copy(
+        fixture_dir().join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
     let err = PolicyModel::load(dir.path(), false, &Device::Cpu).unwrap_err();
     assert!(err.to_string().contains("model.safetensors"), "{err}");
 }

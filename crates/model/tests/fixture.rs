@@ -41,12 +41,18 @@ fn load() -> PolicyModel {
 fn assert_close(ours: &[f64], theirs: &[f64], tol: f64, what: &str) {
     assert_eq!(ours.len(), theirs.len(), "{what}: length");
     for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
-        assert!((a - b).abs() <= tol, "{what}[{i}]: ours {a} vs transformers {b}");
+        assert!(
+            (a - b).abs() <= tol,
+            "{what}[{i}]: ours {a} vs transformers {b}"
+        );
     }
 }
 
 fn logits_of(model: &PolicyModel, ids: &[u32]) -> Vec<Vec<f64>> {
-    let input = Tensor::new(ids, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    let input = Tensor::new(ids, &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
     let logits = model.forward(&input).unwrap().squeeze(0).unwrap();
     logits
         .to_dtype(candle_core::DType::F64)
@@ -61,8 +67,18 @@ fn logits_match_transformers_within_1e4() {
     let model = load();
     let ids = u32s(&r["input_ids"]);
     let logits = logits_of(&model, &ids);
-    assert_close(&logits[ids.len() - 1], &f64s(&r["logits_last"]), 1e-4, "logits_last");
-    for (i, row) in r["logits_first_rows"].as_array().unwrap().iter().enumerate() {
+    assert_close(
+        &logits[ids.len() - 1],
+        &f64s(&r["logits_last"]),
+        1e-4,
+        "logits_last",
+    );
+    for (i, row) in r["logits_first_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
         assert_close(&logits[i], &f64s(row), 1e-4, &format!("logits row {i}"));
     }
     let lse: Vec<f64> = logits
@@ -79,7 +95,11 @@ fn logits_match_transformers_within_1e4() {
 fn rope_theta_accepted_from_either_config_key_alone() {
     let dir = tempfile::tempdir().unwrap();
     let src = fixture_dir();
-    std::fs::copy(src.join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
+    std::fs::copy(
+        src.join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
     let cfg: Value =
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     let r = reference();
@@ -123,7 +143,12 @@ fn second_sequence_logprobs_match_transformers() {
         .unwrap()
         .to_vec1()
         .unwrap();
-    assert_close(&lp, &f64s(&r["second_logprobs_of_next_token"]), 1e-4, "logprobs");
+    assert_close(
+        &lp,
+        &f64s(&r["second_logprobs_of_next_token"]),
+        1e-4,
+        "logprobs",
+    );
 }
 
 #[test]
@@ -135,7 +160,10 @@ fn nll_and_every_parameter_gradient_match_transformers() {
     let nll = out.logprobs.mean_all().unwrap().neg().unwrap();
     let nll_value = nll.to_scalar::<f32>().unwrap() as f64;
     let want_nll = r["nll_mean"].as_f64().unwrap();
-    assert!((nll_value - want_nll).abs() < 1e-5, "nll {nll_value} vs {want_nll}");
+    assert!(
+        (nll_value - want_nll).abs() < 1e-5,
+        "nll {nll_value} vs {want_nll}"
+    );
 
     let grads = nll.backward().unwrap();
     let stats = r["grad_stats"].as_object().unwrap();
@@ -147,7 +175,14 @@ fn nll_and_every_parameter_gradient_match_transformers() {
             .get(var.as_tensor())
             .unwrap_or_else(|| panic!("no gradient for {name}"));
         let g = g.to_dtype(candle_core::DType::F64).unwrap();
-        let norm = g.sqr().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap().sqrt();
+        let norm = g
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+            .sqrt();
         let want = st["norm"].as_f64().unwrap();
         assert!(
             (norm - want).abs() <= 1e-3 * want,
@@ -171,5 +206,10 @@ fn nll_and_every_parameter_gradient_match_transformers() {
         .unwrap()
         .to_vec1()
         .unwrap();
-    assert_close(&full, &f64s(&r["grad_full_layer0_input_layernorm"]), 1e-5, "full grad");
+    assert_close(
+        &full,
+        &f64s(&r["grad_full_layer0_input_layernorm"]),
+        1e-5,
+        "full grad",
+    );
 }

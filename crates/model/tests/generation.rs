@@ -55,7 +55,10 @@ fn kv_cache_generation_equals_full_forward_token_by_token() {
         let mut seq = prompt.clone();
         for (tok, lp) in gen.tokens.iter().zip(&gen.logprobs) {
             // Recompute the whole sequence without a cache.
-            let input = Tensor::new(seq.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+            let input = Tensor::new(seq.as_slice(), &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
             let logits = model.forward_no_grad(&input).unwrap();
             let last: Vec<f32> = logits
                 .squeeze(0)
@@ -65,10 +68,16 @@ fn kv_cache_generation_equals_full_forward_token_by_token() {
                 .to_vec1()
                 .unwrap();
             let lsm = row_log_softmax(&last);
-            let best = (0..lsm.len())
-                .fold(0, |b, i| if lsm[i] > lsm[b] { i } else { b });
-            assert_eq!(*tok as usize, best, "greedy token differs from full forward");
-            assert!((*lp as f64 - lsm[best]).abs() < 1e-4, "{lp} vs {}", lsm[best]);
+            let best = (0..lsm.len()).fold(0, |b, i| if lsm[i] > lsm[b] { i } else { b });
+            assert_eq!(
+                *tok as usize, best,
+                "greedy token differs from full forward"
+            );
+            assert!(
+                (*lp as f64 - lsm[best]).abs() < 1e-4,
+                "{lp} vs {}",
+                lsm[best]
+            );
             seq.push(*tok);
         }
     }
@@ -116,7 +125,10 @@ fn generated_logprobs_equal_sequence_logprobs_of_the_result() {
     for (i, (p, g)) in prompts.iter().zip(&gens).enumerate() {
         for (j, want) in g.logprobs.iter().enumerate() {
             let got = lp[i][p.len() - 1 + j];
-            assert!((got - want).abs() < 1e-4, "seq {i} tok {j}: {got} vs {want}");
+            assert!(
+                (got - want).abs() < 1e-4,
+                "seq {i} tok {j}: {got} vs {want}"
+            );
         }
     }
 }
@@ -136,7 +148,10 @@ fn generation_stops_after_a_stop_token_and_includes_it() {
         stop_tokens: vec![stop],
         ..SamplingParams::greedy(10)
     };
-    let g = model.generate(&[prompt], &params, &mut rng).unwrap().remove(0);
+    let g = model
+        .generate(&[prompt], &params, &mut rng)
+        .unwrap()
+        .remove(0);
     assert!(g.stopped);
     assert_eq!(g.tokens, free.tokens[..=first].to_vec());
     assert_eq!(g.logprobs.len(), g.tokens.len());
@@ -178,7 +193,10 @@ fn generation_builds_no_autograd_graph() {
     // A gradient of anything computed from generate's outputs is impossible
     // by construction (host vectors); check the internal forward too.
     let model = fixture_model();
-    let input = Tensor::new(&[1u32, 2, 3], &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    let input = Tensor::new(&[1u32, 2, 3], &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
     let logits = model.forward_no_grad(&input).unwrap();
     let grads = logits.sum_all().unwrap().backward().unwrap();
     for v in model.trainable_vars() {

@@ -23,11 +23,23 @@ fn loss(model: &PolicyModel) -> Tensor {
     let (b, t1) = out.logprobs.dims2().unwrap();
     let w: Vec<f64> = (0..b * t1).map(|i| 0.3 + 0.1 * (i % 5) as f64).collect();
     let w = Tensor::from_vec(w, (b, t1), &Device::Cpu).unwrap();
-    let lp = (&out.logprobs * &w).unwrap().mul(&out.mask).unwrap().sum_all().unwrap();
-    let ent = (&out.entropy * &out.mask).unwrap().sum_all().unwrap().affine(0.7, 0.).unwrap();
+    let lp = (&out.logprobs * &w)
+        .unwrap()
+        .mul(&out.mask)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let ent = (&out.entropy * &out.mask)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .affine(0.7, 0.)
+        .unwrap();
     let mut total = (lp + ent).unwrap();
     if let Some(v) = out.values {
-        let vw: Vec<f64> = (0..v.elem_count()).map(|i| 1.0 - 0.2 * (i % 4) as f64).collect();
+        let vw: Vec<f64> = (0..v.elem_count())
+            .map(|i| 1.0 - 0.2 * (i % 4) as f64)
+            .collect();
         let vw = Tensor::from_vec(vw, v.dims(), &Device::Cpu).unwrap();
         let vs = (v.sqr().unwrap() * vw).unwrap().sum_all().unwrap();
         total = (total + vs).unwrap();
@@ -42,7 +54,8 @@ fn scalar(t: &Tensor) -> f64 {
 fn set_elem(var: &Var, flat: &[f64], i: usize, value: f64) {
     let mut v = flat.to_vec();
     v[i] = value;
-    var.set(&Tensor::from_vec(v, var.dims(), &Device::Cpu).unwrap()).unwrap();
+    var.set(&Tensor::from_vec(v, var.dims(), &Device::Cpu).unwrap())
+        .unwrap();
 }
 
 fn check_model(config: &ModelConfig, with_value_head: bool) {
@@ -109,7 +122,10 @@ fn adamw_matches_pytorch_update_rule() {
     for step in 1..=3 {
         // loss = Σ c_i θ_i² → g = 2 c θ
         let c = Tensor::new(&[1.0f64, 2.0, 3.0], &dev).unwrap();
-        let l = (var.as_tensor().sqr().unwrap() * &c).unwrap().sum_all().unwrap();
+        let l = (var.as_tensor().sqr().unwrap() * &c)
+            .unwrap()
+            .sum_all()
+            .unwrap();
         let grads = l.backward().unwrap();
         opt.step(&grads).unwrap();
         for i in 0..3 {
@@ -123,7 +139,10 @@ fn adamw_matches_pytorch_update_rule() {
         }
         let got: Vec<f64> = var.as_tensor().to_vec1().unwrap();
         for i in 0..3 {
-            assert!((got[i] - theta[i]).abs() < 1e-12, "step {step}: {got:?} vs {theta:?}");
+            assert!(
+                (got[i] - theta[i]).abs() < 1e-12,
+                "step {step}: {got:?} vs {theta:?}"
+            );
         }
     }
     assert_eq!(opt.step_count(), 3);
@@ -171,11 +190,19 @@ fn training_updates_every_parameter_and_lowers_the_loss() {
     // The value head gets no gradient from the NLL, so it must stay put.
     let losses = train_steps(&model, &mut opt, 20);
     let after = weights(&model);
-    for ((name, _), (b, a)) in model.named_vars().unwrap().iter().zip(before.iter().zip(&after)) {
+    for ((name, _), (b, a)) in model
+        .named_vars()
+        .unwrap()
+        .iter()
+        .zip(before.iter().zip(&after))
+    {
         if name.starts_with("value_head") {
             assert_eq!(b, a, "{name} moved without a gradient");
         } else {
-            assert_ne!(b, a, "{name} was not updated: the gradient did not reach it");
+            assert_ne!(
+                b, a,
+                "{name} was not updated: the gradient did not reach it"
+            );
         }
     }
     assert!(losses[19] < losses[0] - 0.5, "{losses:?}");
