@@ -279,6 +279,11 @@ impl ChatTokenizer {
         write(&tokenizer_path, text)?;
 
         let mut config = self.config.clone();
+        // Without a class, AutoTokenizer needs the model's config.json to
+        // pick one; this class loads tokenizer.json as it is.
+        config
+            .entry("tokenizer_class")
+            .or_insert_with(|| json!("PreTrainedTokenizerFast"));
         let mut decoder = Map::new();
         let mut added: Vec<(u32, AddedToken)> = self
             .tokenizer
@@ -326,7 +331,6 @@ impl ChatTokenizer {
             .iter()
             .filter(|(_, t)| t.special)
             .map(|(_, t)| t.content.as_str())
-            .filter(|c| !map.values().any(|v| v.as_str() == Some(c)))
             .collect();
         map.insert("additional_special_tokens".into(), json!(additional));
         write_json(&dir.join("special_tokens_map.json"), &Value::Object(map))

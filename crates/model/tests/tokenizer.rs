@@ -138,7 +138,20 @@ fn fixture_save_then_load_keeps_encodings_and_template() {
     assert_eq!(back.encode(text).unwrap(), ids(&r["input_ids"]));
     assert_eq!(back.chat_template(), tok.chat_template());
     assert_eq!(back.eos_id(), tok.eos_id());
-    assert!(dir.path().join("special_tokens_map.json").exists());
+    // What transformers' AutoTokenizer reads (checked by hand with
+    // transformers 4.57 and 5.18: same ids, same rendered chat).
+    let config: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["tokenizer_class"], "PreTrainedTokenizerFast");
+    assert_eq!(config["eos_token"], "<|im_end|>");
+    assert_eq!(config["added_tokens_decoder"]["2"]["content"], "<|im_end|>");
+    let map: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("special_tokens_map.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(map["pad_token"], "<|endoftext|>");
 }
 
 #[test]
