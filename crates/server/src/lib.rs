@@ -16,6 +16,7 @@
 //! went up, exactly as in-process. [`HttpEnv`] turns it back into
 //! `StepError::InvalidAction`.
 
+pub mod bench;
 mod client;
 mod error;
 mod openapi;

@@ -1,8 +1,103 @@
-//! `agentrl serve` (being written).
+//! `agentrl serve`: every registered environment over HTTP (AgentGym's
+//! env-server routes), until ctrl-c or SIGTERM; in-flight requests finish.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use agentrl_server::{registry_descriptors, serve_until, ServerConfig, DEFAULT_PORT};
+use anyhow::Context;
 
 #[derive(clap::Args)]
-pub struct ServeArgs {}
+pub struct ServeArgs {
+    /// Address to bind; loopback by default (use 0.0.0.0 with --token to expose it).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port (0: any free port, printed at start).
+    #[arg(long, default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// Serve only these environments (comma-separated); default: all registered.
+    #[arg(long, value_delimiter = ',')]
+    envs: Option<Vec<String>>,
+    /// Require `Authorization: Bearer TOKEN` on every route but /health
+    /// (default: $AGENTRL_SERVER_TOKEN, which keeps it out of `ps`).
+    #[arg(long)]
+    token: Option<String>,
+    /// Most live sessions; `create` answers 503 beyond.
+    #[arg(long, default_value_t = 4096)]
+    max_sessions: usize,
+    /// Close sessions idle for this many seconds.
+    #[arg(long, default_value_t = 600)]
+    ttl_secs: u64,
+    /// Largest request body in bytes (413 beyond).
+    #[arg(long, default_value_t = 1 << 20)]
+    body_limit: usize,
+    /// Tokio worker threads (default: one per core).
+    #[arg(long)]
+    workers: Option<usize>,
+}
 
-pub fn run(_args: ServeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("agentrl serve is being written")
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let descriptors = registry_descriptors(args.envs.as_deref())?;
+    let config = ServerConfig {
+        addr: SocketAddr::new(args.host, args.port),
+        token: args.token.or_else(|| {
+            std::env::var("AGENTRL_SERVER_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty())
+        }),
+        max_sessions: args.max_sessions,
+        ttl: Duration::from_secs(args.ttl_secs),
+        body_limit: args.body_limit,
+        ..ServerConfig::default()
+    };
+    if !args.host.is_loopback() && config.token.is_none() {
+        eprintln!(
+            "warning: serving on {} without --token: anyone who can reach it can use it",
+            args.host
+        );
+    }
+    let names: Vec<&str> = descriptors.iter().map(|d| d.name).collect();
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(w) = args.workers {
+        rt.worker_threads(w.max(1));
+    }
+    let rt = rt
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    rt.block_on(serve_until(config, descriptors, shutdown_signal(), |addr| {
+        println!("agentrl serve: listening on http://{addr} (envs: {})", names.join(", "));
+        println!("  AgentGym base URL per env: http://{addr}/<env>   health: http://{addr}/health   ctrl-c to stop");
+    }))?;
+    println!("agentrl serve: stopped");
+    Ok(())
+}
+
+/// ctrl-c, or SIGTERM on Unix (what `docker stop` and systemd send).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("agentrl serve: shutting down, draining in-flight requests");
 }
