@@ -1,0 +1,89 @@
+//! The expert: breadth-first search over (player, boxes) states, which finds
+//! a solution with the fewest moves (every move costs the same −0.1).
+
+use std::collections::HashSet;
+
+use crate::generator::{Room, State};
+use crate::parser::Action;
+
+/// States explored before the search gives up; rooms up to 16×16 with a few
+/// boxes stay far below this, it only bounds pathological hand-made rooms.
+pub const MAX_NODES: usize = 2_000_000;
+
+/// The shortest move sequence that solves the room from `start`, if one of
+/// at most `max_len` moves exists (an empty plan when already solved).
+pub fn solve(room: &Room, start: &State, max_len: usize) -> Option<Vec<Action>> {
+    if start.is_solved(room) {
+        return Some(Vec::new());
+    }
+    // nodes[i] = (state, parent index, action from parent); BFS layer by layer.
+    let mut nodes: Vec<(State, u32, Action)> = vec![(*start, u32::MAX, Action::Up)];
+    let mut seen: HashSet<u64> = HashSet::new();
+    seen.insert(start.key());
+    let mut layer = 0..1;
+    for _depth in 0..max_len {
+        let end = nodes.len();
+        for i in layer.clone() {
+            let state = nodes[i].0;
+            for a in Action::ALL {
+                let Some((next, _)) = state.apply(room, a) else {
+                    continue;
+                };
+                if !seen.insert(next.key()) {
+                    continue;
+                }
+                nodes.push((next, i as u32, a));
+                if next.is_solved(room) {
+                    let mut plan = Vec::new();
+                    let mut j = nodes.len() - 1;
+                    while nodes[j].1 != u32::MAX {
+                        plan.push(nodes[j].2);
+                        j = nodes[j].1 as usize;
+                    }
+                    plan.reverse();
+                    return Some(plan);
+                }
+            }
+        }
+        if nodes.len() == end || nodes.len() > MAX_NODES {
+            return None;
+        }
+        layer = end..nodes.len();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generator::parse_room;
+
+    #[test]
+    fn finds_the_shortest_push_sequence() {
+        let (room, s) = parse_room("######\n#P_XO#\n######").unwrap();
+        assert_eq!(
+            solve(&room, &s, 10).unwrap(),
+            vec![Action::Right, Action::Right]
+        );
+        assert_eq!(solve(&room, &s, 1), None);
+    }
+
+    #[test]
+    fn walks_around_to_push_from_the_other_side() {
+        let (room, s) = parse_room("######\n#OX_P#\n#____#\n######").unwrap();
+        let plan = solve(&room, &s, 20).unwrap();
+        assert_eq!(plan, vec![Action::Left, Action::Left]);
+        let (room, s) = parse_room("######\n#_XO_#\n#___P#\n######").unwrap();
+        let plan = solve(&room, &s, 20).unwrap();
+        // Around the box to its left: Left, Left, Left, Up, then push Right.
+        assert_eq!(plan.len(), 5);
+        assert_eq!(plan.last(), Some(&Action::Right));
+    }
+
+    #[test]
+    fn reports_unsolvable_rooms() {
+        // Box in a corner that is not a target.
+        let (room, s) = parse_room("#####\n#X_O#\n#__P#\n#####").unwrap();
+        assert_eq!(solve(&room, &s, 50), None);
+    }
+}

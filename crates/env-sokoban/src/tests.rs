@@ -1,0 +1,306 @@
+use super::*;
+use agentrl_env_core::{ActionError, Split};
+use proptest::prelude::*;
+
+fn spec(d: &str, seed: u64) -> TaskSpec {
+    TaskSpec::new(NAME, Split::Train, d, seed)
+}
+
+fn env(d: &str, seed: u64) -> Sokoban {
+    Sokoban::new(&spec(d, seed), &EnvParams::new()).unwrap()
+}
+
+fn hand(text: &str) -> Sokoban {
+    let cfg = Config::for_difficulty("easy").unwrap();
+    let mut e = Sokoban::from_text(&spec("easy", 0), cfg, text).unwrap();
+    e.reset();
+    e
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+#[test]
+fn generated_rooms_are_solved_by_the_expert_within_bounds() {
+    // 200 rooms per difficulty: the solver's plan must fit the configured
+    // bounds, and playing the expert through the env must solve every room.
+    for &d in DIFFICULTIES {
+        let cfg = Config::for_difficulty(d).unwrap();
+        let mut lengths = std::collections::BTreeMap::new();
+        for seed in 0..200 {
+            let mut e =
+                Sokoban::new(&TaskSpec::new(NAME, Split::Val, d, seed), &EnvParams::new()).unwrap();
+            let start = e.reset();
+            assert!(!e.state().is_solved(e.room()), "{d}#{seed} starts solved");
+            let mut total = 0.0;
+            while let Some(a) = e.expert_action() {
+                total += e.step(&a).unwrap().reward;
+            }
+            assert!(e.is_success(), "{d}#{seed} not solved:\n{start}");
+            let n = e.steps();
+            assert!(n >= cfg.generation.min_solution_len && n <= cfg.generation.max_solution_len);
+            // Net reward: −0.1 per step, +1 per box finally placed (pushes off
+            // and back on cancel), +10 at the end.
+            let boxes = cfg.generation.boxes as f64;
+            assert!(
+                total <= 10.0 + boxes - 0.1 * n as f64 + 1e-9,
+                "{d}#{seed} reward {total}"
+            );
+            *lengths.entry(n).or_insert(0) += 1;
+        }
+        eprintln!("{d}: optimal solution lengths {lengths:?}");
+    }
+}
+
+#[test]
+fn same_seed_gives_identical_observations_over_an_action_sequence() {
+    let actions: Vec<Action> = (0..80).map(|i| Action::ALL[(i * 5 + i / 4) % 4]).collect();
+    for &d in DIFFICULTIES {
+        for seed in 0..20 {
+            let mut a = env(d, seed);
+            let mut b = env(d, seed);
+            assert_eq!(a.reset(), b.reset());
+            for act in &actions {
+                let (sa, sb) = (a.step(act.name()), b.step(act.name()));
+                assert_eq!(sa, sb);
+                if sa.is_err() {
+                    break;
+                }
+            }
+            assert_eq!(a.state_key(), b.state_key());
+        }
+    }
+}
+
+#[test]
+fn different_seeds_give_different_rooms() {
+    for &d in DIFFICULTIES {
+        let rooms: std::collections::BTreeSet<String> =
+            (0..50).map(|s| env(d, s).reset()).collect();
+        assert!(
+            rooms.len() >= 45,
+            "{d}: {} distinct rooms in 50",
+            rooms.len()
+        );
+    }
+}
+
+#[test]
+fn reset_restores_the_initial_room() {
+    let mut e = env("hard", 7);
+    let first = e.reset();
+    let key = e.state_key();
+    for a in ["Up", "Left", "Down", "Right", "Right"] {
+        let _ = e.step(a);
+    }
+    assert_eq!(e.reset(), first);
+    assert_eq!(e.state_key(), key);
+    assert_eq!((e.steps(), e.invalid_actions()), (0, 0));
+}
+
+#[test]
+fn difficulties_set_size_and_boxes() {
+    let easy = env("easy", 0).reset();
+    assert_eq!(easy.lines().count(), 6);
+    assert!(easy.lines().all(|l| l.chars().count() == 6));
+    assert_eq!(easy.chars().filter(|c| matches!(c, 'X' | '√')).count(), 1);
+    let hard = env("hard", 0).reset();
+    assert_eq!(hard.lines().count(), 8);
+    assert_eq!(hard.chars().filter(|c| matches!(c, 'X' | '√')).count(), 2);
+}
+
+#[test]
+fn pushing_a_box_onto_a_target_pays_one_minus_the_step_and_solving_pays_ten() {
+    let mut e = hand("#######\n#P_X_O#\n#_____#\n#######");
+    let s = e.step("Right").unwrap();
+    assert!(close(s.reward, -0.1));
+    assert_eq!(s.observation, "#######\n#_PX_O#\n#_____#\n#######");
+    let s = e.step("Right").unwrap();
+    assert!(close(s.reward, -0.1));
+    assert!(s.info.effective);
+    let s = e.step("Right").unwrap();
+    // Box onto the only target: −0.1 + 1 + 10.
+    assert!(close(s.reward, 10.9), "{}", s.reward);
+    assert!(s.done && s.success);
+    assert_eq!(s.observation, "#######\n#___P√#\n#_____#\n#######");
+    assert_eq!(e.step("Left"), Err(StepError::EpisodeOver));
+}
+
+#[test]
+fn box_on_and_off_targets_with_two_boxes() {
+    // Two boxes, two targets: placing one pays +1 −0.1, pushing it off −1 −0.1.
+    let mut e = hand("########\n#P_XO__#\n#__XO__#\n#______#\n########");
+    let s = e.step("Right").unwrap();
+    assert!(close(s.reward, -0.1));
+    let s = e.step("Right").unwrap();
+    assert!(close(s.reward, 0.9), "{}", s.reward);
+    assert_eq!(s.info.extra["boxes_on_target"], 1);
+    assert!(!s.done);
+    assert_eq!(s.observation.lines().nth(1), Some("#__P√__#"));
+    let s = e.step("Right").unwrap();
+    assert!(close(s.reward, -1.1), "{}", s.reward);
+    assert_eq!(s.observation.lines().nth(1), Some("#___SX_#"));
+    assert_eq!(s.info.extra["boxes_on_target"], 0);
+}
+
+#[test]
+fn pushing_a_box_from_one_target_to_another_pays_only_the_step() {
+    let mut e = hand("#######\n#PXOO_#\n#_____#\n#_X___#\n#######");
+    let s = e.step("Right").unwrap();
+    assert!(close(s.reward, 0.9));
+    let s = e.step("Right").unwrap();
+    assert!(close(s.reward, -0.1), "{}", s.reward);
+    assert_eq!(s.observation.lines().nth(1), Some("#__S√_#"));
+}
+
+#[test]
+fn walls_and_blocked_boxes_stop_the_player_but_cost_a_step() {
+    let mut e = hand("######\n#P_XX#\n#__O_#\n#__O_#\n######");
+    let before = e.observation();
+    let s = e.step("Up").unwrap();
+    assert!(!s.info.effective);
+    assert!(close(s.reward, -0.1));
+    assert_eq!(s.observation, before);
+    e.step("Right").unwrap();
+    // Box against a box: nothing moves.
+    let s = e.step("Right").unwrap();
+    assert!(!s.info.effective);
+    assert_eq!(e.steps(), 3);
+    // Box against a wall: nothing moves.
+    let mut e = hand("#####\n#_PX#\n#_O_#\n#####");
+    assert!(!e.step("Right").unwrap().info.effective);
+}
+
+#[test]
+fn player_on_target_renders_s() {
+    let mut e = hand("######\n#PO__#\n#_X__#\n#____#\n######");
+    let s = e.step("Right").unwrap();
+    assert_eq!(s.observation.lines().nth(1), Some("#_S__#"));
+}
+
+#[test]
+fn running_out_of_steps_ends_the_episode() {
+    let mut cfg = Config::for_difficulty("easy").unwrap();
+    cfg.max_steps = 2;
+    let mut e =
+        Sokoban::from_text(&spec("easy", 0), cfg, "######\n#P_XO#\n#____#\n######").unwrap();
+    e.reset();
+    assert!(!e.step("Down").unwrap().done);
+    let s = e.step("Up").unwrap();
+    assert!(s.done && !s.success);
+    assert_eq!(e.step("Up"), Err(StepError::EpisodeOver));
+}
+
+#[test]
+fn invalid_action_changes_nothing_but_the_counter() {
+    let mut e = env("easy", 1);
+    let obs = e.observation();
+    let key = e.state_key();
+    assert!(matches!(
+        e.step("push"),
+        Err(StepError::InvalidAction(ActionError::Unknown { .. }))
+    ));
+    assert!(matches!(
+        e.step(&"Up".repeat(1000)),
+        Err(StepError::InvalidAction(ActionError::TooLong { .. }))
+    ));
+    assert_eq!((e.steps(), e.invalid_actions()), (0, 2));
+    assert_eq!(e.observation(), obs);
+    assert_eq!(e.state_key(), key);
+}
+
+#[test]
+fn expert_replans_after_a_detour() {
+    for seed in 0..30 {
+        let mut e = env("hard", seed);
+        // Wander first, then let the expert finish from wherever we are.
+        for a in ["Left", "Up", "Up", "Right"] {
+            e.step(a).unwrap();
+        }
+        while let Some(a) = e.expert_action() {
+            e.step(&a).unwrap();
+        }
+        // A detour can push a box into a dead corner; then the expert has no
+        // move and the episode is left unfinished. Otherwise it must solve.
+        if !e.is_done() {
+            assert!(solve(e.room(), e.state(), 100).is_none());
+        } else {
+            assert!(e.is_success() || e.steps() == e.max_steps());
+        }
+    }
+}
+
+#[test]
+fn params_tune_generation_and_reject_unknown_keys() {
+    let p: EnvParams =
+        serde_json::from_str(r#"{"size": 7, "boxes": 1, "max_solution_len": 3}"#).unwrap();
+    let mut e = Sokoban::new(&spec("easy", 0), &p).unwrap();
+    assert_eq!(e.reset().lines().count(), 7);
+    assert!(solve(e.room(), e.state(), 3).is_some());
+    for bad in [
+        r#"{"boxes": 9}"#,
+        r#"{"size": 40}"#,
+        r#"{"colour": 1}"#,
+        r#"{"min_solution_len": 50}"#,
+        r#"{"size": -1}"#,
+    ] {
+        let p: EnvParams = serde_json::from_str(bad).unwrap();
+        assert!(
+            matches!(
+                Sokoban::new(&spec("easy", 0), &p),
+                Err(EnvError::InvalidParam { .. })
+            ),
+            "{bad}"
+        );
+    }
+}
+
+fn arb_action() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => prop::sample::select(vec!["Up", "Down", "Left", "Right", "up", "4"]).prop_map(String::from),
+        1 => ".{0,8}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_action_sequence_panics_or_breaks_invariants(
+        seed in 0u64..500,
+        hard in any::<bool>(),
+        actions in proptest::collection::vec(arb_action(), 0..120),
+    ) {
+        let d = if hard { "hard" } else { "easy" };
+        let mut e = env(d, seed);
+        let boxes = e.state().boxes().len();
+        let (mut valid, mut invalid) = (0, 0);
+        for a in &actions {
+            let was_done = e.is_done();
+            match e.step(a) {
+                Ok(s) => {
+                    valid += 1;
+                    prop_assert!(!was_done);
+                    prop_assert_eq!(s.done, e.is_done());
+                    let obs = &s.observation;
+                    prop_assert_eq!(obs.chars().filter(|c| matches!(c, 'X' | '√')).count(), boxes);
+                    prop_assert_eq!(obs.chars().filter(|c| matches!(c, 'P' | 'S')).count(), 1);
+                }
+                Err(StepError::EpisodeOver) => prop_assert!(was_done),
+                Err(StepError::InvalidAction(_)) => invalid += 1,
+            }
+            let st = e.state();
+            prop_assert_eq!(st.boxes().len(), boxes);
+            prop_assert!(e.room().is_open(st.player as usize), "player inside a wall");
+            prop_assert!(st.box_at(st.player as usize).is_none());
+            for &b in st.boxes() {
+                prop_assert!(e.room().is_open(b as usize), "box inside a wall");
+            }
+            let mut sorted = st.boxes().to_vec();
+            sorted.dedup();
+            prop_assert_eq!(sorted.len(), boxes);
+        }
+        prop_assert_eq!((e.steps(), e.invalid_actions()), (valid, invalid));
+    }
+}
