@@ -388,3 +388,83 @@ fn qwen_style_template_renders_as_jinja2_does() {
         "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nPush the box.\n#__√#<|im_end|>\n<|im_start|>assistant\n<answer>Up</answer><|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n"
     );
 }
+
+/// A directory with the fixture's tokenizer.json and the given config.
+fn dir_with_config(config: &Value) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture_dir().join("tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn chat_template_jinja_file_is_used_when_config_has_none() {
+    let dir = dir_with_config(&serde_json::json!({"eos_token": "<|im_end|>"}));
+    let no_template = ChatTokenizer::load(dir.path()).unwrap();
+    let err = no_template
+        .render_chat(&[ChatMessage::user("x")], true)
+        .unwrap_err();
+    assert!(matches!(err, TokenizerError::NoChatTemplate));
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}",
+    )
+    .unwrap();
+    let tok = ChatTokenizer::load(dir.path()).unwrap();
+    assert_eq!(
+        tok.render_chat(&[ChatMessage::user("x")], true).unwrap(),
+        "[user]x"
+    );
+}
+
+#[test]
+fn named_template_list_picks_default() {
+    let dir = dir_with_config(&serde_json::json!({
+        "chat_template": [
+            {"name": "tool_use", "template": "tools"},
+            {"name": "default", "template": "default:{{ messages | length }}"}
+        ]
+    }));
+    let tok = ChatTokenizer::load(dir.path()).unwrap();
+    assert_eq!(
+        tok.render_chat(&[ChatMessage::user("x")], false).unwrap(),
+        "default:1"
+    );
+}
+
+#[test]
+fn added_tokens_declared_only_in_config_are_added_with_their_ids() {
+    let dir = dir_with_config(&serde_json::json!({
+        "added_tokens_decoder": {
+            "384": {"content": "<think>", "special": false, "normalized": false}
+        }
+    }));
+    let tok = ChatTokenizer::load(dir.path()).unwrap();
+    assert_eq!(tok.token_id("<think>"), Some(384));
+    let ids = tok.encode("<think>hi").unwrap();
+    assert_eq!(ids[0], 384);
+    assert_eq!(tok.decode(&ids, true).unwrap(), "<think>hi");
+
+    let wrong = dir_with_config(&serde_json::json!({
+        "added_tokens_decoder": {"999": {"content": "<think>", "special": true}}
+    }));
+    let err = ChatTokenizer::load(wrong.path()).unwrap_err();
+    assert!(err.to_string().contains("tokenizer_config.json"), "{err}");
+}
+
+#[test]
+fn eos_token_missing_from_vocabulary_is_an_error_naming_it() {
+    let dir = dir_with_config(&serde_json::json!({"eos_token": "</s>"}));
+    let err = ChatTokenizer::load(dir.path()).unwrap_err();
+    assert!(err.to_string().contains("</s>"), "{err}");
+}
+
+#[test]
+fn chat_tokenizer_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ChatTokenizer>();
+}
