@@ -215,8 +215,8 @@ impl RmsNorm {
     }
 }
 
-/// Cos/sin tables for the positions of one forward pass, shaped to broadcast
-/// over `[B, T, heads, head_dim / 2]`.
+/// Cos/sin tables for the positions of one forward pass: `[B', T, head_dim / 2]`
+/// with B' = 1 (same positions for every sequence) or B.
 #[derive(Debug, Clone)]
 pub struct RopeTables {
     cos: Tensor,
@@ -261,8 +261,8 @@ impl RotaryEmbedding {
     /// Tables for positions `offset..offset + t`, identical for every sequence.
     pub fn tables_contiguous(&self, offset: usize, t: usize) -> Result<RopeTables> {
         let half = self.cos.dim(1)?;
-        let cos = self.cos.narrow(0, offset, t)?.reshape((1, t, 1, half))?;
-        let sin = self.sin.narrow(0, offset, t)?.reshape((1, t, 1, half))?;
+        let cos = self.cos.narrow(0, offset, t)?.reshape((1, t, half))?;
+        let sin = self.sin.narrow(0, offset, t)?.reshape((1, t, half))?;
         Ok(RopeTables { cos, sin })
     }
 
@@ -271,8 +271,8 @@ impl RotaryEmbedding {
         let (b, t) = positions.dims2()?;
         let half = self.cos.dim(1)?;
         let flat = positions.flatten_all()?;
-        let cos = self.cos.index_select(&flat, 0)?.reshape((b, t, 1, half))?;
-        let sin = self.sin.index_select(&flat, 0)?.reshape((b, t, 1, half))?;
+        let cos = self.cos.index_select(&flat, 0)?.reshape((b, t, half))?;
+        let sin = self.sin.index_select(&flat, 0)?.reshape((b, t, half))?;
         Ok(RopeTables { cos, sin })
     }
 
@@ -283,15 +283,28 @@ impl RotaryEmbedding {
 }
 
 /// Rotates `x: [B, T, heads, head_dim]`; returns the same shape.
-fn apply_rope(x: &Tensor, tab: &RopeTables) -> Result<Tensor> {
+fn apply_rope(x: &Tensor, tab: &RopeTables, inference: bool) -> Result<Tensor> {
+    if inference {
+        // No gradient is needed, so candle's fused rope (same rotate-half
+        // convention, [B, T, H, D] layout) may serve.
+        let (cos, sin) = if tab.cos.dim(0)? == 1 {
+            (tab.cos.squeeze(0)?, tab.sin.squeeze(0)?)
+        } else {
+            (tab.cos.clone(), tab.sin.clone())
+        };
+        return candle_nn::rotary_emb::rope_thd(&x.contiguous()?, &cos, &sin);
+    }
     let hd = x.dim(3)?;
     let half = hd / 2;
+    // [B', T, half] → [B', T, 1, half] to broadcast over the heads.
+    let cos = tab.cos.unsqueeze(2)?;
+    let sin = tab.sin.unsqueeze(2)?;
     // grad: narrow's backward pads the gradient back with zeros; broadcast_mul,
     // sub/add and cat (backward = narrow) all differentiate. The tables are constants.
     let x1 = x.narrow(3, 0, half)?;
     let x2 = x.narrow(3, half, half)?;
-    let r1 = (x1.broadcast_mul(&tab.cos)? - x2.broadcast_mul(&tab.sin)?)?;
-    let r2 = (x2.broadcast_mul(&tab.cos)? + x1.broadcast_mul(&tab.sin)?)?;
+    let r1 = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
+    let r2 = (x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?;
     Tensor::cat(&[&r1, &r2], 3)
 }
 
@@ -432,9 +445,11 @@ impl Attention {
         let k = linear(x, &self.k_w, self.k_b.as_ref())?.reshape((b, t, nkv, hd))?;
         let v = linear(x, &self.v_w, self.v_b.as_ref())?.reshape((b, t, nkv, hd))?;
         // Scaling q (smaller than the scores) by 1/sqrt(hd): affine has a backward rule.
-        let q = apply_rope(&q, rope)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
+        let q = apply_rope(&q, rope, self.inference)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
         let q = q.transpose(1, 2)?.contiguous()?;
-        let k = apply_rope(&k, rope)?.transpose(1, 2)?.contiguous()?;
+        let k = apply_rope(&k, rope, self.inference)?
+            .transpose(1, 2)?
+            .contiguous()?;
         let v = v.transpose(1, 2)?.contiguous()?;
         let (k, v) = match cache {
             Some(c) => c.append(&k, &v)?,
