@@ -1,8 +1,164 @@
-//! `agentrl play` (being written).
+//! `agentrl play ENV`: a person (or a script) plays an environment in the
+//! terminal, one action per line on stdin.
 
+use std::io::{BufRead, Write};
+
+use agentrl_env_core::{EnvParams, Split, StepError, TaskSpec};
+use anyhow::Context;
+
+/// Arguments of `agentrl play`.
 #[derive(clap::Args)]
-pub struct PlayArgs {}
+pub struct PlayArgs {
+    /// Environment name (see `agentrl envs`).
+    env: String,
+    /// Difficulty level (default: the environment's first).
+    #[arg(long)]
+    difficulty: Option<String>,
+    /// Task index inside the split.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Seed split: train, val or test.
+    #[arg(long, default_value = "train")]
+    split: String,
+    /// Print the valid actions before every move.
+    #[arg(long)]
+    show_actions: bool,
+    /// Environment parameter as KEY=VALUE (VALUE is read as JSON when it
+    /// parses, else as a string), e.g. `--param slip=0`; repeatable.
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    params: Vec<String>,
+}
 
-pub fn run(_args: PlayArgs) -> anyhow::Result<()> {
-    anyhow::bail!("agentrl play is being written")
+/// Parse repeated `KEY=VALUE` options into env params.
+pub(crate) fn parse_params(items: &[String]) -> anyhow::Result<EnvParams> {
+    let mut params = EnvParams::new();
+    for item in items {
+        let (key, value) = item
+            .split_once('=')
+            .with_context(|| format!("--param '{item}' is not KEY=VALUE"))?;
+        let value = serde_json::from_str(value)
+            .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+        params.insert(key.trim().to_string(), value);
+    }
+    Ok(params)
+}
+
+/// Build the spec of `env`, filling in the default difficulty.
+pub(crate) fn make_spec(
+    env: &str,
+    difficulty: Option<&str>,
+    split: &str,
+    seed: u64,
+) -> anyhow::Result<TaskSpec> {
+    let desc = agentrl_envs::find(env)?;
+    let split: Split = split.parse()?;
+    let difficulty = match difficulty {
+        Some(d) => d.to_string(),
+        None => desc
+            .difficulties
+            .first()
+            .context("environment has no difficulty")?
+            .to_string(),
+    };
+    Ok(TaskSpec::new(env, split, difficulty, seed))
+}
+
+/// Play one episode, reading actions from stdin until the episode ends or
+/// the input does.
+pub fn run(args: PlayArgs) -> anyhow::Result<()> {
+    let spec = make_spec(
+        &args.env,
+        args.difficulty.as_deref(),
+        &args.split,
+        args.seed,
+    )?;
+    let params = parse_params(&args.params)?;
+    let mut env = agentrl_envs::make_env(&spec, &params)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let first = env.reset();
+    writeln!(out, "== {spec} ==")?;
+    writeln!(out, "{}", env.instructions())?;
+    writeln!(out)?;
+    writeln!(out, "{first}")?;
+    let show_actions = |out: &mut std::io::StdoutLock, env: &dyn agentrl_env_core::Env| {
+        writeln!(out, "actions: {}", env.available_actions().join(", "))
+    };
+    if args.show_actions {
+        show_actions(&mut out, env.as_ref())?;
+    }
+    out.flush()?;
+
+    let mut total = 0.0;
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let mut buf = Vec::new();
+    let mut ended_by_input = true;
+    loop {
+        buf.clear();
+        if input.read_until(b'\n', &mut buf)? == 0 {
+            break;
+        }
+        // Lossy: a stray non-UTF-8 byte is an invalid action, not a crash.
+        let line = String::from_utf8_lossy(&buf);
+        let action = line.trim_end_matches(['\n', '\r']);
+        if action.trim().is_empty() {
+            continue;
+        }
+        match env.step(action) {
+            Ok(step) => {
+                total += step.reward;
+                writeln!(out, "> {}", action.trim())?;
+                writeln!(out, "{}", step.observation)?;
+                writeln!(
+                    out,
+                    "reward: {}  done: {}",
+                    fmt_reward(step.reward),
+                    step.done
+                )?;
+                if step.done {
+                    ended_by_input = false;
+                    break;
+                }
+            }
+            Err(StepError::InvalidAction(e)) => {
+                writeln!(out, "> {}", action.trim())?;
+                writeln!(out, "invalid action: {e}")?;
+            }
+            Err(StepError::EpisodeOver) => {
+                ended_by_input = false;
+                break;
+            }
+        }
+        if args.show_actions {
+            show_actions(&mut out, env.as_ref())?;
+        }
+        out.flush()?;
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "summary: steps {}  total reward {}  success {}  invalid actions {}{}",
+        env.steps(),
+        fmt_reward(total),
+        env.is_success(),
+        env.invalid_actions(),
+        if ended_by_input && !env.is_done() {
+            "  (input ended before the episode)"
+        } else {
+            ""
+        }
+    )?;
+    Ok(())
+}
+
+/// Rewards like −0.1 + 1 accumulate float noise; print them rounded.
+fn fmt_reward(r: f64) -> String {
+    let s = format!("{:.3}", r);
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".to_string()
+    } else {
+        s.to_string()
+    }
 }

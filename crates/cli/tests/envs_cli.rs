@@ -1,0 +1,165 @@
+//! `agentrl envs`, `play` and `eval` run as a user runs them: the built binary.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn agentrl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agentrl"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn agentrl_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentrl"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn ok_stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+#[test]
+fn envs_lists_the_first_three_environments_with_splits() {
+    let text = ok_stdout(&agentrl(&["envs"]));
+    for name in ["bandit", "frozenlake", "sokoban"] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(name) && l.contains("easy, hard")),
+            "{text}"
+        );
+    }
+    assert!(text.contains("train  0..4294967296"), "{text}");
+    assert!(text.contains("val    4294967296..8589934592"), "{text}");
+    assert!(text.contains("test   8589934592..12884901888"), "{text}");
+}
+
+#[test]
+fn envs_json_has_names_difficulties_and_splits() {
+    let rows: Value = serde_json::from_str(&ok_stdout(&agentrl(&["envs", "--json"]))).unwrap();
+    let sokoban = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "sokoban")
+        .unwrap();
+    assert_eq!(sokoban["difficulties"], serde_json::json!(["easy", "hard"]));
+    assert_eq!(sokoban["default_difficulty"], "easy");
+    assert_eq!(sokoban["splits"]["val"]["start"], 4294967296u64);
+    let bandit = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "bandit")
+        .unwrap();
+    assert_eq!(bandit["default_max_turns"], 1);
+}
+
+/// The example: two scripted moves, then input ends.
+#[test]
+fn scripted_play_prints_each_step_and_a_summary() {
+    let out = agentrl_with_stdin(&["play", "sokoban", "--seed", "3"], b"Up\nLeft\n");
+    let text = ok_stdout(&out);
+    assert!(text.contains("== sokoban/train/easy#3 =="), "{text}");
+    assert!(text.contains("Symbols: # = wall"), "{text}");
+    assert_eq!(
+        text.matches("reward: -0.1  done: false").count(),
+        2,
+        "{text}"
+    );
+    assert!(
+        text.contains("summary: steps 2  total reward -0.2  success false  invalid actions 0"),
+        "{text}"
+    );
+}
+
+#[test]
+fn play_reports_invalid_actions_and_keeps_going() {
+    let out = agentrl_with_stdin(
+        &[
+            "play",
+            "frozenlake",
+            "--seed",
+            "1",
+            "--show-actions",
+            "--param",
+            "is_slippery=false",
+        ],
+        b"fly\n\xff\xfe\nRight\n",
+    );
+    let text = ok_stdout(&out);
+    assert!(
+        text.contains("invalid action: unknown action 'fly'"),
+        "{text}"
+    );
+    assert!(text.contains("actions: Left, Down, Right, Up"), "{text}");
+    assert!(text.contains("invalid actions 2"), "{text}");
+    assert!(text.contains("> Right"), "{text}");
+}
+
+#[test]
+fn play_stops_at_the_end_of_the_episode() {
+    // The bandit is one pull; the second line is never read as an action.
+    let out = agentrl_with_stdin(
+        &["play", "bandit", "--seed", "0", "--split", "test"],
+        b"1\n2\n",
+    );
+    let text = ok_stdout(&out);
+    assert_eq!(text.matches("done: true").count(), 1, "{text}");
+    assert!(text.contains("summary: steps 1"), "{text}");
+}
+
+#[test]
+fn play_rejects_unknown_env_and_difficulty() {
+    let out = agentrl_with_stdin(&["play", "chess"], b"");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown environment 'chess'"));
+    let out = agentrl_with_stdin(&["play", "sokoban", "--difficulty", "nightmare"], b"");
+    assert!(!out.status.success());
+}
+
+fn eval_json(args: &[&str]) -> Value {
+    let mut all = vec!["eval", "--json"];
+    all.extend_from_slice(args);
+    serde_json::from_str(ok_stdout(&agentrl(&all)).trim()).unwrap()
+}
+
+#[test]
+fn eval_expert_solves_every_easy_sokoban_room() {
+    let v = eval_json(&["--policy", "expert", "--env", "sokoban", "--n", "50"]);
+    assert_eq!(v["n"], 50);
+    assert_eq!(v["success_rate"], 1.0);
+    // Every solved room pays +10 + 1 for its box, minus 0.1 a step.
+    let expected = 11.0 - 0.1 * v["mean_steps"].as_f64().unwrap();
+    assert!(
+        (v["mean_reward"].as_f64().unwrap() - expected).abs() < 1e-6,
+        "{v}"
+    );
+}
+
+#[test]
+fn eval_random_is_worse_than_expert_and_deterministic() {
+    let a = eval_json(&["--policy", "random", "--env", "frozenlake", "--n", "100"]);
+    let b = eval_json(&["--policy", "random", "--env", "frozenlake", "--n", "100"]);
+    assert_eq!(a, b);
+    let e = eval_json(&["--policy", "expert", "--env", "frozenlake", "--n", "100"]);
+    assert!(e["success_rate"].as_f64().unwrap() > a["success_rate"].as_f64().unwrap());
+    let bandit = eval_json(&[
+        "--policy", "expert", "--env", "bandit", "--split", "test", "--n", "100",
+    ]);
+    assert_eq!(bandit["success_rate"], 1.0);
+}
