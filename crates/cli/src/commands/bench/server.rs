@@ -51,6 +51,13 @@ pub fn run(args: BenchServerArgs) -> anyhow::Result<()> {
             .context("no environment is registered")?,
     };
     let max_level = args.sessions.iter().copied().max().unwrap_or(1);
+    // The server steps envs on its async workers rather than via
+    // spawn_blocking; this figure is why (a hand-off costs ~10-20 µs).
+    if let Some(d) = descriptors.iter().find(|d| d.name == env) {
+        if let Some(us) = local_step_us(d) {
+            println!("in-process {env} step (random available action): median {us:.1} µs");
+        }
+    }
     let server = match &args.url {
         Some(_) => None,
         None => Some(BackgroundServer::start(
@@ -118,6 +125,39 @@ pub fn run(args: BenchServerArgs) -> anyhow::Result<()> {
         println!("live sessions after the runs: {}", s.live_sessions());
     }
     Ok(())
+}
+
+/// Median wall time of one in-process step over ~0.3 s of random play.
+fn local_step_us(d: &agentrl_env_core::EnvDescriptor) -> Option<f64> {
+    use agentrl_env_core::{Split, TaskSpec};
+    let params = agentrl_env_core::EnvParams::new();
+    let difficulty = d.difficulties.first()?;
+    let mut times = Vec::new();
+    let start = Instant::now();
+    let mut seed = 0u64;
+    while start.elapsed() < Duration::from_millis(300) {
+        let mut e = d
+            .create(
+                &TaskSpec::new(d.name, Split::Train, *difficulty, seed),
+                &params,
+            )
+            .ok()?;
+        seed += 1;
+        for k in 0..8usize {
+            let actions = e.available_actions();
+            let Some(a) = actions.get((k * 7 + seed as usize) % actions.len().max(1)) else {
+                break;
+            };
+            let t = Instant::now();
+            let r = e.step(a);
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+            if r.map_or(true, |s| s.done) {
+                break;
+            }
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied()
 }
 
 fn ms(us: u64) -> f64 {
