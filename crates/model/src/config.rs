@@ -170,14 +170,14 @@ impl ModelConfig {
                 return Err(format!("{name} must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_kv_heads()) {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads,
                 self.num_kv_heads()
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(format!(
                 "head_dim {} must be even for rotary embeddings",
                 self.head_dim()
@@ -206,10 +206,10 @@ impl ModelConfig {
                 return Err("mlp_bias = true is not supported".to_string());
             }
         }
-        if !(self.rope_theta() > 0.0) {
+        if !(self.rope_theta().is_finite() && self.rope_theta() > 0.0) {
             return Err("rope_theta must be positive".to_string());
         }
-        if !(self.rms_norm_eps >= 0.0) {
+        if self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 {
             return Err("rms_norm_eps must be non-negative".to_string());
         }
         Ok(())

@@ -48,7 +48,11 @@ fn kv_cache_generation_equals_full_forward_token_by_token() {
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     for prompt in ragged_prompts() {
         let gen = model
-            .generate(&[prompt.clone()], &SamplingParams::greedy(12), &mut rng)
+            .generate(
+                std::slice::from_ref(&prompt),
+                &SamplingParams::greedy(12),
+                &mut rng,
+            )
             .unwrap()
             .remove(0);
         assert_eq!(gen.tokens.len(), 12);
@@ -92,7 +96,7 @@ fn batched_ragged_generation_equals_one_by_one() {
     let batched = model.generate(&prompts, &params, &mut rng).unwrap();
     for (p, b) in prompts.iter().zip(&batched) {
         let single = model
-            .generate(&[p.clone()], &params, &mut rng)
+            .generate(std::slice::from_ref(p), &params, &mut rng)
             .unwrap()
             .remove(0);
         assert_eq!(b.tokens, single.tokens);
@@ -139,7 +143,11 @@ fn generation_stops_after_a_stop_token_and_includes_it() {
     let prompt = fixture_ids();
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let free = model
-        .generate(&[prompt.clone()], &SamplingParams::greedy(10), &mut rng)
+        .generate(
+            std::slice::from_ref(&prompt),
+            &SamplingParams::greedy(10),
+            &mut rng,
+        )
         .unwrap()
         .remove(0);
     let stop = free.tokens[3];
