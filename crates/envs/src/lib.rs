@@ -8,6 +8,7 @@ pub fn descriptors() -> Vec<EnvDescriptor> {
         // Each env crate adds one line here: `agentrl_env_x::descriptor(),`
         agentrl_env_textcraft::descriptor(),
         agentrl_env_alfworld::descriptor(),
+        agentrl_env_babyai::descriptor(),
         agentrl_env_webshop::descriptor(),
         agentrl_env_searchqa::descriptor(),
     ]
