@@ -41,10 +41,10 @@ pub struct ModelConfig {
     /// Number of query heads.
     pub num_attention_heads: usize,
     /// Number of key/value heads (grouped-query attention); defaults to the query heads.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_key_value_heads: Option<usize>,
     /// Per-head width; defaults to `hidden_size / num_attention_heads`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<usize>,
     /// RMSNorm ε.
     #[serde(default = "default_rms_eps")]

@@ -581,6 +581,121 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Option<Result<Tensor>> {
     }
 }
 
+// ------------------------------------------------------------------- RoPE
+
+/// Rotary embedding (rotate-half convention) fused with the head transpose
+/// and a scale: `[B, T, H, D]` → `[B, H, T, D]`,
+/// `out = scale · [x1·cos − x2·sin, x2·cos + x1·sin]`. With `adjoint` it is
+/// the transpose map (its own gradient): `[B, H, T, D]` → `[B, T, H, D]`,
+/// `dx = scale · [g1·cos + g2·sin, g2·cos − g1·sin]`.
+#[derive(Clone)]
+struct RopeHeads {
+    /// `[T, D/2]`, row-major.
+    cos: Vec<f64>,
+    sin: Vec<f64>,
+    scale: f64,
+    adjoint: bool,
+}
+
+impl RopeHeads {
+    fn run<T: Float>(&self, x: &[T], dims: &[usize]) -> Vec<T> {
+        let mut out = vec![T::zero(); x.len()];
+        // dims are the input's: [B, T, H, D] forward, [B, H, T, D] adjoint.
+        let (b, d) = (dims[0], dims[3]);
+        let (t, h) = if self.adjoint {
+            (dims[2], dims[1])
+        } else {
+            (dims[1], dims[2])
+        };
+        let half = d / 2;
+        let bthd = |bi: usize, ti: usize, hi: usize| ((bi * t + ti) * h + hi) * d;
+        let bhtd = |bi: usize, hi: usize, ti: usize| ((bi * h + hi) * t + ti) * d;
+        for bi in 0..b {
+            for ti in 0..t {
+                let cs = &self.cos[ti * half..(ti + 1) * half];
+                let sn = &self.sin[ti * half..(ti + 1) * half];
+                for hi in 0..h {
+                    let (src, dst) = if self.adjoint {
+                        (bhtd(bi, hi, ti), bthd(bi, ti, hi))
+                    } else {
+                        (bthd(bi, ti, hi), bhtd(bi, hi, ti))
+                    };
+                    for i in 0..half {
+                        let a = x[src + i].to_f64();
+                        let c = x[src + half + i].to_f64();
+                        let (o1, o2) = if self.adjoint {
+                            (a * cs[i] + c * sn[i], c * cs[i] - a * sn[i])
+                        } else {
+                            (a * cs[i] - c * sn[i], c * cs[i] + a * sn[i])
+                        };
+                        out[dst + i] = T::from_f64(o1 * self.scale);
+                        out[dst + half + i] = T::from_f64(o2 * self.scale);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl CustomOp1 for RopeHeads {
+    fn name(&self) -> &'static str {
+        "agentrl-rope-heads"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let dims = layout.dims();
+        if dims.len() != 4 || !dims[3].is_multiple_of(2) {
+            candle_core::bail!("rope: expected [B, T, H, D] with even D, got {dims:?}")
+        }
+        let t = if self.adjoint { dims[2] } else { dims[1] };
+        if self.cos.len() != t * dims[3] / 2 {
+            candle_core::bail!("rope: tables do not fit {dims:?}")
+        }
+        let out = match storage {
+            CpuStorage::F32(v) => CpuStorage::F32(self.run(contiguous_slice(v, layout)?, dims)),
+            CpuStorage::F64(v) => CpuStorage::F64(self.run(contiguous_slice(v, layout)?, dims)),
+            _ => candle_core::bail!("rope: f32/f64 only"),
+        };
+        let shape = Shape::from((dims[0], dims[2], dims[1], dims[3]));
+        Ok((out, shape))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        let adj = RopeHeads {
+            adjoint: !self.adjoint,
+            ..self.clone()
+        };
+        Ok(Some(grad_res.contiguous()?.apply_op1(adj)?))
+    }
+}
+
+/// Rotates `x: [B, T, H, D]` with tables `cos, sin: [T, D/2]` (the same
+/// positions for every sequence), scales by `scale` and returns
+/// `[B, H, T, D]` contiguous, differentiably; `None` when the fused CPU
+/// kernel does not apply (other device/dtype or per-sequence tables).
+pub fn rope_to_heads(x: &Tensor, cos: &Tensor, sin: &Tensor, scale: f64) -> Option<Result<Tensor>> {
+    let x = match x.contiguous() {
+        Ok(x) => x,
+        Err(e) => return Some(Err(e)),
+    };
+    if !fused_ok(&x) || cos.rank() != 2 {
+        return None;
+    }
+    let host = |t: &Tensor| -> Result<Vec<f64>> {
+        t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()
+    };
+    Some((|| {
+        let op = RopeHeads {
+            cos: host(cos)?,
+            sin: host(sin)?,
+            scale,
+            adjoint: false,
+        };
+        x.apply_op1(op)
+    })())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -704,5 +819,49 @@ mod tests {
             );
             assert!(max_abs_diff(a, b) < 1e-12);
         }
+    }
+
+    #[test]
+    fn fused_rope_heads_and_its_gradient_match_the_composite() {
+        let (b, t, h, d) = (2, 5, 3, 8);
+        let x = Var::from_tensor(&rand_tensor(&[b, t, h, d], 8)).unwrap();
+        let cos = rand_tensor(&[t, d / 2], 9);
+        let sin = rand_tensor(&[t, d / 2], 10);
+        let w = rand_tensor(&[b, h, t, d], 11);
+        let scale = 0.35;
+        let fused = rope_to_heads(x.as_tensor(), &cos, &sin, scale)
+            .unwrap()
+            .unwrap();
+        let xt = x.as_tensor();
+        let (c, s) = (
+            cos.reshape((1, t, 1, d / 2)).unwrap(),
+            sin.reshape((1, t, 1, d / 2)).unwrap(),
+        );
+        let x1 = xt.narrow(3, 0, d / 2).unwrap();
+        let x2 = xt.narrow(3, d / 2, d / 2).unwrap();
+        let r1 = (x1.broadcast_mul(&c).unwrap() - x2.broadcast_mul(&s).unwrap()).unwrap();
+        let r2 = (x2.broadcast_mul(&c).unwrap() + x1.broadcast_mul(&s).unwrap()).unwrap();
+        let comp = Tensor::cat(&[&r1, &r2], 3)
+            .unwrap()
+            .affine(scale, 0.0)
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        assert_eq!(fused.dims(), &[b, h, t, d]);
+        assert!(max_abs_diff(&fused, &comp) < 1e-12);
+        let gf = (&fused * &w)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let gc = (&comp * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        let (gf, gc) = (
+            gf.get(x.as_tensor()).unwrap(),
+            gc.get(x.as_tensor()).unwrap(),
+        );
+        assert!(max_abs_diff(gf, gc) < 1e-12);
     }
 }

@@ -308,6 +308,26 @@ fn apply_rope(x: &Tensor, tab: &RopeTables, inference: bool) -> Result<Tensor> {
     Tensor::cat(&[&r1, &r2], 3)
 }
 
+/// Rotates `x: [B, T, heads, hd]`, scales it and returns `[B, heads, T, hd]` contiguous.
+fn rope_to_heads(x: &Tensor, tab: &RopeTables, scale: f64, inference: bool) -> Result<Tensor> {
+    if !inference && tab.cos.dim(0)? == 1 {
+        // grad: fused CPU kernel whose bwd is its adjoint rotation (crate::ops).
+        if let Some(y) =
+            crate::ops::rope_to_heads(x, &tab.cos.squeeze(0)?, &tab.sin.squeeze(0)?, scale)
+        {
+            return y;
+        }
+    }
+    // grad: apply_rope's ops, affine, transpose and contiguous (a copy) all differentiate.
+    let y = apply_rope(x, tab, inference)?;
+    let y = if scale != 1.0 {
+        y.affine(scale, 0.0)?
+    } else {
+        y
+    };
+    y.transpose(1, 2)?.contiguous()
+}
+
 /// Per-layer key/value cache for generation (no gradient): preallocated
 /// `[B, kv_heads, capacity, head_dim]` buffers filled in place.
 #[derive(Debug, Clone)]
@@ -444,12 +464,9 @@ impl Attention {
         let q = linear(x, &self.q_w, self.q_b.as_ref())?.reshape((b, t, nh, hd))?;
         let k = linear(x, &self.k_w, self.k_b.as_ref())?.reshape((b, t, nkv, hd))?;
         let v = linear(x, &self.v_w, self.v_b.as_ref())?.reshape((b, t, nkv, hd))?;
-        // Scaling q (smaller than the scores) by 1/sqrt(hd): affine has a backward rule.
-        let q = apply_rope(&q, rope, self.inference)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
-        let q = q.transpose(1, 2)?.contiguous()?;
-        let k = apply_rope(&k, rope, self.inference)?
-            .transpose(1, 2)?
-            .contiguous()?;
+        // Scaling q (smaller than the scores) by 1/sqrt(hd) inside the rotation.
+        let q = rope_to_heads(&q, rope, 1.0 / (hd as f64).sqrt(), self.inference)?;
+        let k = rope_to_heads(&k, rope, 1.0, self.inference)?;
         let v = v.transpose(1, 2)?.contiguous()?;
         let (k, v) = match cache {
             Some(c) => c.append(&k, &v)?,

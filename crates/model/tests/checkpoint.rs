@@ -91,6 +91,11 @@ fn saved_tensor_names_follow_hugging_face() {
     assert_eq!(cfg["model_type"], "qwen2");
     assert_eq!(cfg["architectures"][0], "Qwen2ForCausalLM");
     assert_eq!(cfg["tie_word_embeddings"], true);
+    assert_eq!(cfg["num_key_value_heads"], 2);
+    assert_eq!(cfg["rope_theta"], 10000.0);
+    assert_eq!(cfg["rope_parameters"]["rope_theta"], 10000.0);
+    // transformers derives head_dim itself; a null would not be accepted everywhere.
+    assert!(cfg.get("head_dim").is_none());
 
     let untied = PolicyModel::new_random(&llama_config(), false, 1, &Device::Cpu).unwrap();
     untied.save(dir.path()).unwrap();
