@@ -101,7 +101,7 @@ pub fn solve(map: &Map, slip: f64, horizon: usize) -> Policy {
     let mut actions = Vec::with_capacity(horizon * cells);
     for _h in 1..=horizon {
         let mut next_v = v.clone();
-        for s in 0..cells {
+        for (s, slot) in next_v.iter_mut().enumerate() {
             if map.tiles[s].is_terminal() {
                 actions.push(Action::Left);
                 continue;
@@ -120,7 +120,7 @@ pub fn solve(map: &Map, slip: f64, horizon: usize) -> Policy {
                 }
             }
             actions.push(choice);
-            next_v[s] = best;
+            *slot = best;
         }
         v = next_v;
     }
