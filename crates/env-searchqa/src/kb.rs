@@ -116,6 +116,17 @@ fn cap(s: &str) -> String {
     }
 }
 
+/// Syllables per name stem so that the stems (times `variants` suffixes) can
+/// name `n` entities with room to spare: at least 2, more for large KBs
+/// (otherwise drawing unique names would never finish).
+fn stem_len(n: usize, variants: usize) -> usize {
+    let mut k = 2;
+    while SYLLABLES.len().pow(k as u32) * variants < 4 * n {
+        k += 1;
+    }
+    k
+}
+
 fn word(rng: &mut ChaCha8Rng, syllables: usize) -> String {
     (0..syllables)
         .map(|_| *SYLLABLES.choose(rng).unwrap_or(&"ka"))
@@ -152,13 +163,22 @@ impl Kb {
             .saturating_sub(n_countries + n_cities + n_companies)
             .max(4);
 
-        let languages: Vec<String> = (0..(n_countries / 3).max(3))
-            .map(|_| unique(&mut rng, &mut used, |r| cap(&word(r, 2)) + "ic"))
+        let n_languages = (n_countries / 3).max(3);
+        let (k_lang, k_country) = (
+            stem_len(n_languages, 1),
+            stem_len(n_countries, COUNTRY_SUFFIXES.len()),
+        );
+        let (k_city, k_company) = (
+            stem_len(n_cities, CITY_SUFFIXES.len()),
+            stem_len(n_companies, INDUSTRIES.len()),
+        );
+        let languages: Vec<String> = (0..n_languages)
+            .map(|_| unique(&mut rng, &mut used, |r| cap(&word(r, k_lang)) + "ic"))
             .collect();
         let mut countries: Vec<Country> = (0..n_countries)
             .map(|_| {
                 let name = unique(&mut rng, &mut used, |r| {
-                    cap(&word(r, 2)) + COUNTRY_SUFFIXES.choose(r).copied().unwrap_or("ia")
+                    cap(&word(r, k_country)) + COUNTRY_SUFFIXES.choose(r).copied().unwrap_or("ia")
                 });
                 let language = languages.choose(&mut rng).cloned().unwrap_or_default();
                 Country {
@@ -171,7 +191,7 @@ impl Kb {
         let cities: Vec<City> = (0..n_cities)
             .map(|i| {
                 let name = unique(&mut rng, &mut used, |r| {
-                    cap(&word(r, 2)) + CITY_SUFFIXES.choose(r).copied().unwrap_or("ton")
+                    cap(&word(r, k_city)) + CITY_SUFFIXES.choose(r).copied().unwrap_or("ton")
                 });
                 // Every country gets a city first; its first city is its capital.
                 let country = if i < n_countries {
@@ -193,7 +213,7 @@ impl Kb {
             .map(|_| {
                 let (industry, suffix) = *INDUSTRIES.choose(&mut rng).unwrap_or(&INDUSTRIES[0]);
                 let name = unique(&mut rng, &mut used, |r| {
-                    format!("{} {suffix}", cap(&word(r, 2)))
+                    format!("{} {suffix}", cap(&word(r, k_company)))
                 });
                 Company {
                     name,
@@ -450,6 +470,13 @@ impl Kb {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn name_stems_grow_with_the_kb() {
+        assert_eq!(stem_len(300, 8), 2);
+        // 20,000 companies cannot be named from 2-syllable stems (12,800 names).
+        assert_eq!(stem_len(20_000, 8), 3);
+    }
 
     #[test]
     fn kb_is_deterministic_with_unique_titles() {
