@@ -106,12 +106,18 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     let sample_tok_s = new_tokens as f64 / sample_s;
 
     let threads = candle_core::utils::get_num_threads();
+    // Figures on a shared machine depend on what else runs: print the load.
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".to_string());
     if args.json {
         let v = serde_json::json!({
             "shape": {"vocab": cfg.vocab_size, "d": cfg.hidden_size, "layers": cfg.num_hidden_layers,
                       "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads(), "ffn": cfg.intermediate_size},
             "parameters": model.num_parameters(),
             "threads": threads,
+            "load_average_1m": load,
             "train_tokens_per_s": train_tok_s,
             "train_step_s": train_s,
             "sample_new_tokens_per_s": sample_tok_s,
@@ -122,7 +128,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "model: vocab {} d {} layers {} heads {}/{} kv ffn {} ({} parameters), f32 CPU, {} threads",
+        "model: vocab {} d {} layers {} heads {}/{} kv ffn {} ({} parameters), f32 CPU, {} matmul threads, load average {}",
         cfg.vocab_size,
         cfg.hidden_size,
         cfg.num_hidden_layers,
@@ -130,7 +136,8 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         cfg.num_kv_heads(),
         cfg.intermediate_size,
         model.num_parameters(),
-        threads
+        threads,
+        load
     );
     println!(
         "train    {:>9.0} tok/s  (batch {}x{}, fwd+bwd+clip+AdamW, {:.3} s/step)  vs reference PyTorch figure from the issue {:.0} tok/s: {:.2}x",
