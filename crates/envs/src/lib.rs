@@ -6,6 +6,9 @@ pub use agentrl_env_core::*;
 pub fn descriptors() -> Vec<EnvDescriptor> {
     vec![
         // Each env crate adds one line here: `agentrl_env_x::descriptor(),`
+        agentrl_env_bandit::descriptor(),
+        agentrl_env_frozenlake::descriptor(),
+        agentrl_env_sokoban::descriptor(),
         agentrl_env_textcraft::descriptor(),
         agentrl_env_alfworld::descriptor(),
         agentrl_env_babyai::descriptor(),
