@@ -328,7 +328,10 @@ impl TrainConfig {
             return bad("trainer.val_tasks", "must be at least 1");
         }
         if self.model.path.is_empty()
-            && self.model.num_attention_heads % self.model.num_key_value_heads.max(1) != 0
+            && !self
+                .model
+                .num_attention_heads
+                .is_multiple_of(self.model.num_key_value_heads.max(1))
         {
             return bad(
                 "model.num_key_value_heads",

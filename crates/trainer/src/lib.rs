@@ -6,12 +6,14 @@ pub mod batch;
 pub mod bootstrap;
 pub mod config;
 pub mod evaluate;
+pub mod policy_dir;
 pub mod run_dir;
 pub mod sft;
 pub mod trainer;
 
 pub use config::{ConfigError, TrainConfig};
 pub use evaluate::{evaluate, EvalStats};
+pub use policy_dir::TrainedPolicy;
 pub use trainer::{Progress, Silent, StepMetrics, Summary, Trainer};
 
 /// Anything that can stop a training run, with the file or key it concerns.

@@ -87,6 +87,12 @@ pub struct StepMetrics {
     pub update_seconds: f64,
 }
 
+/// This step's environments and the group of each.
+type StepTasks = (Vec<Box<dyn Env>>, Vec<usize>);
+
+/// Per-trajectory log-prob rows and, with a critic, value rows.
+type ScoredRows = (Vec<Vec<f32>>, Option<Vec<Vec<f32>>>);
+
 /// A training run in progress.
 pub struct Trainer {
     pub cfg: TrainConfig,
@@ -355,7 +361,7 @@ impl Trainer {
                 m.reward_mean
             );
             let freq = self.cfg.trainer.test_freq;
-            if freq > 0 && step % freq == 0 && step < total {
+            if freq > 0 && step.is_multiple_of(freq) && step < total {
                 let s = self.evaluate_now(step, "val")?;
                 text.push_str(&format!(" | val {:.0}%", 100.0 * s.success_rate));
                 progress.message(&format!(
@@ -366,7 +372,7 @@ impl Trainer {
             }
             progress.advance(step, &text);
             let save = self.cfg.trainer.save_freq;
-            if save > 0 && step % save == 0 && step < total {
+            if save > 0 && step.is_multiple_of(save) && step < total {
                 self.state.wall_seconds = wall_before + session.elapsed().as_secs_f64();
                 self.save_checkpoint()?;
             }
@@ -394,10 +400,7 @@ impl Trainer {
     }
 
     /// Sample this step's tasks: B train seeds, each repeated G times.
-    fn step_envs(
-        &self,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<(Vec<Box<dyn Env>>, Vec<usize>), TrainError> {
+    fn step_envs(&self, rng: &mut ChaCha8Rng) -> Result<StepTasks, TrainError> {
         let make = env_maker(&self.cfg);
         let c = &self.cfg;
         let mut envs = Vec::new();
@@ -477,7 +480,7 @@ impl Trainer {
         &self,
         model: &PolicyModel,
         trajs: &[Trajectory],
-    ) -> Result<(Vec<Vec<f32>>, Option<Vec<Vec<f32>>>), TrainError> {
+    ) -> Result<ScoredRows, TrainError> {
         let mut lps = Vec::new();
         let mut vals = Vec::new();
         let mb = self.cfg.actor.ppo_mini_batch_size.max(1);

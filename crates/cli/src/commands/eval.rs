@@ -36,7 +36,7 @@ impl FromStr for PolicyKind {
 /// Arguments of `agentrl eval`.
 #[derive(clap::Args)]
 pub struct EvalArgs {
-    /// `expert`, `random`, or a trained model directory.
+    /// `expert`, `random`, a run directory (its latest checkpoint) or a model directory.
     #[arg(long, default_value = "expert")]
     policy: String,
     /// Environment name (see `agentrl envs`).
@@ -60,6 +60,9 @@ pub struct EvalArgs {
     /// Environment parameter as KEY=VALUE (JSON value); repeatable.
     #[arg(long = "param", value_name = "KEY=VALUE")]
     params: Vec<String>,
+    /// Sampling temperature of a model policy (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -145,10 +148,71 @@ fn chooser(
             }))
         }
         PolicyKind::Model(path) => anyhow::bail!(
-            "model policies are wired by the trainer (asked for {}); use --policy expert or random",
+            "{} is a model: it plays whole conversations, not single actions",
             path.display()
         ),
     }
+}
+
+/// Evaluate a trained model (run directory or model directory) through the
+/// rollout engine, with the reply format and limits it was trained under.
+fn evaluate_model(
+    path: &std::path::Path,
+    template: &TaskSpec,
+    params: &agentrl_env_core::EnvParams,
+    seed_start: u64,
+    n: u64,
+    temperature: f64,
+    policy_seed: u64,
+) -> anyhow::Result<EvalSummary> {
+    use agentrl_rollout::{run_rollouts, LocalPolicy, RolloutConfig};
+    let policy = agentrl_trainer::TrainedPolicy::open(path)?;
+    let cfg = RolloutConfig {
+        temperature,
+        ..policy.rollout.clone()
+    };
+    let mut local = LocalPolicy {
+        model: &policy.model,
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(policy_seed);
+    let batch = 64u64;
+    let mut trajs = Vec::new();
+    let mut start = seed_start;
+    let end = seed_start.saturating_add(n);
+    while start < end {
+        let stop = (start + batch).min(end);
+        let mut envs = Vec::new();
+        let mut groups = Vec::new();
+        for seed in start..stop {
+            let spec = TaskSpec {
+                seed,
+                ..template.clone()
+            };
+            envs.push(agentrl_envs::make_env(&spec, params)?);
+            groups.push((seed - seed_start) as usize);
+        }
+        trajs.extend(run_rollouts(
+            &mut local,
+            &policy.tokenizer,
+            envs,
+            &groups,
+            &cfg,
+            &mut rng,
+        )?);
+        start = stop;
+    }
+    let stats = agentrl_trainer::EvalStats::of(&trajs);
+    Ok(EvalSummary {
+        env: template.env.clone(),
+        difficulty: template.difficulty.clone(),
+        split: template.split.to_string(),
+        policy: path.display().to_string(),
+        n: stats.n,
+        success_rate: stats.success_rate,
+        mean_reward: stats.mean_reward,
+        mean_steps: stats.mean_env_steps,
+        invalid_action_rate: stats.invalid_action_rate,
+    })
 }
 
 /// Evaluate `kind` on tasks `seed_start .. seed_start + n`.
@@ -211,14 +275,28 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         args.seed_start,
     )?;
     let params = parse_params(&args.params)?;
-    let (summary, _) = evaluate(
-        &kind,
-        &template,
-        &params,
-        args.seed_start,
-        args.n,
-        args.policy_seed,
-    )?;
+    let summary = match &kind {
+        PolicyKind::Model(path) => evaluate_model(
+            path,
+            &template,
+            &params,
+            args.seed_start,
+            args.n,
+            args.temperature,
+            args.policy_seed,
+        )?,
+        _ => {
+            evaluate(
+                &kind,
+                &template,
+                &params,
+                args.seed_start,
+                args.n,
+                args.policy_seed,
+            )?
+            .0
+        }
+    };
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
