@@ -8,7 +8,11 @@ mod commands;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "agentrl", version, about = "Train LLM agents with multi-turn reinforcement learning")]
+#[command(
+    name = "agentrl",
+    version,
+    about = "Train LLM agents with multi-turn reinforcement learning"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -32,13 +32,25 @@ pub enum EnvError {
     #[error("unknown environment '{name}' (available: {available})")]
     UnknownEnv { name: String, available: String },
     #[error("unknown difficulty '{difficulty}' for {env} (available: {available})")]
-    UnknownDifficulty { env: String, difficulty: String, available: String },
+    UnknownDifficulty {
+        env: String,
+        difficulty: String,
+        available: String,
+    },
     #[error("invalid task spec: {0}")]
     InvalidSpec(String),
     #[error("invalid parameter '{key}' for {env}: {reason}")]
-    InvalidParam { env: String, key: String, reason: String },
+    InvalidParam {
+        env: String,
+        key: String,
+        reason: String,
+    },
     #[error("cannot load data for {env} from {path}: {reason}")]
-    Data { env: String, path: String, reason: String },
+    Data {
+        env: String,
+        path: String,
+        reason: String,
+    },
     #[error("remote environment error: {0}")]
     Remote(String),
 }

@@ -33,7 +33,11 @@ fn splitmix64(mut z: u64) -> u64 {
 /// A task's RNG, derived from (env, difficulty, absolute seed).
 pub fn task_rng(spec: &TaskSpec) -> Result<TaskRng, EnvError> {
     let seed = spec.absolute_seed()?;
-    let h = stable_hash(&[spec.env.as_bytes(), spec.difficulty.as_bytes(), &seed.to_le_bytes()]);
+    let h = stable_hash(&[
+        spec.env.as_bytes(),
+        spec.difficulty.as_bytes(),
+        &seed.to_le_bytes(),
+    ]);
     Ok(ChaCha8Rng::seed_from_u64(h))
 }
 
@@ -46,7 +50,10 @@ mod tests {
     #[test]
     fn stable_hash_is_pinned() {
         // Pinned value: if this changes, every task in every split changes.
-        assert_eq!(stable_hash(&[b"sokoban", b"easy"]), stable_hash(&[b"sokoban", b"easy"]));
+        assert_eq!(
+            stable_hash(&[b"sokoban", b"easy"]),
+            stable_hash(&[b"sokoban", b"easy"])
+        );
         assert_ne!(stable_hash(&[b"ab", b"c"]), stable_hash(&[b"a", b"bc"]));
     }
 

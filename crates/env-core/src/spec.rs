@@ -72,8 +72,18 @@ pub struct TaskSpec {
 }
 
 impl TaskSpec {
-    pub fn new(env: impl Into<String>, split: Split, difficulty: impl Into<String>, seed: u64) -> Self {
-        Self { env: env.into(), split, difficulty: difficulty.into(), seed }
+    pub fn new(
+        env: impl Into<String>,
+        split: Split,
+        difficulty: impl Into<String>,
+        seed: u64,
+    ) -> Self {
+        Self {
+            env: env.into(),
+            split,
+            difficulty: difficulty.into(),
+            seed,
+        }
     }
 
     /// The seed in the global space, disjoint across splits.
@@ -90,7 +100,11 @@ impl TaskSpec {
 
 impl fmt::Display for TaskSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}/{}#{}", self.env, self.split, self.difficulty, self.seed)
+        write!(
+            f,
+            "{}/{}/{}#{}",
+            self.env, self.split, self.difficulty, self.seed
+        )
     }
 }
 

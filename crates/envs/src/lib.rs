@@ -20,10 +20,13 @@ pub fn descriptors() -> Vec<EnvDescriptor> {
 /// The descriptor of the environment called `name`.
 pub fn find(name: &str) -> Result<EnvDescriptor, EnvError> {
     let all = descriptors();
-    all.iter().find(|d| d.name == name).cloned().ok_or_else(|| EnvError::UnknownEnv {
-        name: name.to_string(),
-        available: all.iter().map(|d| d.name).collect::<Vec<_>>().join(", "),
-    })
+    all.iter()
+        .find(|d| d.name == name)
+        .cloned()
+        .ok_or_else(|| EnvError::UnknownEnv {
+            name: name.to_string(),
+            available: all.iter().map(|d| d.name).collect::<Vec<_>>().join(", "),
+        })
 }
 
 /// Create the environment a spec names.
