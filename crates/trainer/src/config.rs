@@ -149,7 +149,10 @@ impl Default for ActorSection {
             use_kl_loss: false,
             kl_loss_coef: 0.0,
             kl_loss_type: "low_var_kl".into(),
-            entropy_coeff: 0.001,
+            // verl's default. With Adam even a tiny bonus moves weights at full
+            // speed when the policy loss carries no signal, driving the policy to
+            // uniform: enable it deliberately.
+            entropy_coeff: 0.0,
             loss_agg_mode: "token-mean".into(),
             grad_clip: 1.0,
         }

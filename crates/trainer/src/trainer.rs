@@ -543,6 +543,13 @@ impl Trainer {
             }
         }
         let targets = advantages::compute(&c.algorithm, &trajs_for_adv, old_values.as_deref())?;
+        // No advantage anywhere (every kept group had equal returns) and no
+        // other loss: an optimizer step would only apply Adam's normalised
+        // noise (or the entropy bonus at full speed), so skip it.
+        let signal = targets.advantages.iter().flatten().any(|&a| a != 0.0);
+        if !signal && !uses_critic(&c) && !(c.actor.use_kl_loss && c.actor.kl_loss_coef > 0.0) {
+            return Ok(());
+        }
         let masks = shifted_masks(trajs);
         let agg = loss_agg(&c.actor.loss_agg_mode)?;
         let kl_type = kl_kind(&c.actor.kl_loss_type)?;

@@ -1,0 +1,126 @@
+//! `agentrl train` end to end: a killed run resumes from its last checkpoint
+//! with no lost or repeated step, and ends where an uninterrupted run ends.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_agentrl");
+
+/// A seconds-long run on the bandit.
+const OVERRIDES: &[&str] = &[
+    "env.name=bandit",
+    "sft.demos=8",
+    "sft.epochs=1",
+    "trainer.total_training_steps=6",
+    "trainer.save_freq=1",
+    "trainer.test_freq=0",
+    "trainer.val_tasks=4",
+    "rollout.n=2",
+    "rollout.env_groups=2",
+    "rollout.max_turns=1",
+    "rollout.response_length=8",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.vocab_size=300",
+];
+
+fn train(out: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("train")
+        .args(OVERRIDES)
+        .arg("--out")
+        .arg(out)
+        .arg("--quiet");
+    c.stdout(Stdio::null()).stderr(Stdio::null());
+    c
+}
+
+/// (step, reward_mean, grad_norm, pg_loss) of every train line.
+fn train_lines(run: &Path) -> Vec<(u64, String, String, String)> {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "train")
+        .map(|v| {
+            (
+                v["step"].as_u64().unwrap(),
+                v["reward_mean"].to_string(),
+                v["grad_norm"].to_string(),
+                v["pg_loss"].to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn killed_run_resumes_without_lost_or_repeated_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole");
+    let killed = dir.path().join("killed");
+
+    assert!(train(&whole).status().unwrap().success());
+
+    // Kill the second run (SIGKILL) once it has checkpointed step 2.
+    let mut child = train(&killed).spawn().unwrap();
+    let start = Instant::now();
+    while !killed
+        .join("checkpoints/step-2/trainer_state.json")
+        .exists()
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "run never reached step 2"
+        );
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("run ended before it could be killed: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let status = Command::new(BIN)
+        .arg("train")
+        .arg("--resume")
+        .arg(&killed)
+        .arg("--quiet")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    let resumed = train_lines(&killed);
+    let steps: Vec<u64> = resumed.iter().map(|l| l.0).collect();
+    assert_eq!(steps, vec![1, 2, 3, 4, 5, 6], "every step exactly once");
+    assert_eq!(
+        resumed,
+        train_lines(&whole),
+        "resumed run matches the uninterrupted one"
+    );
+    assert!(killed.join("summary.json").is_file());
+}
+
+#[test]
+fn bad_config_key_is_named() {
+    let out = Command::new(BIN)
+        .args(["train", "actor.lrr=1", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lrr"), "{err}");
+}
+
+#[test]
+fn print_config_shows_the_resolved_default() {
+    let out = Command::new(BIN)
+        .args(["train", "trainer.seed=9", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("seed = 9"), "{text}");
+    assert!(text.contains("adv_estimator = \"grpo\""), "{text}");
+}
