@@ -547,7 +547,8 @@ impl Trainer {
         // other loss: an optimizer step would only apply Adam's normalised
         // noise (or the entropy bonus at full speed), so skip it.
         let signal = targets.advantages.iter().flatten().any(|&a| a != 0.0);
-        if !signal && !uses_critic(&c) && !(c.actor.use_kl_loss && c.actor.kl_loss_coef > 0.0) {
+        let other_loss = uses_critic(&c) || (c.actor.use_kl_loss && c.actor.kl_loss_coef > 0.0);
+        if !signal && !other_loss {
             return Ok(());
         }
         let masks = shifted_masks(trajs);
