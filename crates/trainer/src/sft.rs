@@ -2,7 +2,7 @@
 //! on the policy's own tokens only (the loss mask of a rollout).
 
 use agentrl_env_core::{EnvParams, Split, TaskSpec};
-use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, PolicyModel};
+use agentrl_model::{clip_grad_norm, AdamW, PolicyModel};
 use agentrl_rollout::{expert_trajectory, ChatCodec, RolloutConfig, Trajectory};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -54,8 +54,15 @@ pub fn nll(model: &PolicyModel, trajs: &[&Trajectory]) -> Result<candle_core::Te
 }
 
 /// Train on the demonstrations; returns the mean loss of each epoch.
+///
+/// `opt` runs at `sft.lr` here and is handed back at its own learning rate:
+/// the caller keeps it for RL so that Adam's second moments are warm. A fresh
+/// Adam's first steps move every weight by the full learning rate in the sign
+/// of its (noisy) gradient, which wrecks a tiny model's reply format within a
+/// few RL steps.
 pub fn train(
     model: &PolicyModel,
+    opt: &mut AdamW,
     demos: &[Trajectory],
     sft: &SftSection,
     grad_clip: f64,
@@ -63,14 +70,8 @@ pub fn train(
     mut on_batch: impl FnMut(usize, usize, f32),
 ) -> Result<Vec<f32>, TrainError> {
     let vars = model.trainable_vars();
-    let mut opt = AdamW::new(
-        vars.clone(),
-        AdamWConfig {
-            lr: sft.lr,
-            weight_decay: 0.0,
-            ..AdamWConfig::default()
-        },
-    )?;
+    let rl_lr = opt.lr();
+    opt.set_lr(sft.lr);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut order: Vec<usize> = (0..demos.len()).collect();
     let batches_per_epoch = demos.len().div_ceil(sft.batch_size.max(1));
@@ -93,5 +94,6 @@ pub fn train(
         }
         epoch_losses.push(sum / batches_per_epoch.max(1) as f32);
     }
+    opt.set_lr(rl_lr);
     Ok(epoch_losses)
 }

@@ -261,6 +261,7 @@ impl Trainer {
         progress.phase("sft", batches);
         let losses = sft::train(
             &self.model,
+            &mut self.opt,
             &demos,
             &self.cfg.sft,
             self.cfg.actor.grad_clip,
