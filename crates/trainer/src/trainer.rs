@@ -156,6 +156,8 @@ impl Trainer {
         run_path: &Path,
         progress: &mut dyn Progress,
     ) -> Result<Self, TrainError> {
+        // Wall time of the whole run: tokenizer, model, warm start, evaluations, RL.
+        let started = Instant::now();
         let run = RunDir::create(run_path)?;
         run.write_config(&cfg.to_toml())?;
         let device = Device::Cpu;
@@ -173,7 +175,6 @@ impl Trainer {
             state: TrainerState::default(),
             device,
         };
-        let started = Instant::now();
         if t.cfg.sft.demos > 0 && t.cfg.sft.epochs > 0 {
             t.warm_start(progress)?;
         }
