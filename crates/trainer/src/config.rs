@@ -327,6 +327,12 @@ impl TrainConfig {
         if self.actor.lr <= 0.0 || !self.actor.lr.is_finite() {
             return bad("actor.lr", "must be a positive number");
         }
+        if self.env.endpoint.is_empty() {
+            // Remote servers may host environments we do not ship (SciWorld, WebArena).
+            if let Err(e) = agentrl_envs::find(&self.env.name) {
+                return bad("env.name", &e.to_string());
+            }
+        }
         if self.trainer.val_tasks == 0 {
             return bad("trainer.val_tasks", "must be at least 1");
         }
@@ -433,6 +439,23 @@ mod tests {
         assert!(e.contains("adv_estimator"), "{e}");
         assert!(TrainConfig::load(None, &["nodot".into()]).is_err());
         assert!(TrainConfig::from_toml("this is = not toml [", &[]).is_err());
+    }
+
+    #[test]
+    fn unknown_env_is_named() {
+        let e = TrainConfig::load(None, &["env.name=nope".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("env.name") && e.contains("nope"), "{e}");
+        // A remote server may serve environments agentrl does not ship.
+        assert!(TrainConfig::load(
+            None,
+            &[
+                "env.name=sciworld".into(),
+                "env.endpoint=http://127.0.0.1:1".into()
+            ]
+        )
+        .is_ok());
     }
 
     #[test]
