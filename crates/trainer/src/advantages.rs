@@ -29,15 +29,6 @@ pub fn shifted_masks(trajs: &[Trajectory]) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// Spread one number per trajectory over its policy tokens.
-fn spread(per_traj: &[f32], masks: &[Vec<f32>]) -> Vec<Vec<f32>> {
-    per_traj
-        .iter()
-        .zip(masks)
-        .map(|(&a, m)| m.iter().map(|&x| x * a).collect())
-        .collect()
-}
-
 /// Compute advantages. `values` (shifted frame) is required for `gae`.
 pub fn compute(
     alg: &AlgorithmSection,
@@ -51,14 +42,14 @@ pub fn compute(
         "grpo" => {
             let a = algos::grpo(&scores, &groups, alg.norm_adv_by_std_in_grpo, 1e-6)?;
             Targets {
-                advantages: spread(&a, &masks),
+                advantages: algos::sequence_to_tokens(&a, &masks)?,
                 returns: None,
             }
         }
         "rloo" => {
             let a = algos::rloo(&scores, &groups)?;
             Targets {
-                advantages: spread(&a, &masks),
+                advantages: algos::sequence_to_tokens(&a, &masks)?,
                 returns: None,
             }
         }
@@ -106,23 +97,12 @@ pub fn compute(
                 alg.gigpo_step_weight,
                 alg.norm_adv_by_std_in_grpo,
             )?;
-            let advantages = trajs
+            // Turn ids in the shifted frame, like every other row here.
+            let turn_ids: Vec<Vec<i32>> = trajs
                 .iter()
-                .zip(&per_turn)
-                .map(|(t, adv)| {
-                    t.turn_ids()
-                        .iter()
-                        .skip(1)
-                        .map(|&k| {
-                            if k >= 0 {
-                                adv.get(k as usize).copied().unwrap_or(0.0)
-                            } else {
-                                0.0
-                            }
-                        })
-                        .collect()
-                })
+                .map(|t| t.turn_ids().into_iter().skip(1).collect())
                 .collect();
+            let advantages = algos::turns_to_tokens(&per_turn, &turn_ids)?;
             Targets {
                 advantages,
                 returns: None,

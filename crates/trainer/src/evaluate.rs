@@ -57,8 +57,9 @@ impl EvalStats {
 /// Builds environments for specs (in-process or remote).
 pub type EnvMaker<'a> = dyn Fn(&TaskSpec, &EnvParams) -> Result<Box<dyn Env>, EnvError> + 'a;
 
-/// Play `n_tasks` validation tasks (seeds `0..n_tasks` of `split`) once each,
-/// in batches, with the given sampling temperature (0 = greedy).
+/// Play the tasks with seeds `seeds` of `split` once each, in batches of
+/// `rollout.n × rollout.env_groups`, with the given sampling temperature
+/// (0 = greedy).
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     policy: &mut dyn Policy,
@@ -68,7 +69,7 @@ pub fn evaluate(
     difficulty: &str,
     params: &EnvParams,
     split: Split,
-    n_tasks: usize,
+    seeds: std::ops::Range<u64>,
     rollout: &RolloutConfig,
     temperature: f64,
     seed: u64,
@@ -79,16 +80,16 @@ pub fn evaluate(
     };
     let batch = (rollout.n * rollout.env_groups).max(1);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut all = Vec::with_capacity(n_tasks);
-    let mut start = 0;
-    while start < n_tasks {
-        let end = (start + batch).min(n_tasks);
+    let mut all = Vec::new();
+    let mut start = seeds.start;
+    while start < seeds.end {
+        let end = start.saturating_add(batch as u64).min(seeds.end);
         let mut envs = Vec::new();
         let mut groups = Vec::new();
         for s in start..end {
-            let spec = TaskSpec::new(env, split, difficulty, s as u64);
+            let spec = TaskSpec::new(env, split, difficulty, s);
             envs.push(make(&spec, params)?);
-            groups.push(s);
+            groups.push((s - seeds.start) as usize);
         }
         all.extend(run_rollouts(policy, codec, envs, &groups, &cfg, &mut rng)?);
         start = end;

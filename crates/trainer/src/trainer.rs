@@ -291,7 +291,7 @@ impl Trainer {
             &c.env.difficulty,
             &c.env.params,
             Split::Val,
-            c.trainer.val_tasks,
+            0..c.trainer.val_tasks as u64,
             &c.rollout,
             c.trainer.val_temperature,
             c.trainer.seed ^ 0x5eed_0fa1,

@@ -165,43 +165,33 @@ fn evaluate_model(
     temperature: f64,
     policy_seed: u64,
 ) -> anyhow::Result<EvalSummary> {
-    use agentrl_rollout::{run_rollouts, LocalPolicy, RolloutConfig};
+    use agentrl_rollout::{LocalPolicy, RolloutConfig};
     let policy = agentrl_trainer::TrainedPolicy::open(path)?;
+    // Batches of 64 tasks, one sample each.
     let cfg = RolloutConfig {
-        temperature,
+        n: 1,
+        env_groups: 64,
         ..policy.rollout.clone()
     };
     let mut local = LocalPolicy {
         model: &policy.model,
     };
-    let mut rng = ChaCha8Rng::seed_from_u64(policy_seed);
-    let batch = 64u64;
-    let mut trajs = Vec::new();
-    let mut start = seed_start;
-    let end = seed_start.saturating_add(n);
-    while start < end {
-        let stop = (start + batch).min(end);
-        let mut envs = Vec::new();
-        let mut groups = Vec::new();
-        for seed in start..stop {
-            let spec = TaskSpec {
-                seed,
-                ..template.clone()
-            };
-            envs.push(agentrl_envs::make_env(&spec, params)?);
-            groups.push((seed - seed_start) as usize);
-        }
-        trajs.extend(run_rollouts(
-            &mut local,
-            &policy.tokenizer,
-            envs,
-            &groups,
-            &cfg,
-            &mut rng,
-        )?);
-        start = stop;
-    }
-    let stats = agentrl_trainer::EvalStats::of(&trajs);
+    let make = |spec: &TaskSpec, params: &agentrl_env_core::EnvParams| {
+        agentrl_envs::make_env(spec, params)
+    };
+    let (stats, _) = agentrl_trainer::evaluate(
+        &mut local,
+        &policy.tokenizer,
+        &make,
+        &template.env,
+        &template.difficulty,
+        params,
+        template.split,
+        seed_start..seed_start.saturating_add(n),
+        &cfg,
+        temperature,
+        policy_seed,
+    )?;
     Ok(EvalSummary {
         env: template.env.clone(),
         difficulty: template.difficulty.clone(),
