@@ -14,7 +14,10 @@ use serde_json::{json, Map, Value};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{BpeTrainer, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::{AddedToken, Tokenizer};
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use crate::chat_template::{
     ChatMessage, ChatTemplate, TemplateError, TemplateTokens, CHATML_TEMPLATE,
@@ -29,6 +32,15 @@ pub const IM_END: &str = "<|im_end|>";
 
 /// Special tokens of a trained tokenizer, in id order (ids 0, 1, 2).
 const CHATML_SPECIALS: [&str; 3] = [ENDOFTEXT, IM_START, IM_END];
+/// Pre-tokenizer of a trained tokenizer: BPE merges only inside one match.
+/// Whole XML-like tags and words may merge; every other character (grid
+/// cells such as `_`, `#`, `O`, `P`, digits, punctuation) stays its own
+/// token, so a grid row of n cells is n tokens and the cell below another
+/// is always the same distance away — a tiny model can learn to look there.
+/// (GPT-2's pattern would merge `___` or `####` into tokens whose width
+/// depends on the row's contents.)
+pub const TRAINED_PRE_TOKENIZER: &str = r"</?[a-z_]+>| ?\p{Lu}\p{Ll}+| ?\p{Ll}+|\s+(?!\S)|\s+|.";
+
 /// Number of symbols in the byte-level alphabet: every byte is one symbol.
 const BYTE_ALPHABET: usize = 256;
 
@@ -221,7 +233,18 @@ impl ChatTokenizer {
             .build();
 
         let mut tokenizer = Tokenizer::new(BPE::default());
-        tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+        let split = Split::new(
+            SplitPattern::Regex(TRAINED_PRE_TOKENIZER.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| TokenizerError::Train(e.to_string()))?;
+        // Qwen2's layout: a regex split, then byte-level mapping without
+        // GPT-2's own regex.
+        tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![
+            PreTokenizerWrapper::Split(split),
+            PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
+        ])));
         tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
         tokenizer.add_special_tokens(&specials);
         // `train` would count a special-token string in the text as a word

@@ -204,10 +204,13 @@ fn bpe_special_tokens_are_single_ids() {
 #[test]
 fn bpe_vocab_size_is_respected() {
     let texts = env_corpus(3, 120);
-    for size in [300, 500] {
+    for size in [270, 320] {
         let tok = ChatTokenizer::train_bpe(&texts, size).unwrap();
         assert_eq!(tok.vocab_size(), size);
     }
+    // Merges stay inside words and tags: this corpus has fewer than 500.
+    let capped = ChatTokenizer::train_bpe(&texts, 500).unwrap();
+    assert!(capped.vocab_size() < 500);
     // Tiny text: fewer merges exist than asked for, never more tokens.
     let small = ChatTokenizer::train_bpe(&["ab ab".to_string()], 1000).unwrap();
     assert!(small.vocab_size() < 300);
@@ -467,4 +470,29 @@ fn eos_token_missing_from_vocabulary_is_an_error_naming_it() {
 fn chat_tokenizer_can_be_shared_across_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<ChatTokenizer>();
+}
+
+#[test]
+fn bpe_keeps_grid_cells_single_tokens_and_merges_tags_and_words() {
+    // Grids repeat runs like `____` and `####` thousands of times: GPT-2's
+    // pre-tokenizer would let BPE merge them, so a cell's token position
+    // would depend on its row's contents.
+    let mut texts = env_corpus(5, 120);
+    texts.extend((0..200).map(|_| "######\n#____#\n#_PX_#\n#____#\n######".to_string()));
+    texts.extend((0..200).map(|_| "<think></think><answer>Down</answer>".to_string()));
+    let tok = ChatTokenizer::train_bpe(&texts, 400).unwrap();
+    let pieces = |text: &str| -> Vec<String> {
+        let ids = tok.encode(text).unwrap();
+        ids.iter()
+            .map(|&id| tok.decode(&[id], false).unwrap())
+            .collect()
+    };
+    assert_eq!(pieces("#____#"), ["#", "_", "_", "_", "_", "#"]);
+    assert_eq!(pieces("OO_G"), ["O", "O", "_", "G"]);
+    assert_eq!(pieces("P__√"), ["P", "_", "_", "√"]);
+    assert_eq!(pieces("100"), ["1", "0", "0"]);
+    assert_eq!(
+        pieces("<think></think><answer>Down</answer>"),
+        ["<think>", "</think>", "<answer>", "Down", "</answer>"]
+    );
 }

@@ -6,6 +6,7 @@
 
 use agentrl_env_core::{Env, StepError};
 use agentrl_model::SamplingParams;
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
@@ -334,12 +335,19 @@ pub fn run_rollouts(
 /// Play one environment with its expert solver, rendering the expert's
 /// actions as replies in the configured format: a demonstration for SFT,
 /// tokenised exactly as a rollout would be.
+///
+/// With `noise > 0` each action is, with that probability, drawn uniformly
+/// from the env's available actions instead (an ε-greedy expert; the expert
+/// replans from wherever that leads). Imitating it gives a policy that knows
+/// the expert's move but does not reliably take it: a modest prior for RL.
 pub fn expert_trajectory(
     env: Box<dyn Env>,
     group: usize,
     codec: &dyn ChatCodec,
     cfg: &RolloutConfig,
     actions_per_turn: usize,
+    noise: f64,
+    rng: &mut impl Rng,
 ) -> Trajectory {
     let mut ep = start_episode(env, group, codec, cfg);
     while !ep.finished {
@@ -358,8 +366,18 @@ pub fn expert_trajectory(
             state_key: ep.env.state_key(),
         };
         while actions.len() < actions_per_turn.max(1) && ep.actions_left > 0 && !ep.env.is_done() {
-            let Some(a) = ep.env.expert_action() else {
+            let Some(expert) = ep.env.expert_action() else {
                 break;
+            };
+            let a = if noise > 0.0 && rng.random::<f64>() < noise {
+                let valid = ep.env.available_actions();
+                if valid.is_empty() {
+                    expert
+                } else {
+                    valid[rng.random_range(0..valid.len())].clone()
+                }
+            } else {
+                expert
             };
             match ep.env.step(&a) {
                 Ok(step) => {

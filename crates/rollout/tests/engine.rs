@@ -352,7 +352,15 @@ fn context_limit_truncates() {
 #[test]
 fn expert_demo_matches_rollout_layout() {
     let c = cfg();
-    let demo = expert_trajectory(corridor(), 0, &CharCodec, &c, 2);
+    let demo = expert_trajectory(
+        corridor(),
+        0,
+        &CharCodec,
+        &c,
+        2,
+        0.0,
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
     assert!(demo.success);
     assert_eq!(demo.turns.len(), 2);
     assert_eq!(demo.turns[0].actions, vec!["R", "R"]);

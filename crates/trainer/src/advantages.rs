@@ -115,5 +115,85 @@ pub fn compute(
             });
         }
     };
+    let mut targets = targets;
+    if !alg.credit_malformed_turns {
+        no_credit_for_malformed_turns(trajs, &mut targets.advantages);
+    }
     Ok(targets)
+}
+
+/// Clamp the advantage of every token of an unparseable reply to at most 0:
+/// an episode that succeeded despite a malformed turn must not teach the
+/// malformed turn. Rows are in the shifted frame (entry `i - 1` is token `i`).
+pub fn no_credit_for_malformed_turns(trajs: &[Trajectory], advantages: &mut [Vec<f32>]) {
+    for (t, row) in trajs.iter().zip(advantages.iter_mut()) {
+        for turn in t.turns.iter().filter(|x| x.format_error) {
+            for i in turn.start.max(1)..turn.end {
+                if let Some(a) = row.get_mut(i - 1) {
+                    *a = a.min(0.0);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentrl_env_core::{Split, TaskSpec};
+    use agentrl_rollout::Turn;
+
+    fn turn(start: usize, end: usize, reward: f32, format_error: bool) -> Turn {
+        Turn {
+            start,
+            end,
+            reply: String::new(),
+            actions: vec![],
+            env_reward: reward,
+            penalty: if format_error { -0.1 } else { 0.0 },
+            format_error,
+            invalid_actions: 0,
+            state_key: 0,
+        }
+    }
+
+    /// Tokens: 0-1 prompt, 2-3 reply 1 (malformed), 4 observation, 5-6 reply 2.
+    fn episode(group: usize, reward: f32) -> Trajectory {
+        Trajectory {
+            spec: TaskSpec::new("t", Split::Train, "easy", 0),
+            group,
+            tokens: vec![0; 7],
+            loss_mask: vec![0, 0, 1, 1, 0, 1, 1],
+            sample_logprobs: vec![0.0; 7],
+            turns: vec![turn(2, 4, 0.0, true), turn(5, 7, reward, false)],
+            success: reward > 0.0,
+            env_done: true,
+            truncated: false,
+            env_steps: 1,
+        }
+    }
+
+    #[test]
+    fn a_successful_episode_does_not_reinforce_its_malformed_turn() {
+        // Group of two scoring 0.9 and -0.1: GRPO gives one positive and one
+        // negative advantage; only the signs matter here.
+        let trajs = vec![episode(0, 1.0), episode(0, 0.0)];
+        let alg = AlgorithmSection::default();
+        let t = compute(&alg, &trajs, None).unwrap();
+        let (good, bad) = (&t.advantages[0], &t.advantages[1]);
+        // Shifted frame: reply 1 = entries 1, 2; reply 2 = entries 4, 5.
+        assert_eq!(&good[1..3], &[0.0, 0.0], "malformed turn got credit");
+        assert!(good[4] > 0.0 && good[5] > 0.0);
+        assert!(bad[1] < 0.0 && bad[2] < 0.0, "blame still reaches it");
+        assert!(bad[4] < 0.0);
+        assert_eq!(good[0], 0.0);
+        assert_eq!(good[3], 0.0, "observation token");
+
+        let credit = AlgorithmSection {
+            credit_malformed_turns: true,
+            ..AlgorithmSection::default()
+        };
+        let t = compute(&credit, &trajs, None).unwrap();
+        assert!(t.advantages[0][1] > 0.0);
+    }
 }

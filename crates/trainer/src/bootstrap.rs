@@ -10,6 +10,7 @@ use agentrl_model::tokenizer::ChatTokenizer;
 use agentrl_model::{ModelConfig, PolicyModel};
 use agentrl_rollout::{expert_trajectory, ChatCodec, RolloutConfig, SYSTEM_PROMPT};
 use candle_core::Device;
+use rand::SeedableRng;
 
 use crate::config::{ModelSection, TrainConfig};
 use crate::evaluate::EnvMaker;
@@ -55,7 +56,8 @@ pub fn environment_corpus(
         for seed in 0..episodes as u64 {
             let spec = TaskSpec::new(env, Split::Train, *d, seed);
             let e: Box<dyn Env> = make(&spec, params)?;
-            expert_trajectory(e, 0, &codec, rollout, actions_per_turn);
+            let mut unused = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+            expert_trajectory(e, 0, &codec, rollout, actions_per_turn, 0.0, &mut unused);
             // The messages an invalid action produces.
             let mut e = make(&spec, params)?;
             e.reset();

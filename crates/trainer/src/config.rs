@@ -98,6 +98,11 @@ pub struct AlgorithmSection {
     /// Put the KL to the reference in the reward instead of the loss.
     pub use_kl_in_reward: bool,
     pub kl_coef: f32,
+    /// Let a positive advantage reach replies that did not parse. Off by
+    /// default: a successful episode would otherwise reinforce its malformed
+    /// turns (the format penalty is small next to the outcome), and the reply
+    /// format erodes until it collapses.
+    pub credit_malformed_turns: bool,
 }
 
 impl Default for AlgorithmSection {
@@ -110,6 +115,7 @@ impl Default for AlgorithmSection {
             gigpo_step_weight: 1.0,
             use_kl_in_reward: false,
             kl_coef: 0.0,
+            credit_malformed_turns: false,
         }
     }
 }
@@ -134,6 +140,19 @@ pub struct ActorSection {
     /// `token-mean` | `seq-mean-token-sum` | `seq-mean-token-mean`
     pub loss_agg_mode: String,
     pub grad_clip: f64,
+    /// RL steps over which the learning rate ramps linearly from lr/warmup to
+    /// lr (verl's `lr_warmup_steps`). A fresh Adam's first steps are
+    /// sign-descent at the full rate on every weight; the ramp lets its second
+    /// moments settle first.
+    pub lr_warmup_steps: usize,
+    /// Adam's denominator ε. Raising it toward the typical gradient size
+    /// makes tiny, noisy gradients move weights less than Adam's
+    /// per-weight normalisation otherwise would.
+    pub adam_eps: f64,
+    /// Continue RL with the warm start's optimizer instead of a fresh AdamW.
+    /// Its second moments remember the (much larger) SFT gradients, which
+    /// shrinks RL's effective step size by that ratio.
+    pub keep_sft_optimizer: bool,
 }
 
 impl Default for ActorSection {
@@ -155,6 +174,9 @@ impl Default for ActorSection {
             entropy_coeff: 0.0,
             loss_agg_mode: "token-mean".into(),
             grad_clip: 1.0,
+            lr_warmup_steps: 0,
+            adam_eps: 1e-8,
+            keep_sft_optimizer: false,
         }
     }
 }
@@ -217,6 +239,10 @@ pub struct EnvSection {
     /// URL of an `agentrl serve` (or AgentGym) env server; empty = in-process.
     #[serde(default)]
     pub endpoint: String,
+    /// RL draws its tasks from the first `train_tasks` train seeds (a fixed
+    /// training set); 0 draws from the whole train split.
+    #[serde(default)]
+    pub train_tasks: u64,
     /// Environment-specific options.
     #[serde(default)]
     pub params: serde_json::Map<String, serde_json::Value>,
@@ -237,6 +263,11 @@ pub struct SftSection {
     pub batch_size: usize,
     /// Actions the expert writes per reply.
     pub actions_per_turn: usize,
+    /// Probability that a demonstrated action is a uniformly random valid
+    /// action instead of the expert's (0 = pure expert). With noise every
+    /// demonstration is kept, successful or not, so the warm start imitates
+    /// the noisy expert: it knows the right move but takes it unreliably.
+    pub expert_noise: f64,
 }
 
 impl Default for SftSection {
@@ -247,6 +278,7 @@ impl Default for SftSection {
             lr: 2e-3,
             batch_size: 16,
             actions_per_turn: 1,
+            expert_noise: 0.0,
         }
     }
 }
@@ -323,6 +355,12 @@ impl TrainConfig {
                 "actor.ppo_mini_batch_size / actor.ppo_epochs",
                 "must be at least 1",
             );
+        }
+        if self.actor.adam_eps <= 0.0 || !self.actor.adam_eps.is_finite() {
+            return bad("actor.adam_eps", "must be a positive number");
+        }
+        if !(0.0..=1.0).contains(&self.sft.expert_noise) {
+            return bad("sft.expert_noise", "must be a probability in [0, 1]");
         }
         if self.actor.lr <= 0.0 || !self.actor.lr.is_finite() {
             return bad("actor.lr", "must be a positive number");

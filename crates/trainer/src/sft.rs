@@ -1,7 +1,7 @@
 //! Warm start: supervised next-token training on expert demonstrations,
 //! on the policy's own tokens only (the loss mask of a rollout).
 
-use agentrl_env_core::{EnvParams, Split, TaskSpec};
+use agentrl_env_core::{stable_hash, EnvParams, Split, TaskSpec};
 use agentrl_model::{clip_grad_norm, AdamW, PolicyModel};
 use agentrl_rollout::{expert_trajectory, ChatCodec, RolloutConfig, Trajectory};
 use rand::seq::SliceRandom;
@@ -29,9 +29,25 @@ pub fn demonstrations(
     for i in 0..sft.demos as u64 {
         let spec = TaskSpec::new(env, Split::Train, difficulty, first_seed + i);
         let e = make(&spec, params)?;
-        let t = expert_trajectory(e, i as usize, codec, rollout, sft.actions_per_turn);
-        // Only successful demonstrations teach the right behaviour.
-        if t.success {
+        let mut rng =
+            ChaCha8Rng::seed_from_u64(stable_hash(&[b"expert-noise", &spec.seed.to_le_bytes()]));
+        let t = expert_trajectory(
+            e,
+            i as usize,
+            codec,
+            rollout,
+            sft.actions_per_turn,
+            sft.expert_noise,
+            &mut rng,
+        );
+        // A pure expert's failures (budget too short) teach nothing; a noisy
+        // expert's are part of the behaviour being imitated.
+        let keep = if sft.expert_noise > 0.0 {
+            !t.turns.is_empty()
+        } else {
+            t.success
+        };
+        if keep {
             demos.push(t);
         }
     }
@@ -55,11 +71,8 @@ pub fn nll(model: &PolicyModel, trajs: &[&Trajectory]) -> Result<candle_core::Te
 
 /// Train on the demonstrations; returns the mean loss of each epoch.
 ///
-/// `opt` runs at `sft.lr` here and is handed back at its own learning rate:
-/// the caller keeps it for RL so that Adam's second moments are warm. A fresh
-/// Adam's first steps move every weight by the full learning rate in the sign
-/// of its (noisy) gradient, which wrecks a tiny model's reply format within a
-/// few RL steps.
+/// `opt` runs at `sft.lr` here and is handed back at its own learning rate
+/// (the trainer may keep it for RL: `actor.keep_sft_optimizer`).
 pub fn train(
     model: &PolicyModel,
     opt: &mut AdamW,

@@ -77,6 +77,8 @@ pub struct StepMetrics {
     pub approx_kl: f64,
     pub clip_fraction: f64,
     pub grad_norm: f64,
+    /// The actor's learning rate this step.
+    pub lr: f64,
     pub pg_loss: f64,
     pub value_loss: f64,
     pub turns: f64,
@@ -138,6 +140,18 @@ pub fn env_maker(cfg: &TrainConfig) -> Box<EnvMaker<'static>> {
     }
 }
 
+/// The actor's learning rate at RL step `step` (1-based): a linear ramp over
+/// `lr_warmup_steps`, then constant. A pure function of the step, so a
+/// resumed run continues the same schedule.
+pub fn rl_learning_rate(cfg: &TrainConfig, step: usize) -> f64 {
+    let warmup = cfg.actor.lr_warmup_steps;
+    if warmup == 0 || step >= warmup {
+        cfg.actor.lr
+    } else {
+        cfg.actor.lr * step.max(1) as f64 / warmup as f64
+    }
+}
+
 /// The RNG of one phase of one step: a pure function of (seed, step, phase),
 /// so a resumed run replays exactly what an uninterrupted one would do.
 fn step_rng(seed: u64, step: usize, phase: &str) -> ChaCha8Rng {
@@ -177,6 +191,9 @@ impl Trainer {
         };
         if t.cfg.sft.demos > 0 && t.cfg.sft.epochs > 0 {
             t.warm_start(progress)?;
+            if !t.cfg.actor.keep_sft_optimizer {
+                t.opt = Self::optimizer(&t.cfg, &t.model)?;
+            }
         }
         progress.message("evaluating the starting policy on held-out validation seeds");
         let before = t.evaluate_now(0, "before")?;
@@ -236,6 +253,7 @@ impl Trainer {
             AdamWConfig {
                 lr: cfg.actor.lr,
                 weight_decay: cfg.actor.weight_decay,
+                eps: cfg.actor.adam_eps,
                 ..AdamWConfig::default()
             },
         )?)
@@ -408,7 +426,11 @@ impl Trainer {
         let mut envs = Vec::new();
         let mut groups = Vec::new();
         for g in 0..c.rollout.env_groups {
-            let seed = rng.random_range(0..SPLIT_STRIDE / 2);
+            let pool = match c.env.train_tasks {
+                0 => SPLIT_STRIDE / 2,
+                n => n,
+            };
+            let seed = rng.random_range(0..pool);
             let spec = TaskSpec::new(&c.env.name, Split::Train, &c.env.difficulty, seed);
             for _ in 0..c.rollout.n {
                 envs.push(make(&spec, &c.env.params)?);
@@ -468,6 +490,7 @@ impl Trainer {
             invalid_action_rate: stats.invalid_action_rate,
             format_error_rate: stats.format_error_rate,
             rollout_seconds,
+            lr: rl_learning_rate(&self.cfg, step),
             ..Default::default()
         };
         let t1 = Instant::now();
@@ -504,7 +527,9 @@ impl Trainer {
         Ok((lps, vals))
     }
 
-    fn update(
+    /// One PPO update (all epochs and mini-batches) on `trajs`, with
+    /// advantages from their scores; writes the update's figures into `m`.
+    pub fn update(
         &mut self,
         trajs: &[Trajectory],
         step: usize,
@@ -553,6 +578,7 @@ impl Trainer {
         if !signal && !other_loss {
             return Ok(());
         }
+        self.opt.set_lr(rl_learning_rate(&c, step));
         let masks = shifted_masks(trajs);
         let agg = loss_agg(&c.actor.loss_agg_mode)?;
         let kl_type = kl_kind(&c.actor.kl_loss_type)?;
