@@ -7,28 +7,40 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentrl");
 
-/// A seconds-long run on the bandit.
-const OVERRIDES: &[&str] = &[
-    "env.name=bandit",
-    "sft.demos=8",
-    "sft.epochs=1",
-    "trainer.total_training_steps=6",
-    "trainer.save_freq=1",
-    "trainer.test_freq=0",
-    "trainer.val_tasks=4",
-    "rollout.n=2",
-    "rollout.env_groups=2",
-    "rollout.max_turns=1",
-    "rollout.response_length=8",
-    "model.hidden_size=32",
-    "model.intermediate_size=64",
-    "model.vocab_size=300",
-];
+/// A seconds-long run on the bandit (its own config: the embedded default's
+/// `[env.params]` belong to another environment).
+const CONFIG: &str = r#"
+name = "resume-test"
+[env]
+name = "bandit"
+[model]
+vocab_size = 300
+hidden_size = 32
+num_hidden_layers = 2
+num_attention_heads = 4
+num_key_value_heads = 2
+intermediate_size = 64
+[sft]
+demos = 8
+epochs = 1
+[rollout]
+n = 2
+env_groups = 2
+max_turns = 1
+response_length = 8
+[trainer]
+total_training_steps = 6
+save_freq = 1
+test_freq = 0
+val_tasks = 4
+"#;
 
 fn train(out: &Path) -> Command {
+    let config = out.with_extension("toml");
+    std::fs::write(&config, CONFIG).unwrap();
     let mut c = Command::new(BIN);
     c.arg("train")
-        .args(OVERRIDES)
+        .arg(&config)
         .arg("--out")
         .arg(out)
         .arg("--quiet");

@@ -15,6 +15,8 @@ pub enum FormatError {
     MissingAction,
     #[error("the answer holds no action")]
     EmptyAnswer,
+    #[error("text after </answer>: the reply must end with its answer")]
+    TrailingText,
 }
 
 /// The reply format the policy is prompted (and trained) to use.
@@ -46,7 +48,12 @@ impl ReplyFormat {
     pub fn parse(self, reply: &str, max_actions: usize) -> Result<Vec<String>, FormatError> {
         let actions: Vec<String> = match self {
             ReplyFormat::ThinkAnswer => {
-                let answer = think_answer_block(reply).ok_or(FormatError::MissingAnswer)?;
+                let (answer, rest) = think_answer_block(reply).ok_or(FormatError::MissingAnswer)?;
+                // RL reinforces every token of a successful episode; if junk
+                // after the answer were accepted it would be learnt and grow.
+                if !rest.trim().is_empty() {
+                    return Err(FormatError::TrailingText);
+                }
                 answer
                     .split("||")
                     .map(|a| a.trim().to_string())
@@ -88,15 +95,16 @@ impl ReplyFormat {
 }
 
 /// The content of the first `<answer>…</answer>` that follows a closed
-/// `<think>…</think>` (RAGEN's regex `<think>(.*?)</think>\s*<answer>(.*?)</answer>`).
-fn think_answer_block(reply: &str) -> Option<&str> {
+/// `<think>…</think>` (RAGEN's regex `<think>(.*?)</think>\s*<answer>(.*?)</answer>`),
+/// and the text after it.
+fn think_answer_block(reply: &str) -> Option<(&str, &str)> {
     let think_start = reply.find("<think>")?;
     let after_think = &reply[think_start + "<think>".len()..];
     let think_end = after_think.find("</think>")?;
     let rest = after_think[think_end + "</think>".len()..].trim_start();
     let rest = rest.strip_prefix("<answer>")?;
     let end = rest.find("</answer>")?;
-    Some(&rest[..end])
+    Some((&rest[..end], &rest[end + "</answer>".len()..]))
 }
 
 #[cfg(test)]
@@ -127,6 +135,14 @@ mod tests {
             Err(FormatError::EmptyAnswer)
         );
         assert_eq!(f.parse("", 5), Err(FormatError::MissingAnswer));
+        assert_eq!(
+            f.parse("<think></think><answer>Up</answer>actio</answer>", 5),
+            Err(FormatError::TrailingText)
+        );
+        assert_eq!(
+            f.parse("<think></think><answer>Up</answer>\n ", 5).unwrap(),
+            vec!["Up"]
+        );
     }
 
     #[test]

@@ -261,10 +261,21 @@ impl Trainer {
 
     fn warm_start(&mut self, progress: &mut dyn Progress) -> Result<(), TrainError> {
         let make = env_maker(&self.cfg);
-        progress.message(&format!(
-            "warm start: {} expert demonstrations",
-            self.cfg.sft.demos
-        ));
+        let noise = self.cfg.sft.expert_noise;
+        progress.message(&if noise >= 1.0 {
+            format!(
+                "warm start: {} demonstrations of random valid moves (teaches the reply format only)",
+                self.cfg.sft.demos
+            )
+        } else if noise > 0.0 {
+            format!(
+                "warm start: {} expert demonstrations, {:.0}% of moves random",
+                self.cfg.sft.demos,
+                100.0 * noise
+            )
+        } else {
+            format!("warm start: {} expert demonstrations", self.cfg.sft.demos)
+        });
         // Demonstrations come from train seeds far from those RL samples first.
         let demos = sft::demonstrations(
             make.as_ref(),
