@@ -167,6 +167,12 @@ fn evaluate_model(
 ) -> anyhow::Result<EvalSummary> {
     use agentrl_rollout::{LocalPolicy, RolloutConfig};
     let policy = agentrl_trainer::TrainedPolicy::open(path)?;
+    // A run directory evaluated on its own environment keeps the env params
+    // it was trained with (e.g. a not-slippery FrozenLake) unless given others.
+    let params = match &policy.config {
+        Some(c) if params.is_empty() && c.env.name == template.env => &c.env.params,
+        _ => params,
+    };
     // Batches of 64 tasks, one sample each.
     let cfg = RolloutConfig {
         n: 1,
