@@ -96,32 +96,58 @@ impl Float for f64 {
 
 // ---------------------------------------------------------------- softmax
 
-/// Softmax over the last dim of `[.., T, S]` scores where query row i may
-/// see keys `0..=i + (S - T)` (causal with a cache of S - T earlier keys);
-/// masked keys get probability exactly 0.
-struct CausalSoftmax;
+/// Softmax over the last dim of `[B, .., T, S]` scores where query row i of
+/// batch element b may see keys `pads[b]..=i + (S - T)` (causal with a cache
+/// of S - T earlier keys, the first `pads[b]` keys being left padding; no
+/// pads = none). Masked keys get probability exactly 0 and are never passed
+/// to `exp` (an underflowing `expf` takes libm's slow path); a row with no
+/// visible key (a padding query) is all zeros.
+struct CausalSoftmax {
+    pads: Vec<usize>,
+}
 
-fn causal_softmax_rows<T: Float>(first_row: usize, src: &[T], dst: &mut [T], t: usize, s: usize) {
+/// The kernel's view of one score tensor: rows of `s` keys, `t` queries per
+/// (batch, head), `rows_per_batch` rows per batch element.
+#[derive(Clone, Copy)]
+struct ScoreRows<'a> {
+    t: usize,
+    s: usize,
+    rows_per_batch: usize,
+    pads: &'a [usize],
+}
+
+fn causal_softmax_rows<T: Float>(first_row: usize, src: &[T], dst: &mut [T], g: ScoreRows) {
+    let (t, s) = (g.t, g.s);
     for (k, (x, y)) in src.chunks(s).zip(dst.chunks_mut(s)).enumerate() {
-        let i = (first_row + k) % t;
-        let n = (i + s - t + 1).min(s);
-        let mut m = x[0];
-        for &v in &x[1..n] {
+        let row = first_row + k;
+        let i = row % t;
+        let lo = match g.pads.is_empty() {
+            true => 0,
+            false => g.pads[row / g.rows_per_batch],
+        };
+        let hi = (i + s - t + 1).min(s);
+        if lo >= hi {
+            y.iter_mut().for_each(|v| *v = T::zero());
+            continue;
+        }
+        let mut m = x[lo];
+        for &v in &x[lo + 1..hi] {
             if v > m {
                 m = v;
             }
         }
         let mut sum = 0f64;
-        for j in 0..n {
+        for j in lo..hi {
             let e = x[j].sub(m).exp();
             y[j] = e;
             sum += e.to_f64();
         }
         let inv = T::from_f64(1.0 / sum);
-        for v in &mut y[..n] {
+        for v in &mut y[lo..hi] {
             *v = v.mul(inv);
         }
-        for v in &mut y[n..] {
+        let (head, rest) = y.split_at_mut(lo);
+        for v in head.iter_mut().chain(&mut rest[hi - lo..]) {
             *v = T::zero();
         }
     }
@@ -141,17 +167,31 @@ impl CustomOp1 for CausalSoftmax {
         if s < t {
             candle_core::bail!("causal softmax: {s} keys < {t} queries")
         }
+        let rows = layout.shape().elem_count() / s.max(1);
+        if !self.pads.is_empty() && dims[0] != self.pads.len() {
+            candle_core::bail!(
+                "causal softmax: {} pads for a batch of {}",
+                self.pads.len(),
+                dims[0]
+            )
+        }
+        let g = ScoreRows {
+            t,
+            s,
+            rows_per_batch: rows / dims[0].max(1),
+            pads: &self.pads,
+        };
         let out = match storage {
             CpuStorage::F32(v) => {
                 let x = contiguous_slice(v, layout)?;
                 let mut y = vec![0f32; x.len()];
-                par_rows(x, &mut y, s, |r, a, b| causal_softmax_rows(r, a, b, t, s));
+                par_rows(x, &mut y, s, |r, a, b| causal_softmax_rows(r, a, b, g));
                 CpuStorage::F32(y)
             }
             CpuStorage::F64(v) => {
                 let x = contiguous_slice(v, layout)?;
                 let mut y = vec![0f64; x.len()];
-                par_rows(x, &mut y, s, |r, a, b| causal_softmax_rows(r, a, b, t, s));
+                par_rows(x, &mut y, s, |r, a, b| causal_softmax_rows(r, a, b, g));
                 CpuStorage::F64(y)
             }
             _ => candle_core::bail!("causal softmax: f32/f64 only"),
@@ -253,17 +293,46 @@ fn fused_ok(t: &Tensor) -> bool {
 /// `..= i + S - T`), differentiable. Fused on CPU; elsewhere an additive
 /// mask plus [`crate::qwen2::softmax_last_dim`].
 pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
+    left_padded_causal_softmax(scores, &[])
+}
+
+/// [`causal_softmax`] of `[B, .., T, S]` scores whose batch element b starts
+/// with `pads[b]` padding keys that no query sees (left-padded prompts in
+/// batched generation); empty `pads` means no padding. Differentiable.
+pub fn left_padded_causal_softmax(scores: &Tensor, pads: &[usize]) -> Result<Tensor> {
     let scores = scores.contiguous()?;
     if fused_ok(&scores) {
-        return scores.apply_op1(CausalSoftmax);
+        return scores.apply_op1(CausalSoftmax {
+            pads: pads.to_vec(),
+        });
     }
     let n = scores.rank();
     let (t, s) = (scores.dims()[n - 2], scores.dims()[n - 1]);
     let neg = crate::qwen2::mask_value(scores.dtype());
-    let m: Vec<f32> = (0..t)
-        .flat_map(|i| (0..s).map(move |j| if j <= i + s - t { 0.0 } else { neg }))
+    if !pads.is_empty() && (n < 3 || scores.dims()[0] != pads.len()) {
+        candle_core::bail!(
+            "causal softmax: {} pads for scores {:?}",
+            pads.len(),
+            scores.dims()
+        )
+    }
+    let (batch, mut shape) = match pads.is_empty() {
+        true => (vec![0], vec![]),
+        false => (pads.to_vec(), vec![pads.len()]),
+    };
+    let m: Vec<f32> = batch
+        .iter()
+        .flat_map(|&lo| {
+            (0..t).flat_map(move |i| {
+                (0..s).map(move |j| if lo <= j && j <= i + s - t { 0.0 } else { neg })
+            })
+        })
         .collect();
-    let mask = Tensor::from_vec(m, (t, s), scores.device())?.to_dtype(scores.dtype())?;
+    if !pads.is_empty() {
+        shape.extend(std::iter::repeat_n(1, n - 3));
+    }
+    shape.extend([t, s]);
+    let mask = Tensor::from_vec(m, shape, scores.device())?.to_dtype(scores.dtype())?;
     crate::qwen2::softmax_last_dim(&scores.broadcast_add(&mask)?)
 }
 
@@ -726,6 +795,82 @@ mod tests {
             .unwrap()
             .to_scalar::<f64>()
             .unwrap()
+    }
+
+    #[test]
+    fn left_padded_softmax_and_its_gradient_match_an_additive_mask() {
+        // Batch 3 × heads 2; pads 0, 2 and 4; (t, s) = (4, 4) is a prefill
+        // (row 0..3 of the 4-padded sequence see nothing), (1, 6) a decode step.
+        for (t, s) in [(4, 4), (1, 6)] {
+            let pads = [0usize, 2, 4];
+            let x = Var::from_tensor(&rand_tensor(&[3, 2, t, s], 3)).unwrap();
+            let w = rand_tensor(&[3, 2, t, s], 4);
+            let fused = left_padded_causal_softmax(x.as_tensor(), &pads).unwrap();
+            let neg = crate::qwen2::mask_value(DType::F64) as f64;
+            let visible = |b: usize, i: usize, j: usize| pads[b] <= j && j <= i + s - t;
+            let m: Vec<f64> = (0..3)
+                .flat_map(|b| {
+                    (0..t).flat_map(move |i| {
+                        (0..s).map(move |j| if visible(b, i, j) { 0.0 } else { neg })
+                    })
+                })
+                .collect();
+            let mask = Tensor::from_vec(m, (3, 1, t, s), &Device::Cpu).unwrap();
+            let comp = crate::qwen2::softmax_last_dim(&x.as_tensor().broadcast_add(&mask).unwrap())
+                .unwrap();
+            let rows = fused.flatten_to(2).unwrap().to_vec2::<f64>().unwrap();
+            let want = comp.flatten_to(2).unwrap().to_vec2::<f64>().unwrap();
+            for (r, (got, want)) in rows.iter().zip(&want).enumerate() {
+                let (b, i) = (r / (2 * t), r % t);
+                if (0..s).any(|j| visible(b, i, j)) {
+                    for j in 0..s {
+                        assert!((got[j] - want[j]).abs() < 1e-12, "row {r} key {j}");
+                        if !visible(b, i, j) {
+                            assert_eq!(got[j], 0.0, "masked key {j} of row {r}");
+                        }
+                    }
+                } else {
+                    // A padding query sees no key: zeros, not NaN.
+                    assert!(got.iter().all(|&p| p == 0.0), "row {r}: {got:?}");
+                }
+            }
+            // Gradients agree wherever the row sees a key (the padding
+            // queries' outputs are never used).
+            let gf = (&fused * &w)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let gc = (&comp * &w).unwrap().sum_all().unwrap().backward().unwrap();
+            let gf = gf
+                .get(x.as_tensor())
+                .unwrap()
+                .flatten_to(2)
+                .unwrap()
+                .to_vec2::<f64>()
+                .unwrap();
+            let gc = gc
+                .get(x.as_tensor())
+                .unwrap()
+                .flatten_to(2)
+                .unwrap()
+                .to_vec2::<f64>()
+                .unwrap();
+            for (r, (a, b_)) in gf.iter().zip(&gc).enumerate() {
+                let (b, i) = (r / (2 * t), r % t);
+                if (0..s).any(|j| visible(b, i, j)) {
+                    for j in 0..s {
+                        assert!((a[j] - b_[j]).abs() < 1e-12, "grad row {r} key {j}");
+                    }
+                }
+            }
+        }
+        let x = rand_tensor(&[2, 1, 3, 3], 5);
+        assert!(
+            left_padded_causal_softmax(&x, &[0, 1, 2]).is_err(),
+            "pads per batch element"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::checkpoint::{read_tensors, write_tensors, CONFIG_FILE, WEIGHTS_FILE};
 use crate::qwen2::{
-    mask_value, param_specs, LayerKvCache, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT,
+    param_specs, LayerKvCache, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT,
 };
 use crate::sampling::{sample_row, Generation, SamplingParams};
 use crate::{ModelConfig, ModelError};
@@ -354,7 +354,7 @@ impl PolicyModel {
         // Right padding needs no key mask: causal attention keeps real tokens
         // from ever seeing the pads that follow them.
         let rope = self.model.rotary().tables_contiguous(0, t)?;
-        let h = self.model.forward_hidden(&ids, &rope, None, None)?; // [B, T, d]
+        let h = self.model.forward_hidden(&ids, &rope, &[], None)?; // [B, T, d]
         let values = self.model.values(&h)?; // [B, T]
                                              // Only positions 0..T-1 predict a token: skip the last row's LM head.
         let logits = self.model.logits(&h.narrow(1, 0, t - 1)?)?; // [B, T-1, V]
@@ -416,21 +416,14 @@ impl PolicyModel {
             )));
         }
         let pads: Vec<usize> = prompts.iter().map(|s| p - s.len()).collect();
-        let neg = mask_value(self.dtype);
 
-        // Prefill: [B, P] left-padded ids, per-sequence positions, mask [B, 1, P, P].
+        // Prefill: [B, P] left-padded ids with per-sequence positions.
         let mut ids = vec![0u32; b * p];
         let mut pos = vec![0u32; b * p];
-        let mut mask = vec![0f32; b * p * p];
         for (i, s) in prompts.iter().enumerate() {
             ids[i * p + pads[i]..(i + 1) * p].copy_from_slice(s);
             for q in 0..p {
                 pos[i * p + q] = q.saturating_sub(pads[i]) as u32;
-                for k in 0..p {
-                    if k > q || k < pads[i] {
-                        mask[(i * p + q) * p + k] = neg;
-                    }
-                }
             }
         }
         let mut caches = (0..self.infer.num_layers())
@@ -438,11 +431,10 @@ impl PolicyModel {
             .collect::<candle_core::Result<Vec<_>>>()?;
         let ids_t = Tensor::from_vec(ids, (b, p), &self.device)?;
         let pos_t = Tensor::from_vec(pos, (b, p), &self.device)?;
-        let mask_t = Tensor::from_vec(mask, (b, 1, p, p), &self.device)?.to_dtype(self.dtype)?;
         let rope = self.infer.rotary().tables_for(&pos_t)?;
         let h = self
             .infer
-            .forward_hidden(&ids_t, &rope, Some(&mask_t), Some(&mut caches))?;
+            .forward_hidden(&ids_t, &rope, &pads, Some(&mut caches))?;
         let mut logits = self.last_logits(&h)?;
 
         let mut done = vec![false; b];
@@ -464,23 +456,14 @@ impl PolicyModel {
             if step + 1 == params.max_new_tokens || done.iter().all(|&d| d) {
                 break;
             }
-            // Decode one token: keys are the cache plus this token, S = P + step + 1.
-            let s = p + step + 1;
+            // Decode one token: keys are the cache plus this token, P + step + 1.
             let pos: Vec<u32> = (0..b).map(|i| (p + step - pads[i]) as u32).collect();
-            let mut mask = vec![0f32; b * s];
-            for i in 0..b {
-                for k in 0..pads[i] {
-                    mask[i * s + k] = neg;
-                }
-            }
             let ids_t = Tensor::from_vec(next, (b, 1), &self.device)?;
             let pos_t = Tensor::from_vec(pos, (b, 1), &self.device)?;
-            let mask_t =
-                Tensor::from_vec(mask, (b, 1, 1, s), &self.device)?.to_dtype(self.dtype)?;
             let rope = self.infer.rotary().tables_for(&pos_t)?;
             let h = self
                 .infer
-                .forward_hidden(&ids_t, &rope, Some(&mask_t), Some(&mut caches))?;
+                .forward_hidden(&ids_t, &rope, &pads, Some(&mut caches))?;
             logits = self.last_logits(&h)?;
         }
         Ok(gens)

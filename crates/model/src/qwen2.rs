@@ -446,14 +446,15 @@ impl Attention {
         }
     }
 
-    /// `x: [B, T, d]`; `mask`: additive, broadcastable to `[B, heads, T, S]`
-    /// where S = cached + T; `None` means plain causal attention (query i
-    /// sees keys `..= i + S - T`). Returns `[B, T, d]`.
+    /// `x: [B, T, d]`; causal attention over S = cached + T keys (query i
+    /// sees keys `..= i + S - T`), of which the first `pads[b]` of batch
+    /// element b are left padding no query sees (empty = no padding).
+    /// Returns `[B, T, d]`.
     pub fn forward(
         &self,
         x: &Tensor,
         rope: &RopeTables,
-        mask: Option<&Tensor>,
+        pads: &[usize],
         cache: Option<&mut LayerKvCache>,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
@@ -480,15 +481,8 @@ impl Attention {
         let q = q.reshape((b, nkv, rep * t, hd))?;
         // grad: matmul's backward is two matmuls; reshape is a view.
         let scores = q.matmul(&k.t()?)?.reshape((b, nh, t, s))?;
-        let probs = match mask {
-            // grad: the fused causal softmax has its own bwd (crate::ops).
-            None => crate::ops::causal_softmax(&scores)?,
-            Some(m) if self.inference => {
-                candle_nn::ops::softmax_last_dim(&scores.broadcast_add(m)?)?
-            }
-            // grad: the additive mask is a constant; broadcast_add passes the gradient through.
-            Some(m) => softmax_last_dim(&scores.broadcast_add(m)?)?,
-        };
+        // grad: the fused causal softmax has its own bwd (crate::ops).
+        let probs = crate::ops::left_padded_causal_softmax(&scores, pads)?;
         // [B, kv, rep*T, S] @ [B, kv, S, hd] → [B, kv, rep*T, hd] → [B, heads, T, hd] → [B, T, heads*hd].
         let out = probs
             .reshape((b, nkv, rep * t, s))?
@@ -575,13 +569,13 @@ impl DecoderLayer {
         &self,
         x: &Tensor,
         rope: &RopeTables,
-        mask: Option<&Tensor>,
+        pads: &[usize],
         cache: Option<&mut LayerKvCache>,
     ) -> Result<Tensor> {
         // grad: residual adds pass the gradient to both branches.
         let h = (x + self
             .attn
-            .forward(&self.input_ln.forward(x)?, rope, mask, cache)?)?;
+            .forward(&self.input_ln.forward(x)?, rope, pads, cache)?)?;
         &h + self.mlp.forward(&self.post_ln.forward(&h)?)?
     }
 }
@@ -663,14 +657,14 @@ impl Model {
     }
 
     /// Final normed hidden states `[B, T, d]` for `ids: [B, T]` (u32).
-    /// `rope` holds the tables for the positions; `mask` is additive and
-    /// broadcastable to `[B, heads, T, S]`; `caches` (one per layer) are
-    /// appended to when given.
+    /// `rope` holds the tables for the positions; attention is causal and
+    /// skips the first `pads[b]` keys of sequence b (left padding; empty =
+    /// none); `caches` (one per layer) are appended to when given.
     pub fn forward_hidden(
         &self,
         ids: &Tensor,
         rope: &RopeTables,
-        mask: Option<&Tensor>,
+        pads: &[usize],
         caches: Option<&mut [LayerKvCache]>,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
@@ -685,12 +679,12 @@ impl Model {
                     candle_core::bail!("expected {} layer caches", self.layers.len())
                 }
                 for (layer, c) in self.layers.iter().zip(caches.iter_mut()) {
-                    h = layer.forward(&h, rope, mask, Some(c))?;
+                    h = layer.forward(&h, rope, pads, Some(c))?;
                 }
             }
             None => {
                 for layer in &self.layers {
-                    h = layer.forward(&h, rope, mask, None)?;
+                    h = layer.forward(&h, rope, pads, None)?;
                 }
             }
         }
@@ -711,20 +705,11 @@ impl Model {
         }
     }
 
-    /// Causal additive mask `[1, 1, T, T]`: 0 on and below the diagonal, a large negative above.
-    pub fn causal_mask(&self, t: usize) -> Result<Tensor> {
-        let neg = mask_value(self.dtype);
-        let m: Vec<f32> = (0..t)
-            .flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { neg }))
-            .collect();
-        Tensor::from_vec(m, (1, 1, t, t), &self.device)?.to_dtype(self.dtype)
-    }
-
     /// Logits `[B, T, V]` of `ids: [B, T]` at positions `0..T`, causal attention.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let t = ids.dim(1)?;
         let rope = self.rotary.tables_contiguous(0, t)?;
-        let h = self.forward_hidden(ids, &rope, None, None)?;
+        let h = self.forward_hidden(ids, &rope, &[], None)?;
         self.logits(&h)
     }
 
@@ -740,8 +725,8 @@ impl Module for Model {
     }
 }
 
-/// The additive value used for masked attention scores: large and finite so
-/// that a fully masked row (a padding query) gives a uniform softmax, not NaN.
+/// The additive value for masked attention scores off the fused CPU path:
+/// large and finite so that a fully masked row gives a uniform softmax, not NaN.
 pub(crate) fn mask_value(dtype: DType) -> f32 {
     match dtype {
         DType::F16 => -6.0e4,
