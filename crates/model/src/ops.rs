@@ -797,6 +797,16 @@ mod tests {
             .unwrap()
     }
 
+    /// d(Σ y ⊙ w)/dx: the gradient a fused op and its composite must agree on.
+    fn weighted_grad(y: &Tensor, w: &Tensor, x: &Var) -> Tensor {
+        let g = (y * w).unwrap().sum_all().unwrap().backward().unwrap();
+        g.get(x.as_tensor()).unwrap().clone()
+    }
+
+    fn rows_of(t: &Tensor) -> Vec<Vec<f64>> {
+        t.flatten_to(2).unwrap().to_vec2::<f64>().unwrap()
+    }
+
     #[test]
     fn left_padded_softmax_and_its_gradient_match_an_additive_mask() {
         // Batch 3 × heads 2; pads 0, 2 and 4; (t, s) = (4, 4) is a prefill
@@ -818,8 +828,7 @@ mod tests {
             let mask = Tensor::from_vec(m, (3, 1, t, s), &Device::Cpu).unwrap();
             let comp = crate::qwen2::softmax_last_dim(&x.as_tensor().broadcast_add(&mask).unwrap())
                 .unwrap();
-            let rows = fused.flatten_to(2).unwrap().to_vec2::<f64>().unwrap();
-            let want = comp.flatten_to(2).unwrap().to_vec2::<f64>().unwrap();
+            let (rows, want) = (rows_of(&fused), rows_of(&comp));
             for (r, (got, want)) in rows.iter().zip(&want).enumerate() {
                 let (b, i) = (r / (2 * t), r % t);
                 if (0..s).any(|j| visible(b, i, j)) {
@@ -836,27 +845,8 @@ mod tests {
             }
             // Gradients agree wherever the row sees a key (the padding
             // queries' outputs are never used).
-            let gf = (&fused * &w)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            let gc = (&comp * &w).unwrap().sum_all().unwrap().backward().unwrap();
-            let gf = gf
-                .get(x.as_tensor())
-                .unwrap()
-                .flatten_to(2)
-                .unwrap()
-                .to_vec2::<f64>()
-                .unwrap();
-            let gc = gc
-                .get(x.as_tensor())
-                .unwrap()
-                .flatten_to(2)
-                .unwrap()
-                .to_vec2::<f64>()
-                .unwrap();
+            let gf = rows_of(&weighted_grad(&fused, &w, &x));
+            let gc = rows_of(&weighted_grad(&comp, &w, &x));
             for (r, (a, b_)) in gf.iter().zip(&gc).enumerate() {
                 let (b, i) = (r / (2 * t), r % t);
                 if (0..s).any(|j| visible(b, i, j)) {
