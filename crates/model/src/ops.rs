@@ -121,10 +121,7 @@ fn causal_softmax_rows<T: Float>(first_row: usize, src: &[T], dst: &mut [T], g: 
     for (k, (x, y)) in src.chunks(s).zip(dst.chunks_mut(s)).enumerate() {
         let row = first_row + k;
         let i = row % t;
-        let lo = match g.pads.is_empty() {
-            true => 0,
-            false => g.pads[row / g.rows_per_batch],
-        };
+        let lo = g.pads.get(row / g.rows_per_batch).copied().unwrap_or(0);
         let hi = (i + s - t + 1).min(s);
         if lo >= hi {
             y.iter_mut().for_each(|v| *v = T::zero());
@@ -167,14 +164,8 @@ impl CustomOp1 for CausalSoftmax {
         if s < t {
             candle_core::bail!("causal softmax: {s} keys < {t} queries")
         }
+        // `left_padded_causal_softmax` has checked that pads match dims[0].
         let rows = layout.shape().elem_count() / s.max(1);
-        if !self.pads.is_empty() && dims[0] != self.pads.len() {
-            candle_core::bail!(
-                "causal softmax: {} pads for a batch of {}",
-                self.pads.len(),
-                dims[0]
-            )
-        }
         let g = ScoreRows {
             t,
             s,
@@ -301,14 +292,7 @@ pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
 /// batched generation); empty `pads` means no padding. Differentiable.
 pub fn left_padded_causal_softmax(scores: &Tensor, pads: &[usize]) -> Result<Tensor> {
     let scores = scores.contiguous()?;
-    if fused_ok(&scores) {
-        return scores.apply_op1(CausalSoftmax {
-            pads: pads.to_vec(),
-        });
-    }
     let n = scores.rank();
-    let (t, s) = (scores.dims()[n - 2], scores.dims()[n - 1]);
-    let neg = crate::qwen2::mask_value(scores.dtype());
     if !pads.is_empty() && (n < 3 || scores.dims()[0] != pads.len()) {
         candle_core::bail!(
             "causal softmax: {} pads for scores {:?}",
@@ -316,6 +300,13 @@ pub fn left_padded_causal_softmax(scores: &Tensor, pads: &[usize]) -> Result<Ten
             scores.dims()
         )
     }
+    if fused_ok(&scores) {
+        return scores.apply_op1(CausalSoftmax {
+            pads: pads.to_vec(),
+        });
+    }
+    let (t, s) = (scores.dims()[n - 2], scores.dims()[n - 1]);
+    let neg = crate::qwen2::mask_value(scores.dtype());
     let (batch, mut shape) = match pads.is_empty() {
         true => (vec![0], vec![]),
         false => (pads.to_vec(), vec![pads.len()]),
