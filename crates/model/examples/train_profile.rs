@@ -15,7 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let batch: Vec<Vec<u32>> = (0..16)
         .map(|_| (0..256).map(|_| rng.random_range(0..512)).collect())
         .collect();
-    let mut opt = AdamW::new(model.trainable_vars(), AdamWConfig::default())?;
+    let mut opt = AdamW::new(model.trainable_vars()?, AdamWConfig::default())?;
     for step in 0..3 {
         let t0 = Instant::now();
         let out = model.sequence_logprobs(&batch)?;

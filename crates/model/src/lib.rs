@@ -1,7 +1,8 @@
 //! The policy model: a Qwen2/Llama-family transformer written in candle from
 //! differentiable ops only (so every parameter gets a gradient), Hugging Face
 //! checkpoint I/O, differentiable per-token log-probs, batched KV-cache
-//! sampling, and an AdamW whose state can be saved for exact resume.
+//! sampling, and an AdamW whose state can be saved for exact resume. The
+//! tokenizer and chat template are `agentrl-tokenizer`.
 
 pub mod checkpoint;
 pub mod config;
@@ -21,7 +22,3 @@ pub use error::ModelError;
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use policy::{PolicyModel, SequenceLogprobs};
 pub use sampling::{Generation, SamplingParams};
-pub mod chat_template;
-pub mod tokenizer;
-pub use chat_template::{ChatMessage, ChatTemplate, TemplateError};
-pub use tokenizer::{ChatTokenizer, TokenizerError};

@@ -252,16 +252,16 @@ impl PolicyModel {
         Ok(v)
     }
 
-    /// Every trainable parameter, in name order (a stable order for optimizer state).
-    pub fn trainable_vars(&self) -> Vec<Var> {
-        self.named_vars()
-            .map(|v| v.into_iter().map(|(_, v)| v).collect())
-            .unwrap_or_default()
+    /// Every trainable parameter, in name order (a stable order for optimizer
+    /// state). Fails, rather than answering an empty list an optimizer would
+    /// silently "train", when the parameter map cannot be read.
+    pub fn trainable_vars(&self) -> Result<Vec<Var>, ModelError> {
+        Ok(self.named_vars()?.into_iter().map(|(_, v)| v).collect())
     }
 
     /// Total number of scalar parameters.
-    pub fn num_parameters(&self) -> usize {
-        self.trainable_vars().iter().map(|v| v.elem_count()).sum()
+    pub fn num_parameters(&self) -> Result<usize, ModelError> {
+        Ok(self.trainable_vars()?.iter().map(|v| v.elem_count()).sum())
     }
 
     /// The float dtype of the parameters.

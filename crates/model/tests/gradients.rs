@@ -157,7 +157,7 @@ fn nll(model: &PolicyModel) -> Tensor {
 }
 
 fn train_steps(model: &PolicyModel, opt: &mut AdamW, steps: usize) -> Vec<f32> {
-    let vars = model.trainable_vars();
+    let vars = model.trainable_vars().unwrap();
     (0..steps)
         .map(|_| {
             let l = nll(model);
@@ -172,6 +172,7 @@ fn train_steps(model: &PolicyModel, opt: &mut AdamW, steps: usize) -> Vec<f32> {
 fn weights(model: &PolicyModel) -> Vec<Vec<f32>> {
     model
         .trainable_vars()
+        .unwrap()
         .iter()
         .map(|v| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
         .collect()
@@ -186,7 +187,7 @@ fn training_updates_every_parameter_and_lowers_the_loss() {
         weight_decay: 0.0,
         ..AdamWConfig::default()
     };
-    let mut opt = AdamW::new(model.trainable_vars(), cfg).unwrap();
+    let mut opt = AdamW::new(model.trainable_vars().unwrap(), cfg).unwrap();
     // The value head gets no gradient from the NLL, so it must stay put.
     let losses = train_steps(&model, &mut opt, 20);
     let after = weights(&model);
@@ -213,7 +214,7 @@ fn resume_from_saved_model_and_optimizer_state_is_bit_identical() {
     let dev = Device::Cpu;
     let cfg = AdamWConfig::default();
     let model = PolicyModel::new_random(&ModelConfig::tiny(16), false, 5, &dev).unwrap();
-    let mut opt = AdamW::new(model.trainable_vars(), cfg).unwrap();
+    let mut opt = AdamW::new(model.trainable_vars().unwrap(), cfg).unwrap();
     train_steps(&model, &mut opt, 3);
     let dir = tempfile::tempdir().unwrap();
     model.save(dir.path()).unwrap();
@@ -222,7 +223,7 @@ fn resume_from_saved_model_and_optimizer_state_is_bit_identical() {
     let cont = train_steps(&model, &mut opt, 3);
 
     let resumed = PolicyModel::load(dir.path(), false, &dev).unwrap();
-    let mut opt2 = AdamW::new(resumed.trainable_vars(), cfg).unwrap();
+    let mut opt2 = AdamW::new(resumed.trainable_vars().unwrap(), cfg).unwrap();
     opt2.load_state(&state).unwrap();
     assert_eq!(opt2.step_count(), 3);
     let again = train_steps(&resumed, &mut opt2, 3);
@@ -235,11 +236,11 @@ fn optimizer_state_for_other_variables_is_rejected() {
     let dev = Device::Cpu;
     let a = PolicyModel::new_random(&ModelConfig::tiny(16), false, 5, &dev).unwrap();
     let b = PolicyModel::new_random(&ModelConfig::tiny(32), false, 5, &dev).unwrap();
-    let opt = AdamW::new(a.trainable_vars(), AdamWConfig::default()).unwrap();
+    let opt = AdamW::new(a.trainable_vars().unwrap(), AdamWConfig::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("opt.safetensors");
     opt.save_state(&path).unwrap();
-    let mut other = AdamW::new(b.trainable_vars(), AdamWConfig::default()).unwrap();
+    let mut other = AdamW::new(b.trainable_vars().unwrap(), AdamWConfig::default()).unwrap();
     let err = other.load_state(&path).unwrap_err();
     assert!(err.to_string().contains("opt.safetensors"), "{err}");
 }

@@ -17,7 +17,7 @@ fn no_grad_forward_matches_training_forward_after_an_update() {
         .to_vec1::<f32>()
         .unwrap();
     let mut opt = AdamW::new(
-        model.trainable_vars(),
+        model.trainable_vars().unwrap(),
         AdamWConfig {
             lr: 1e-2,
             ..AdamWConfig::default()

@@ -5,14 +5,13 @@
 //! trajectories leave the batch.
 
 use agentrl_env_core::{Env, StepError};
-use agentrl_model::SamplingParams;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::codec::ChatCodec;
+use crate::codec::{ChatCodec, CodecError};
 use crate::format::ReplyFormat;
-use crate::policy::{Policy, PolicyError};
+use crate::policy::{Policy, PolicyError, SamplingParams};
 use crate::trajectory::{Trajectory, Turn};
 
 /// RAGEN's system prompt.
@@ -70,11 +69,14 @@ impl Default for RolloutConfig {
     }
 }
 
-/// A rollout failed (the policy failed; environments never fail a rollout).
+/// A rollout failed (the policy or the tokenizer failed; environments never
+/// fail a rollout).
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
     #[error("policy returned {got} generations for {expected} prompts")]
     BatchMismatch { expected: usize, got: usize },
 }
@@ -220,7 +222,7 @@ fn start_episode(
     group: usize,
     codec: &dyn ChatCodec,
     cfg: &RolloutConfig,
-) -> Episode {
+) -> Result<Episode, CodecError> {
     let mut env = env;
     env.reset();
     let mut conv = Conversation {
@@ -228,13 +230,13 @@ fn start_episode(
         mask: vec![],
         logprobs: vec![],
     };
-    conv.push_context(&codec.message("system", SYSTEM_PROMPT));
+    conv.push_context(&codec.message("system", SYSTEM_PROMPT)?);
     let first = user_message(env.as_ref(), cfg, 1, cfg.max_actions, None, None);
-    conv.push_context(&codec.message("user", &first));
-    conv.push_context(&codec.assistant_header_for("assistant"));
+    conv.push_context(&codec.message("user", &first)?);
+    conv.push_context(&codec.assistant_header_for("assistant")?);
     // A first prompt that leaves no room for a reply ends before it starts.
     let too_long = conv.tokens.len() + cfg.response_length > cfg.max_context_tokens;
-    Episode {
+    Ok(Episode {
         env,
         group,
         conv,
@@ -242,17 +244,22 @@ fn start_episode(
         actions_left: cfg.max_actions,
         finished: too_long,
         truncated: too_long,
-    }
+    })
 }
 
 /// After a turn: end the episode or append the next observation.
-fn advance(ep: &mut Episode, codec: &dyn ChatCodec, cfg: &RolloutConfig, error: Option<String>) {
+fn advance(
+    ep: &mut Episode,
+    codec: &dyn ChatCodec,
+    cfg: &RolloutConfig,
+    error: Option<String>,
+) -> Result<(), CodecError> {
     let turn_no = ep.turns.len();
     if ep.env.is_done() || ep.actions_left == 0 || turn_no >= cfg.max_turns {
         ep.finished = true;
-        return;
+        return Ok(());
     }
-    let mut next = codec.encode("\n");
+    let mut next = codec.encode("\n")?;
     let msg = user_message(
         ep.env.as_ref(),
         cfg,
@@ -261,14 +268,15 @@ fn advance(ep: &mut Episode, codec: &dyn ChatCodec, cfg: &RolloutConfig, error: 
         ep.turns.last(),
         error.as_deref(),
     );
-    next.extend(codec.message("user", &msg));
-    next.extend(codec.assistant_header_for("assistant"));
+    next.extend(codec.message("user", &msg)?);
+    next.extend(codec.assistant_header_for("assistant")?);
     if ep.conv.tokens.len() + next.len() + cfg.response_length > cfg.max_context_tokens {
         ep.finished = true;
         ep.truncated = true;
-        return;
+        return Ok(());
     }
     ep.conv.push_context(&next);
+    Ok(())
 }
 
 /// Play every environment to the end with the policy, in lock-step turns.
@@ -286,7 +294,7 @@ pub fn run_rollouts(
         .into_iter()
         .zip(groups.iter().copied())
         .map(|(env, g)| start_episode(env, g, codec, cfg))
-        .collect();
+        .collect::<Result<_, _>>()?;
     let params = SamplingParams {
         max_new_tokens: cfg.response_length,
         temperature: cfg.temperature,
@@ -323,10 +331,10 @@ pub fn run_rollouts(
                 .copied()
                 .filter(|&t| t != codec.im_end())
                 .collect();
-            let reply = codec.decode(&reply_ids);
+            let reply = codec.decode(&reply_ids)?;
             let (turn, error) = apply_reply(ep, cfg, reply, start, end);
             ep.turns.push(turn);
-            advance(ep, codec, cfg, error);
+            advance(ep, codec, cfg, error)?;
         }
     }
     Ok(eps.into_iter().map(finish).collect())
@@ -348,8 +356,8 @@ pub fn expert_trajectory(
     actions_per_turn: usize,
     noise: f64,
     rng: &mut impl Rng,
-) -> Trajectory {
-    let mut ep = start_episode(env, group, codec, cfg);
+) -> Result<Trajectory, RolloutError> {
+    let mut ep = start_episode(env, group, codec, cfg)?;
     while !ep.finished {
         let mut actions = Vec::new();
         // Plan ahead on a scratch copy is not possible through the trait, so
@@ -392,7 +400,7 @@ pub fn expert_trajectory(
             break;
         }
         let reply = cfg.format.render("", &actions);
-        let mut ids = codec.encode(&reply);
+        let mut ids = codec.encode(&reply)?;
         ids.push(codec.im_end());
         let zeros = vec![0.0; ids.len()];
         ep.conv.push_policy(&ids, &zeros);
@@ -400,7 +408,7 @@ pub fn expert_trajectory(
         turn.reply = reply;
         turn.actions = actions;
         ep.turns.push(turn);
-        advance(&mut ep, codec, cfg, None);
+        advance(&mut ep, codec, cfg, None)?;
     }
-    finish(ep)
+    Ok(finish(ep))
 }

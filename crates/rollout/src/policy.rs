@@ -1,11 +1,39 @@
 //! The seam between rollouts and models: anything that turns a batch of
 //! prompts into sampled tokens with their log-probs.
 //!
-//! A local candle model implements it here; an OpenAI-compatible inference
-//! server (vLLM, SGLang, TGI) can implement it the same way.
+//! The types here are plain data, so that rollouts need no tensor library:
+//! the local candle model implements [`Policy`] in `agentrl-trainer`
+//! (`LocalPolicy`); an OpenAI-compatible inference server (vLLM, SGLang, TGI)
+//! can implement it the same way.
 
-use agentrl_model::{Generation, PolicyModel, SamplingParams};
 use rand_chacha::ChaCha8Rng;
+
+/// How to sample continuations (the model's own sampling parameters, as data).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Most tokens generated per sequence (the stop token counts).
+    pub max_new_tokens: usize,
+    /// Softmax temperature; 0 means greedy.
+    pub temperature: f64,
+    /// Nucleus sampling threshold; 1 = off.
+    pub top_p: f64,
+    /// Keep only the `top_k` most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Generation of a sequence ends after it emits any of these ids.
+    pub stop_tokens: Vec<u32>,
+}
+
+/// One generated continuation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// New token ids, including the stop token when one was generated.
+    pub tokens: Vec<u32>,
+    /// Per new token: its log-probability under the policy's untempered
+    /// distribution.
+    pub logprobs: Vec<f32>,
+    /// True when the sequence ended on a stop token.
+    pub stopped: bool,
+}
 
 /// Generates continuations for a batch of token prompts.
 pub trait Policy {
@@ -22,21 +50,3 @@ pub trait Policy {
 #[derive(Debug, thiserror::Error)]
 #[error("policy generation failed: {0}")]
 pub struct PolicyError(pub String);
-
-/// The local candle model as a policy.
-pub struct LocalPolicy<'a> {
-    pub model: &'a PolicyModel,
-}
-
-impl Policy for LocalPolicy<'_> {
-    fn generate(
-        &mut self,
-        prompts: &[Vec<u32>],
-        params: &SamplingParams,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<Vec<Generation>, PolicyError> {
-        self.model
-            .generate(prompts, params, rng)
-            .map_err(|e| PolicyError(e.to_string()))
-    }
-}

@@ -2,9 +2,9 @@
 //! corridor environment, so masks and rewards can be checked by hand.
 
 use agentrl_env_core::{ActionError, Env, Split, Step, StepError, StepInfo, TaskSpec};
-use agentrl_model::{Generation, SamplingParams};
 use agentrl_rollout::{
-    expert_trajectory, run_rollouts, ChatCodec, Policy, PolicyError, ReplyFormat, RolloutConfig,
+    expert_trajectory, run_rollouts, ChatCodec, CodecError, Generation, Policy, PolicyError,
+    ReplyFormat, RolloutConfig, RolloutError, SamplingParams,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -14,15 +14,20 @@ struct CharCodec;
 const IM_START: u32 = 1000;
 const IM_END: u32 = 1001;
 
+fn char_ids(text: &str) -> Vec<u32> {
+    text.chars().map(|c| c as u32).collect()
+}
+
 impl ChatCodec for CharCodec {
-    fn encode(&self, text: &str) -> Vec<u32> {
-        text.chars().map(|c| c as u32).collect()
+    fn encode(&self, text: &str) -> Result<Vec<u32>, CodecError> {
+        Ok(char_ids(text))
     }
-    fn decode(&self, ids: &[u32]) -> String {
-        ids.iter()
+    fn decode(&self, ids: &[u32]) -> Result<String, CodecError> {
+        Ok(ids
+            .iter()
             .filter(|&&i| i < 1000)
             .filter_map(|&i| char::from_u32(i))
-            .collect()
+            .collect())
     }
     fn im_start(&self) -> u32 {
         IM_START
@@ -134,7 +139,7 @@ impl Policy for Scripted {
         Ok(prompts
             .iter()
             .map(|_| {
-                let mut tokens = CharCodec.encode(reply);
+                let mut tokens = char_ids(reply);
                 tokens.truncate(params.max_new_tokens - 1);
                 tokens.push(IM_END);
                 let logprobs = vec![-0.5; tokens.len()];
@@ -360,7 +365,8 @@ fn expert_demo_matches_rollout_layout() {
         2,
         0.0,
         &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    )
+    .unwrap();
     assert!(demo.success);
     assert_eq!(demo.turns.len(), 2);
     assert_eq!(demo.turns[0].actions, vec!["R", "R"]);
@@ -391,4 +397,47 @@ fn expert_demo_matches_rollout_layout() {
             .unwrap(),
         vec!["R"]
     );
+}
+
+/// [`CharCodec`] whose decoding fails: the policy's reply cannot be read.
+struct UndecodableCodec;
+
+impl ChatCodec for UndecodableCodec {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, CodecError> {
+        CharCodec.encode(text)
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, CodecError> {
+        Err(CodecError::Decode {
+            count: ids.len(),
+            reason: "test codec refuses".into(),
+        })
+    }
+    fn im_start(&self) -> u32 {
+        IM_START
+    }
+    fn im_end(&self) -> u32 {
+        IM_END
+    }
+}
+
+#[test]
+fn a_tokenizer_error_fails_the_rollout_instead_of_playing_empty_text() {
+    let mut policy = Scripted {
+        replies: vec!["<think></think><answer>R</answer>"],
+        calls: 0,
+    };
+    let err = run_rollouts(
+        &mut policy,
+        &UndecodableCodec,
+        vec![corridor()],
+        &[0],
+        &cfg(),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, RolloutError::Codec(CodecError::Decode { count, .. }) if count > 0),
+        "{err}"
+    );
+    assert!(err.to_string().contains("test codec refuses"), "{err}");
 }

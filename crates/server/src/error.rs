@@ -8,7 +8,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use thiserror::Error;
 
-use crate::protocol::{ErrorBody, ErrorKind, SessionId, SessionStatus, WireActionError};
+use agentrl_env_client::protocol::{
+    ErrorBody, ErrorKind, SessionId, SessionStatus, WireActionError,
+};
 
 /// An error answer: an HTTP status and the JSON body `{"error", "kind", …}`.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,7 +1,7 @@
-//! Environments over HTTP, speaking AgentGym's env-server protocol, and the
-//! [`HttpEnv`] client that makes a remote environment look local.
+//! Environments over HTTP, speaking AgentGym's env-server protocol. The
+//! wire types and the `HttpEnv` client live in `agentrl-env-client`.
 //!
-//! Server: every registered environment is served at the top level
+//! Every registered environment is served at the top level
 //! (`POST /create {"env": "sokoban"}`) and under `/{env}/` (`POST
 //! /sokoban/create`), so that an AgentGym client given the base URL
 //! `http://host:port/sokoban` works unchanged. Sessions have their own lock,
@@ -13,19 +13,15 @@
 //!
 //! An invalid action text answers 400 with `kind = "invalid_action"` and the
 //! structured reason; the session stays usable and its invalid-action counter
-//! went up, exactly as in-process. [`HttpEnv`] turns it back into
+//! went up, exactly as in-process. `HttpEnv` turns it back into
 //! `StepError::InvalidAction`.
 
-pub mod bench;
-mod client;
 mod error;
 mod openapi;
-pub mod protocol;
 mod routes;
 mod server;
 mod sessions;
 
-pub use client::{remote_env, ClientOptions, HttpEnv};
 pub use error::{ApiError, ServerError};
 pub use server::{
     registry_descriptors, select, serve_until, spawn, BackgroundServer, ServerConfig, ServerHandle,

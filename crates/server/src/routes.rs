@@ -1,14 +1,14 @@
 //! The routes, their extractors and the layers around them.
 //!
-//! Every route exists twice: at the top level (the environment comes from the
-//! body or, for session routes, from the session id) and under `/{env}/`, so
-//! that an AgentGym client given the base URL `http://host:port/{env}` works
-//! unchanged.
+//! Every session route exists twice, from one router: at the top level (the
+//! environment comes from the body or from the session id) and nested under
+//! `/{env}/`, so that an AgentGym client given the base URL
+//! `http://host:port/{env}` works unchanged.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use agentrl_env_core::{EnvDescriptor, Split, TaskSpec};
+use agentrl_env_core::{Env, EnvDescriptor, Split, TaskSpec};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
@@ -24,12 +24,12 @@ use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::error::ApiError;
 use crate::openapi;
-use crate::protocol::{
+use crate::sessions::{Session, SessionState, SessionStore};
+use agentrl_env_client::protocol::{
     BatchStepResult, CloseRequest, CloseResponse, CreateRequest, EnvEntry, ErrorKind,
     ExpertActionResponse, HealthResponse, IdQuery, ResetRequest, SessionId, SessionResponse,
     StepRequest, StepResponse,
 };
-use crate::sessions::{Session, SessionState, SessionStore};
 
 /// Shared state of every route.
 pub(crate) struct AppState {
@@ -47,26 +47,10 @@ pub(crate) fn router(state: Shared, body_limit: usize) -> Router {
         .route("/health", get(health))
         .route("/envs", get(list_envs))
         .route("/openapi.json", get(openapi_json))
-        .route("/create", post(create_top))
-        .route("/reset", post(reset_top))
-        .route("/step", post(step_top))
-        .route("/step_batch", post(step_batch_top))
-        .route("/close", post(close_top))
-        .route("/observation", get(observation_top))
-        .route("/available_actions", get(available_actions_top))
-        .route("/instructions", get(instructions_top))
-        .route("/expert_action", get(expert_action_top))
         .route("/{env}", get(env_info))
         .route("/{env}/", get(env_info))
-        .route("/{env}/create", post(create_env))
-        .route("/{env}/reset", post(reset_env))
-        .route("/{env}/step", post(step_env))
-        .route("/{env}/step_batch", post(step_batch_env))
-        .route("/{env}/close", post(close_env))
-        .route("/{env}/observation", get(observation_env))
-        .route("/{env}/available_actions", get(available_actions_env))
-        .route("/{env}/instructions", get(instructions_env))
-        .route("/{env}/expert_action", get(expert_action_env))
+        .merge(session_routes())
+        .nest("/{env}", session_routes())
         .fallback(not_found);
     routes
         .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
@@ -77,6 +61,22 @@ pub(crate) fn router(state: Shared, body_limit: usize) -> Router {
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// The session routes, mounted twice: at the root, where the environment comes
+/// from the body or the session, and under `/{env}`, where [`EnvSegment`]
+/// carries it.
+fn session_routes() -> Router<Shared> {
+    Router::new()
+        .route("/create", post(create))
+        .route("/reset", post(reset))
+        .route("/step", post(step))
+        .route("/step_batch", post(step_batch))
+        .route("/close", post(close))
+        .route("/observation", get(observation))
+        .route("/available_actions", get(available_actions))
+        .route("/instructions", get(instructions))
+        .route("/expert_action", get(expert_action))
 }
 
 // ---------------------------------------------------------------- extractors
@@ -144,16 +144,16 @@ impl<S: Send + Sync> FromRequestParts<S> for IdParam {
     }
 }
 
-/// The `{env}` path segment.
-pub(crate) struct EnvPath(pub String);
+/// The `{env}` path segment: `Some` under `/{env}/`, `None` at the root.
+pub(crate) struct EnvSegment(pub Option<String>);
 
-impl<S: Send + Sync> FromRequestParts<S> for EnvPath {
+impl<S: Send + Sync> FromRequestParts<S> for EnvSegment {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        Path::<String>::from_request_parts(parts, state)
+        Option::<Path<String>>::from_request_parts(parts, state)
             .await
-            .map(|p| EnvPath(p.0))
+            .map(|p| EnvSegment(p.map(|p| p.0)))
             .map_err(|e| {
                 ApiError::bad_request(format!("bad environment name in path: {}", e.body_text()))
             })
@@ -391,9 +391,9 @@ async fn list_envs(State(st): State<Shared>) -> Json<Vec<EnvEntry>> {
 
 async fn env_info(
     State(st): State<Shared>,
-    EnvPath(env): EnvPath,
+    EnvSegment(env): EnvSegment,
 ) -> Result<Json<EnvEntry>, ApiError> {
-    Ok(Json(entry(st.resolve_env(Some(&env), None)?)))
+    Ok(Json(entry(st.resolve_env(env.as_deref(), None)?)))
 }
 
 async fn openapi_json(State(st): State<Shared>) -> Json<serde_json::Value> {
@@ -404,25 +404,10 @@ async fn openapi_json(State(st): State<Shared>) -> Json<serde_json::Value> {
 
 // ---------------------------------------------------------------- create
 
-async fn create_top(
-    State(st): State<Shared>,
-    JsonBody(req): JsonBody<CreateRequest>,
-) -> Result<Response, ApiError> {
-    create(st, None, req).await
-}
-
-async fn create_env(
-    State(st): State<Shared>,
-    EnvPath(env): EnvPath,
-    JsonBody(req): JsonBody<CreateRequest>,
-) -> Result<Response, ApiError> {
-    create(st, Some(env), req).await
-}
-
 async fn create(
-    st: Shared,
-    path: Option<String>,
-    req: CreateRequest,
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    JsonBody(req): JsonBody<CreateRequest>,
 ) -> Result<Response, ApiError> {
     let desc = st.resolve_env(path.as_deref(), req.env.as_deref())?.clone();
     // Refuse before building the env: building can cost milliseconds.
@@ -477,25 +462,10 @@ fn desc_name(st: &AppState, name: &str) -> Result<&'static str, ApiError> {
 
 // ---------------------------------------------------------------- reset
 
-async fn reset_top(
-    State(st): State<Shared>,
-    JsonBody(req): JsonBody<ResetRequest>,
-) -> Result<Json<SessionResponse>, ApiError> {
-    reset(st, None, req).await
-}
-
-async fn reset_env(
-    State(st): State<Shared>,
-    EnvPath(env): EnvPath,
-    JsonBody(req): JsonBody<ResetRequest>,
-) -> Result<Json<SessionResponse>, ApiError> {
-    reset(st, Some(env), req).await
-}
-
 async fn reset(
-    st: Shared,
-    path: Option<String>,
-    req: ResetRequest,
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    JsonBody(req): JsonBody<ResetRequest>,
 ) -> Result<Json<SessionResponse>, ApiError> {
     let session = st.session(req.id, path.as_deref(), req.env.as_deref())?;
     let seed = pick_seed(req.seed, req.data_idx)?;
@@ -547,25 +517,18 @@ async fn reset(
 
 // ---------------------------------------------------------------- step
 
-async fn step_top(
-    State(st): State<Shared>,
-    JsonBody(req): JsonBody<StepRequest>,
-) -> Result<Json<StepResponse>, ApiError> {
-    step(&st, None, req).await.map(Json)
-}
-
-async fn step_env(
-    State(st): State<Shared>,
-    EnvPath(env): EnvPath,
-    JsonBody(req): JsonBody<StepRequest>,
-) -> Result<Json<StepResponse>, ApiError> {
-    step(&st, Some(&env), req).await.map(Json)
-}
-
 /// One step, called directly on the async worker: environment steps take
 /// microseconds (see `agentrl bench server`), less than a `spawn_blocking`
 /// hand-off costs.
 async fn step(
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    JsonBody(req): JsonBody<StepRequest>,
+) -> Result<Json<StepResponse>, ApiError> {
+    step_one(&st, path.as_deref(), req).await.map(Json)
+}
+
+async fn step_one(
     st: &AppState,
     path: Option<&str>,
     req: StepRequest,
@@ -595,30 +558,15 @@ async fn step(
     out
 }
 
-async fn step_batch_top(
-    State(st): State<Shared>,
-    JsonBody(reqs): JsonBody<Vec<StepRequest>>,
-) -> Json<Vec<BatchStepResult>> {
-    Json(step_batch(&st, None, reqs).await)
-}
-
-async fn step_batch_env(
-    State(st): State<Shared>,
-    EnvPath(env): EnvPath,
-    JsonBody(reqs): JsonBody<Vec<StepRequest>>,
-) -> Json<Vec<BatchStepResult>> {
-    Json(step_batch(&st, Some(&env), reqs).await)
-}
-
 /// Steps in the order given (two entries for one session apply in order).
 async fn step_batch(
-    st: &AppState,
-    path: Option<&str>,
-    reqs: Vec<StepRequest>,
-) -> Vec<BatchStepResult> {
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    JsonBody(reqs): JsonBody<Vec<StepRequest>>,
+) -> Json<Vec<BatchStepResult>> {
     let mut out = Vec::with_capacity(reqs.len());
     for req in reqs {
-        out.push(match step(st, path, req).await {
+        out.push(match step_one(&st, path.as_deref(), req).await {
             Ok(r) => BatchStepResult {
                 code: 200,
                 ok: Some(r),
@@ -631,32 +579,17 @@ async fn step_batch(
             },
         });
     }
-    out
+    Json(out)
 }
 
 // ---------------------------------------------------------------- close
 
-async fn close_top(
+async fn close(
     State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
     JsonBody(req): JsonBody<CloseRequest>,
 ) -> Result<Json<CloseResponse>, ApiError> {
-    close(&st, None, req)
-}
-
-async fn close_env(
-    State(st): State<Shared>,
-    EnvPath(env): EnvPath,
-    JsonBody(req): JsonBody<CloseRequest>,
-) -> Result<Json<CloseResponse>, ApiError> {
-    close(&st, Some(&env), req)
-}
-
-fn close(
-    st: &AppState,
-    path: Option<&str>,
-    req: CloseRequest,
-) -> Result<Json<CloseResponse>, ApiError> {
-    st.session(req.id, path, req.env.as_deref())?;
+    st.session(req.id, path.as_deref(), req.env.as_deref())?;
     st.sessions
         .remove(req.id)
         .ok_or_else(|| ApiError::unknown_session(req.id))?;
@@ -668,104 +601,50 @@ fn close(
 
 // ---------------------------------------------------------------- GET ?id=
 
-async fn observation_top(
-    State(st): State<Shared>,
-    IdParam(id): IdParam,
-) -> Result<Json<String>, ApiError> {
-    observation(&st, None, id).await
-}
-
-async fn observation_env(
-    State(st): State<Shared>,
-    EnvPath(env): EnvPath,
-    IdParam(id): IdParam,
-) -> Result<Json<String>, ApiError> {
-    observation(&st, Some(&env), id).await
+/// Reads from the session's env (a read does not restart its idle timer).
+async fn read_session<T>(
+    st: &AppState,
+    path: Option<&str>,
+    id: SessionId,
+    read: impl FnOnce(&dyn Env) -> T,
+) -> Result<Json<T>, ApiError> {
+    let session = st.session(id, path, None)?;
+    let guard = session.state.lock().await;
+    Ok(Json(read(guard.env.as_ref())))
 }
 
 /// A bare JSON string, as AgentGym's `/observation` answers.
 async fn observation(
-    st: &AppState,
-    path: Option<&str>,
-    id: SessionId,
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    IdParam(id): IdParam,
 ) -> Result<Json<String>, ApiError> {
-    let session = st.session(id, path, None)?;
-    let guard = session.state.lock().await;
-    Ok(Json(guard.env.observation()))
-}
-
-async fn available_actions_top(
-    State(st): State<Shared>,
-    IdParam(id): IdParam,
-) -> Result<Json<Vec<String>>, ApiError> {
-    available_actions(&st, None, id).await
-}
-
-async fn available_actions_env(
-    State(st): State<Shared>,
-    EnvPath(env): EnvPath,
-    IdParam(id): IdParam,
-) -> Result<Json<Vec<String>>, ApiError> {
-    available_actions(&st, Some(&env), id).await
+    read_session(&st, path.as_deref(), id, |env| env.observation()).await
 }
 
 async fn available_actions(
-    st: &AppState,
-    path: Option<&str>,
-    id: SessionId,
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    IdParam(id): IdParam,
 ) -> Result<Json<Vec<String>>, ApiError> {
-    let session = st.session(id, path, None)?;
-    let guard = session.state.lock().await;
-    Ok(Json(guard.env.available_actions()))
-}
-
-async fn instructions_top(
-    State(st): State<Shared>,
-    IdParam(id): IdParam,
-) -> Result<Json<String>, ApiError> {
-    instructions(&st, None, id).await
-}
-
-async fn instructions_env(
-    State(st): State<Shared>,
-    EnvPath(env): EnvPath,
-    IdParam(id): IdParam,
-) -> Result<Json<String>, ApiError> {
-    instructions(&st, Some(&env), id).await
+    read_session(&st, path.as_deref(), id, |env| env.available_actions()).await
 }
 
 async fn instructions(
-    st: &AppState,
-    path: Option<&str>,
-    id: SessionId,
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    IdParam(id): IdParam,
 ) -> Result<Json<String>, ApiError> {
-    let session = st.session(id, path, None)?;
-    let guard = session.state.lock().await;
-    Ok(Json(guard.env.instructions()))
-}
-
-async fn expert_action_top(
-    State(st): State<Shared>,
-    IdParam(id): IdParam,
-) -> Result<Json<ExpertActionResponse>, ApiError> {
-    expert_action(&st, None, id).await
-}
-
-async fn expert_action_env(
-    State(st): State<Shared>,
-    EnvPath(env): EnvPath,
-    IdParam(id): IdParam,
-) -> Result<Json<ExpertActionResponse>, ApiError> {
-    expert_action(&st, Some(&env), id).await
+    read_session(&st, path.as_deref(), id, |env| env.instructions()).await
 }
 
 /// The expert may search (BFS, value iteration): run it off the async workers.
 async fn expert_action(
-    st: &AppState,
-    path: Option<&str>,
-    id: SessionId,
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    IdParam(id): IdParam,
 ) -> Result<Json<ExpertActionResponse>, ApiError> {
-    let session = st.session(id, path, None)?;
+    let session = st.session(id, path.as_deref(), None)?;
     let mut guard = Arc::clone(&session.state).lock_owned().await;
     let action = blocking(move || guard.env.expert_action()).await?;
     st.sessions.touch(&session);

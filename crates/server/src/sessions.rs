@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use agentrl_env_core::{Env, EnvParams};
 use tokio::sync::Mutex as AsyncMutex;
 
-use crate::protocol::{SessionId, SessionStatus};
+use agentrl_env_client::protocol::{SessionId, SessionStatus};
 
 /// The mutable part of a session, behind the session lock.
 pub(crate) struct SessionState {

@@ -6,9 +6,11 @@ use std::cell::RefCell;
 use std::path::Path;
 
 use agentrl_env_core::{Env, EnvError, EnvParams, Split, TaskSpec};
-use agentrl_model::tokenizer::ChatTokenizer;
 use agentrl_model::{ModelConfig, PolicyModel};
-use agentrl_rollout::{expert_trajectory, ChatCodec, RolloutConfig, SYSTEM_PROMPT};
+use agentrl_rollout::{
+    expert_trajectory, ChatCodec, CodecError, RolloutConfig, RolloutError, SYSTEM_PROMPT,
+};
+use agentrl_tokenizer::ChatTokenizer;
 use candle_core::Device;
 use rand::SeedableRng;
 
@@ -23,12 +25,12 @@ struct RecordingCodec {
 }
 
 impl ChatCodec for RecordingCodec {
-    fn encode(&self, text: &str) -> Vec<u32> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, CodecError> {
         self.texts.borrow_mut().push(text.to_string());
-        text.bytes().map(u32::from).collect()
+        Ok(text.bytes().map(u32::from).collect())
     }
-    fn decode(&self, ids: &[u32]) -> String {
-        ids.iter().filter_map(|&i| char::from_u32(i)).collect()
+    fn decode(&self, ids: &[u32]) -> Result<String, CodecError> {
+        Ok(ids.iter().filter_map(|&i| char::from_u32(i)).collect())
     }
     fn im_start(&self) -> u32 {
         1 << 20
@@ -48,7 +50,7 @@ pub fn environment_corpus(
     rollout: &RolloutConfig,
     actions_per_turn: usize,
     episodes: usize,
-) -> Result<Vec<String>, EnvError> {
+) -> Result<Vec<String>, BootstrapError> {
     let codec = RecordingCodec {
         texts: RefCell::new(vec![SYSTEM_PROMPT.to_string()]),
     };
@@ -57,7 +59,7 @@ pub fn environment_corpus(
             let spec = TaskSpec::new(env, Split::Train, *d, seed);
             let e: Box<dyn Env> = make(&spec, params)?;
             let mut unused = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-            expert_trajectory(e, 0, &codec, rollout, actions_per_turn, 0.0, &mut unused);
+            expert_trajectory(e, 0, &codec, rollout, actions_per_turn, 0.0, &mut unused)?;
             // The messages an invalid action produces.
             let mut e = make(&spec, params)?;
             e.reset();
@@ -102,6 +104,8 @@ pub fn tiny_config(m: &ModelSection, vocab_size: usize) -> ModelConfig {
 pub enum BootstrapError {
     #[error(transparent)]
     Env(#[from] EnvError),
+    #[error("expert demonstration for the tokenizer corpus: {0}")]
+    Demonstration(#[from] RolloutError),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("model: {0}")]

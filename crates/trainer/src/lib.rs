@@ -6,6 +6,7 @@ pub mod batch;
 pub mod bootstrap;
 pub mod config;
 pub mod evaluate;
+pub mod local_policy;
 pub mod policy_dir;
 pub mod run_dir;
 pub mod sft;
@@ -13,6 +14,7 @@ pub mod trainer;
 
 pub use config::{ConfigError, TrainConfig};
 pub use evaluate::{evaluate, EvalStats};
+pub use local_policy::LocalPolicy;
 pub use policy_dir::TrainedPolicy;
 pub use trainer::{Progress, Silent, StepMetrics, Summary, Trainer};
 

@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use agentrl_model::tokenizer::ChatTokenizer;
 use agentrl_model::PolicyModel;
 use agentrl_rollout::RolloutConfig;
+use agentrl_tokenizer::ChatTokenizer;
 use candle_core::Device;
 
 use crate::run_dir::RunDir;

@@ -39,7 +39,7 @@ pub fn demonstrations(
             sft.actions_per_turn,
             sft.expert_noise,
             &mut rng,
-        );
+        )?;
         // A pure expert's failures (budget too short) teach nothing; a noisy
         // expert's are part of the behaviour being imitated.
         let keep = if sft.expert_noise > 0.0 {
@@ -82,7 +82,7 @@ pub fn train(
     seed: u64,
     mut on_batch: impl FnMut(usize, usize, f32),
 ) -> Result<Vec<f32>, TrainError> {
-    let vars = model.trainable_vars();
+    let vars = model.trainable_vars()?;
     let rl_lr = opt.lr();
     opt.set_lr(sft.lr);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

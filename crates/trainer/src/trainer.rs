@@ -16,9 +16,9 @@ use std::time::Instant;
 
 use agentrl_algos as algos;
 use agentrl_env_core::{stable_hash, Env, EnvError, EnvParams, Split, TaskSpec, SPLIT_STRIDE};
-use agentrl_model::tokenizer::ChatTokenizer;
 use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, PolicyModel};
-use agentrl_rollout::{run_rollouts, LocalPolicy, Trajectory};
+use agentrl_rollout::{run_rollouts, Trajectory};
+use agentrl_tokenizer::ChatTokenizer;
 use candle_core::Device;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -30,6 +30,7 @@ use crate::batch::padded;
 use crate::bootstrap::starting_policy;
 use crate::config::TrainConfig;
 use crate::evaluate::{evaluate, EnvMaker, EvalStats};
+use crate::local_policy::LocalPolicy;
 use crate::run_dir::{RunDir, TrainerState};
 use crate::{sft, TrainError};
 
@@ -132,7 +133,7 @@ pub fn env_maker(cfg: &TrainConfig) -> Box<EnvMaker<'static>> {
     } else {
         Box::new(
             move |spec: &TaskSpec, params: &EnvParams| -> Result<Box<dyn Env>, EnvError> {
-                Ok(Box::new(agentrl_server::HttpEnv::connect(
+                Ok(Box::new(agentrl_env_client::HttpEnv::connect(
                     &endpoint, spec, params, None,
                 )?))
             },
@@ -249,7 +250,7 @@ impl Trainer {
 
     fn optimizer(cfg: &TrainConfig, model: &PolicyModel) -> Result<AdamW, TrainError> {
         Ok(AdamW::new(
-            model.trainable_vars(),
+            model.trainable_vars()?,
             AdamWConfig {
                 lr: cfg.actor.lr,
                 weight_decay: cfg.actor.weight_decay,
@@ -593,7 +594,7 @@ impl Trainer {
         let masks = shifted_masks(trajs);
         let agg = loss_agg(&c.actor.loss_agg_mode)?;
         let kl_type = kl_kind(&c.actor.kl_loss_type)?;
-        let vars = self.model.trainable_vars();
+        let vars = self.model.trainable_vars()?;
         let mut rng = step_rng(c.trainer.seed, step, "minibatch");
         let mut order: Vec<usize> = (0..trajs.len()).collect();
         let (mut n, mut ent, mut kl_sum, mut akl, mut clip, mut gn, mut pg, mut vl) =

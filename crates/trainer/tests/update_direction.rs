@@ -5,8 +5,8 @@
 //! through the trainer.
 
 use agentrl_env_core::{Split, TaskSpec};
-use agentrl_rollout::{run_rollouts, LocalPolicy, Trajectory};
-use agentrl_trainer::{Silent, StepMetrics, TrainConfig, Trainer};
+use agentrl_rollout::{run_rollouts, Trajectory};
+use agentrl_trainer::{LocalPolicy, Silent, StepMetrics, TrainConfig, Trainer};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 

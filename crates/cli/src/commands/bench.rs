@@ -3,6 +3,7 @@
 mod envs;
 mod model;
 mod server;
+mod server_load;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {

@@ -165,7 +165,8 @@ fn evaluate_model(
     temperature: f64,
     policy_seed: u64,
 ) -> anyhow::Result<EvalSummary> {
-    use agentrl_rollout::{LocalPolicy, RolloutConfig};
+    use agentrl_rollout::RolloutConfig;
+    use agentrl_trainer::LocalPolicy;
     let policy = agentrl_trainer::TrainedPolicy::open(path)?;
     // A run directory evaluated on its own environment keeps the env params
     // it was trained with (e.g. a not-slippery FrozenLake) unless given others.

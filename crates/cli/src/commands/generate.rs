@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use agentrl_model::{ChatMessage, ChatTokenizer, PolicyModel, SamplingParams};
+use agentrl_model::{PolicyModel, SamplingParams};
+use agentrl_tokenizer::{ChatMessage, ChatTokenizer};
 use anyhow::{bail, Context};
 use candle_core::Device;
 use rand::SeedableRng;

@@ -64,7 +64,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     let vocab = cfg.vocab_size as u32;
 
     // Training: -mean log-prob over a batch of random sequences.
-    let vars = model.trainable_vars();
+    let vars = model.trainable_vars()?;
     let mut opt = AdamW::new(vars.clone(), AdamWConfig::default())?;
     let batch = random_seqs(&mut rng, args.batch, args.seq_len, vocab);
     let mut train_step = || -> anyhow::Result<()> {
@@ -106,6 +106,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     let sample_tok_s = new_tokens as f64 / sample_s;
 
     let threads = candle_core::utils::get_num_threads();
+    let parameters = model.num_parameters()?;
     // Figures on a shared machine depend on what else runs: print the load.
     let load = std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -115,7 +116,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         let v = serde_json::json!({
             "shape": {"vocab": cfg.vocab_size, "d": cfg.hidden_size, "layers": cfg.num_hidden_layers,
                       "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads(), "ffn": cfg.intermediate_size},
-            "parameters": model.num_parameters(),
+            "parameters": parameters,
             "threads": threads,
             "load_average_1m": load,
             "train_tokens_per_s": train_tok_s,
@@ -135,7 +136,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         cfg.num_attention_heads,
         cfg.num_kv_heads(),
         cfg.intermediate_size,
-        model.num_parameters(),
+        parameters,
         threads,
         load
     );

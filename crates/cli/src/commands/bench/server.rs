@@ -5,9 +5,10 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use agentrl_server::bench::{rss_kib, run_load, LoadConfig, LoadReport};
 use agentrl_server::{registry_descriptors, BackgroundServer, ServerConfig};
 use anyhow::Context;
+
+use super::server_load::{rss_kib, run_load, LoadConfig, LoadReport};
 
 #[derive(clap::Args)]
 pub struct BenchServerArgs {

@@ -1,4 +1,4 @@
-//! A load generator for `agentrl bench server`: workers run create → (GET
+//! The load generator of `agentrl bench server`: workers run create → (GET
 //! available_actions, POST step)×k → close cycles against a server and record
 //! each request's latency in a fixed-size histogram (so a long soak does not
 //! grow memory by itself).

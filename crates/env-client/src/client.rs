@@ -23,7 +23,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::protocol::{
-    CloseRequest, CreateRequest, ErrorBody, ErrorKind, ExpertActionResponse, ResetRequest,
+    CreateRequest, ErrorBody, ErrorKind, ExpertActionResponse, ResetRequest, SessionId,
     SessionResponse, SessionStatus, StepRequest, StepResponse,
 };
 
@@ -237,11 +237,20 @@ impl HttpEnv {
         }
     }
 
+    /// `{"id": …}`: a [`crate::protocol::CloseRequest`] without `env` for an agentrl server, and
+    /// the same shape for a foreign server, whose id may be a string.
     fn close_body(&self) -> Value {
-        match self.id.as_u64() {
-            Some(id) => serde_json::to_value(CloseRequest { env: None, id }).unwrap_or(Value::Null),
-            None => serde_json::json!({ "id": self.id }),
-        }
+        serde_json::json!({ "id": self.id })
+    }
+
+    /// The session id as an agentrl server's numeric [`SessionId`].
+    fn own_id(&self) -> Result<SessionId, EnvError> {
+        self.id.as_u64().ok_or_else(|| {
+            EnvError::Remote(format!(
+                "the server's session id {} is not a non-negative integer",
+                self.id
+            ))
+        })
     }
 
     fn url(&self, route: &str) -> String {
@@ -325,13 +334,12 @@ impl HttpEnv {
     }
 
     fn remote_reset(&mut self) -> Result<String, EnvError> {
-        let id = self.id.as_u64().unwrap_or_default();
         let body = if self.foreign {
             serde_json::json!({ "id": self.id, "data_idx": self.spec.seed })
         } else {
             serde_json::to_value(ResetRequest {
                 env: None,
-                id,
+                id: self.own_id()?,
                 seed: Some(self.spec.seed),
                 data_idx: None,
                 difficulty: Some(self.spec.difficulty.clone()),
@@ -373,12 +381,11 @@ impl HttpEnv {
                 &serde_json::json!({ "id": self.id, "action": action }),
             )?
         } else {
-            let id = self.id.as_u64().unwrap_or_default();
             self.post(
                 "step",
                 &StepRequest {
                     env: None,
-                    id,
+                    id: self.own_id()?,
                     action: action.to_string(),
                 },
             )?

@@ -3,14 +3,16 @@
 
 use std::path::PathBuf;
 
-use agentrl_model::chat_template::{ChatMessage, TemplateError, CHATML_TEMPLATE};
-use agentrl_model::tokenizer::{ChatTokenizer, TokenizerError};
+use agentrl_tokenizer::{
+    ChatMessage, ChatTokenizer, TemplateError, TokenizerError, CHATML_TEMPLATE,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
 fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/qwen2-tiny")
+    // The model crate's fixture: one transformers checkpoint serves both crates.
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny")
 }
 
 fn reference() -> Value {

@@ -1,13 +1,17 @@
 //! `HttpEnv` against the real server: same trajectories as in-process, retries,
 //! closing on drop, and an AgentGym-style foreign server.
 
+// The server's test helpers (the "counter" env, a loopback config), shared
+// rather than copied: these tests drive the same server.
+#[path = "../../server/tests/common/mod.rs"]
 mod common;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use agentrl_env_client::{ClientOptions, HttpEnv};
 use agentrl_env_core::{Env, EnvDescriptor, EnvParams, Split, StepError, TaskSpec};
-use agentrl_server::{BackgroundServer, ClientOptions, HttpEnv};
+use agentrl_server::BackgroundServer;
 use common::{all_descriptors, test_config};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -1,0 +1,14 @@
+//! The ChatML tokenizer and its chat template, apart from the model: a Hugging
+//! Face `tokenizers` tokenizer loaded from a checkpoint directory or trained
+//! as a small byte-level BPE on environment text ([`ChatTokenizer`]), and the
+//! Jinja chat template rendered as transformers renders it ([`ChatTemplate`]).
+
+mod chat_template;
+mod chat_tokenizer;
+
+pub use chat_template::{
+    ChatMessage, ChatTemplate, TemplateError, TemplateTokens, CHATML_TEMPLATE,
+};
+pub use chat_tokenizer::{
+    ChatTokenizer, TokenizerError, ENDOFTEXT, IM_END, IM_START, TRAINED_PRE_TOKENIZER,
+};
