@@ -57,8 +57,6 @@ from typing import Any, Callable, Optional
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "crates" / "server" / "tests" / "data" / "agentgym"
 ALL_ENVS = ["textcraft", "babyai", "sciworld", "alfworld", "webshop", "searchqa"]
-# The envs whose AgentGym server runs here offline from registry packages.
-AGENTGYM_RUNNABLE = ["textcraft", "babyai", "sciworld"]
 TIMEOUT_S = 60
 
 
@@ -223,17 +221,82 @@ class SciWorldPolicy:
         return self.plan.pop(0) if self.plan else "look around"
 
 
-class FixedPolicy:
-    """For envs whose AgentGym server cannot run here: one fixed action."""
+class AlfWorldPolicy:
+    """Pick-and-place: visits the receptacles named in the first observation
+    until one shows the object, takes it, goes to the target and puts it.
+    (After reset the client shows the available actions; after a step it
+    shows only the observation, so the plan is read from the text.)"""
 
-    def __init__(self, action: str) -> None:
-        self.action = action
+    def __init__(self) -> None:
+        self.obj = ""
+        self.target = ""
+        self.to_visit: list[str] = []
+        self.location = ""
+        self.holding = ""
 
     def start(self, observation: str) -> None:
-        pass
+        task = re.search(r"put an? (\w+) in (\w+)", observation)
+        if task:
+            self.obj, self.target = task.group(1), task.group(2)
+        seen = re.search(r"you see (.+?)\.\n", observation)
+        if seen:
+            self.to_visit = [r.strip()[2:] for r in re.split(r",|\band\b", seen.group(1)) if r.strip()]
 
     def act(self, observation: str) -> str:
-        return self.action
+        if self.holding:
+            if not self.location.startswith(self.target):
+                self.location = f"{self.target} 1"
+                return f"go to {self.location}"
+            return f"put {self.holding} in/on {self.location}"
+        found = re.search(rf"\b({self.obj} \d+)", observation) if self.obj else None
+        if found and self.location:
+            self.holding = found.group(1)
+            return f"take {self.holding} from {self.location}"
+        if self.to_visit:
+            self.location = self.to_visit.pop(0)
+            return f"go to {self.location}"
+        return "look"
+
+
+class WebShopPolicy:
+    """Searches for the instruction, clicks the first product, buys it."""
+
+    def __init__(self) -> None:
+        self.query = ""
+
+    def start(self, observation: str) -> None:
+        m = re.search(r"Instruction: \[SEP\] (.+?)(?:, and price| \[SEP\])", observation)
+        self.query = m.group(1) if m else "red running shoes"
+
+    def act(self, observation: str) -> str:
+        if "Buy Now" in observation:
+            return "click[buy now]"
+        asin = re.search(r"\[SEP\] (B0[0-9A-Z]{8}) \[SEP\]", observation)
+        if asin:
+            return f"click[{asin.group(1).lower()}]"
+        return f"search[{self.query}]"
+
+
+class SearchQAPolicy:
+    """Searches for the question, then answers with the first passage's title."""
+
+    def __init__(self) -> None:
+        self.question = ""
+
+    def start(self, observation: str) -> None:
+        m = re.search(r"Question: (.+)$", observation, re.M)
+        self.question = m.group(1).strip() if m else "capital of france"
+
+    def act(self, observation: str) -> str:
+        title = re.search(r'Doc 1\(Title: "?([^")]+)"?\)', observation)
+        if title:
+            return f"<answer> {title.group(1)} </answer>"
+        return f"<search> {self.question} </search>"
+
+
+def think_then(action: str) -> str:
+    """A reply in SearchQA's own format (its client sends the reply as is)."""
+    return f"<think>I follow my plan.</think>\n{action}"
 
 
 # --------------------------------------------------------------------- envs
@@ -256,6 +319,12 @@ class EnvCase:
     # the episode (so that the invalid action still comes before done).
     first_action: Optional[str] = None
     max_steps: int = 12
+    # How an LLM reply carrying the action looks for this env's client.
+    reply: Callable[[str], str] = react
+    # Run AgentGym's server with substitutes.py (its data cannot be had here).
+    substitute: bool = False
+    # Facts about the transcript a replay must know (nondeterminism).
+    notes: list[str] = field(default_factory=list)
     probes: Callable[["Scenario"], None] = lambda s: None
     reset_call: Callable[[Any, int], Any] = lambda client, idx: client.reset(idx)
     extra_client_args: dict = field(default_factory=dict)
@@ -322,29 +391,29 @@ class Scenario:
         policy.start(observation)
         # One valid step, then an invalid action, then on to done.
         first = case.first_action or policy.act(observation)
-        ok, out = self.attempt("client.step.valid", lambda: client.step(react(first)))
+        ok, out = self.attempt("client.step.valid", lambda: client.step(case.reply(first)))
         done = bool(ok and out.done)
         observation = out.state if ok else observation
         if not done:
             ok, _ = self.attempt(
-                "client.step.invalid", lambda: client.step(react(case.invalid_action))
+                "client.step.invalid", lambda: client.step(case.reply(case.invalid_action))
             )
         steps = 0
         while ok and not done and steps < case.max_steps:
             ok, out = self.attempt(
-                "client.step.to_done", lambda: client.step(react(policy.act(observation)))
+                "client.step.to_done", lambda: client.step(case.reply(policy.act(observation)))
             )
             if ok:
                 done, observation = out.done, out.state
             steps += 1
-        self.attempt("client.step.after_done", lambda: client.step(react(policy.act(observation))))
+        self.attempt("client.step.after_done", lambda: client.step(case.reply(policy.act(observation))))
         self.attempt("client.close", client.close)
         self.attempt("client.close.again", client.close)
 
     def task_loop(self) -> None:
         case = self.case
         task_cls = getattr(self.envs, case.task_cls)
-        agent = make_scripted_agent(self.envs, case.make_policy())
+        agent = make_scripted_agent(case.make_policy(), case.reply)
         client_args = {"env_server_base": self.base, "data_len": 1, "timeout": TIMEOUT_S}
         client_args.update(case.extra_client_args)
         ok, task = self.attempt(
@@ -385,7 +454,7 @@ def describe_value(value: Any, rec: Recorder) -> Any:
     return value
 
 
-def make_scripted_agent(agentenv_envs: Any, policy: Any) -> Any:
+def make_scripted_agent(policy: Any, reply: Callable[[str], str]) -> Any:
     """An AgentGym ``APIAgent`` whose replies come from ``policy`` instead of
     a model: BaseTask drives it exactly as it drives an API model."""
     from agentenv.controller import APIAgent
@@ -399,7 +468,7 @@ def make_scripted_agent(agentenv_envs: Any, policy: Any) -> Any:
             if self.turn == 0:
                 policy.start(observation)
             self.turn += 1
-            return react(policy.act(observation)), None
+            return reply(policy.act(observation)), None
 
     return ScriptedAgent()
 
@@ -444,6 +513,42 @@ def probes_sciworld(s: Scenario) -> None:
     s.raw("probe.close.unknown_id", "POST", "/close", {"id": 999})
 
 
+def probes_alfworld(s: Scenario) -> None:
+    r = s.raw("probe.create.no_body", "POST", "/create")
+    sid = safe_id(r)
+    s.raw("probe.observation.before_reset", "GET", "/observation", query=f"?id={sid}")
+    s.raw("probe.reset.data_idx_instead_of_game", "POST", "/reset", {"id": sid, "data_idx": 0})
+    s.raw("probe.reset.bad_world_type", "POST", "/reset", {"id": sid, "game": 0, "world_type": "Real"})
+    s.raw("probe.reset.game_out_of_range", "POST", "/reset", {"id": sid, "game": 2620, "world_type": "Text"})
+    s.raw("probe.reset", "POST", "/reset", {"id": sid, "game": 5, "world_type": "Text"})
+    s.raw("probe.observation", "GET", "/observation", query=f"?id={sid}")
+    s.raw("probe.available_actions", "GET", "/available_actions", query=f"?id={sid}")
+    s.raw("probe.step.unknown_id", "POST", "/step", {"id": 999, "action": "look"})
+
+
+def probes_webshop(s: Scenario) -> None:
+    r = s.raw("probe.create.no_body", "POST", "/create")
+    sid = safe_id(r)
+    s.raw("probe.reset.no_session_id", "POST", "/reset", {"env_idx": sid})
+    s.raw("probe.reset.id_instead_of_env_idx", "POST", "/reset", {"id": sid, "session_id": 3})
+    s.raw("probe.available_actions", "GET", "/available_actions", query=f"?env_idx={sid}")
+    s.raw("probe.instruction_text", "GET", "/instruction_text", query=f"?env_idx={sid}")
+    s.raw("probe.observation.by_id", "GET", "/observation", query=f"?id={sid}")
+
+
+def probes_searchqa(s: Scenario) -> None:
+    s.raw("probe.create.no_body", "POST", "/create")
+    r = s.raw("probe.create.item_out_of_range", "POST", "/create", {"id": 221328})
+    r = s.raw("probe.create", "POST", "/create", {"id": 2})
+    sid = safe_id(r)
+    s.raw("probe.reset.no_item_id", "POST", "/reset", {"env_idx": sid})
+    s.raw("probe.reset", "POST", "/reset", {"env_idx": sid, "id": 51713})
+    s.raw("probe.observation", "GET", "/observation", query=f"?env_idx={sid}")
+    s.raw("probe.step.unknown_env_idx", "POST", "/step", {"env_idx": 999, "action": "<answer> x </answer>"})
+    s.raw("probe.close", "POST", "/close", {"env_idx": sid})
+    s.raw("probe.close.again", "POST", "/close", {"env_idx": sid})
+
+
 def safe_id(resp: Any) -> Any:
     try:
         body = resp.json()
@@ -465,6 +570,11 @@ CASES: dict[str, EnvCase] = {
         reset_idx=0,
         task_idx=1,
         invalid_action="fly to the moon",
+        notes=[
+            "The crafting commands come from a Python set: their order follows string "
+            "hashing; captured with PYTHONHASHSEED=0 on the server.",
+            "create resets the new env with data_idx = its session id.",
+        ],
         probes=probes_textcraft,
     ),
     "babyai": EnvCase(
@@ -500,11 +610,12 @@ CASES: dict[str, EnvCase] = {
         task_cls="AlfWorldTask",
         package_dir="agentenv-alfworld",
         module="agentenv_alfworld",
-        make_policy=lambda: FixedPolicy("look"),
+        make_policy=AlfWorldPolicy,
         reset_idx=0,
-        task_idx=1,
+        task_idx=2420,  # the first of the 200 test games (data_idx 2420..2619)
         invalid_action="fly to the moon",
-        max_steps=3,
+        substitute=True,
+        probes=probes_alfworld,
     ),
     "webshop": EnvCase(
         name="webshop",
@@ -512,11 +623,17 @@ CASES: dict[str, EnvCase] = {
         task_cls="WebshopTask",
         package_dir="agentenv-webshop",
         module="agentenv_webshop",
-        make_policy=lambda: FixedPolicy("search[red shoes]"),
+        make_policy=WebShopPolicy,
         reset_idx=0,
         task_idx=1,
         invalid_action="fly[moon]",
-        max_steps=3,
+        substitute=True,
+        notes=[
+            "Session ids are random: create answers random.randint(0, 48950076) after "
+            "random.seed(time.time()), so they differ on every capture; treat them as opaque.",
+            "AgentGym's WebShop server has no /close route; the client retries a non-200 answer 5 times.",
+        ],
+        probes=probes_webshop,
     ),
     "searchqa": EnvCase(
         name="searchqa",
@@ -524,11 +641,13 @@ CASES: dict[str, EnvCase] = {
         task_cls="SearchQATask",
         package_dir="agentenv-searchqa",
         module="agentenv_searchqa",
-        make_policy=lambda: FixedPolicy("<search> capital of France </search>"),
+        make_policy=SearchQAPolicy,
         reset_idx=0,
-        task_idx=1,
-        invalid_action="I do not know",
-        max_steps=3,
+        task_idx=51713,  # the first train item (test: 0..51712, train: 51713..221327)
+        invalid_action="I do not know.",
+        reply=think_then,
+        substitute=True,
+        probes=probes_searchqa,
     ),
 }
 
@@ -588,8 +707,13 @@ def start_agentgym_server(case: EnvCase, agentgym: Path, logs: Path) -> tuple[Se
     env["PYTHONHASHSEED"] = "0"
     # TextCraft reads its recipes from the relative path "agentenv_textcraft/":
     # the server must run in its package directory, as its README's launch does.
+    if case.substitute:
+        argv = [sys.executable, str(Path(__file__).with_name("substitutes.py")), case.name,
+                "--agentgym", str(agentgym), "--port", str(port)]
+    else:
+        argv = [sys.executable, "-m", "uvicorn", f"{case.module}:app", "--host", "127.0.0.1", "--port", str(port)]
     server = Server(
-        [sys.executable, "-m", "uvicorn", f"{case.module}:app", "--host", "127.0.0.1", "--port", str(port)],
+        argv,
         cwd=pkg,
         env=env,
         log=logs / f"agentgym-{case.name}.log",
@@ -663,13 +787,10 @@ def main() -> int:
 
     import agentenv.envs as agentenv_envs
 
-    default_envs = AGENTGYM_RUNNABLE if args.target == "agentgym" else ALL_ENVS
-    names = args.envs.split(",") if args.envs else default_envs
+    names = args.envs.split(",") if args.envs else ALL_ENVS
     for n in names:
         if n not in CASES:
             ap.error(f"unknown env {n!r} (known: {', '.join(CASES)})")
-        if args.target == "agentgym" and n not in AGENTGYM_RUNNABLE:
-            ap.error(f"AgentGym's {n} server needs data sets it downloads at run time; see GAP.md")
     out = args.out or (DEFAULT_OUT if args.target == "agentgym" else None)
     if out is None:
         ap.error("--out is required with --target agentrl")
@@ -704,9 +825,17 @@ def main() -> int:
             finally:
                 if server is not None:
                     server.stop()
+            if args.target == "agentrl":
+                backend = "agentrl serve"
+            elif case.substitute:
+                backend = "substitute (scripts/agentgym/substitutes.py stands in for the data sets)"
+            else:
+                backend = "agentgym"
             doc = {
                 "env": name,
                 "server": "agentgym" if args.target == "agentgym" else "agentrl serve",
+                "backend": backend,
+                "notes": case.notes,
                 "base_path": "/" if args.target == "agentgym" else f"/{name}",
                 "captured_with": meta,
                 "exchanges": entries,
