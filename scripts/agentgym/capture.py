@@ -307,10 +307,8 @@ class EnvCase:
     """One AgentGym env: its client, server package and scripted episode."""
 
     name: str
-    client_cls: str
-    task_cls: str
-    package_dir: str  # in the AgentGym checkout
-    module: str
+    # agentenv's class-name prefix: `<prefix>EnvClient`, `<prefix>Task`.
+    prefix: str
     make_policy: Callable[[], Any]
     reset_idx: int  # data_idx of the client scenario
     task_idx: int  # data_idx of the BaseTask scenario
@@ -326,8 +324,15 @@ class EnvCase:
     # Facts about the transcript a replay must know (nondeterminism).
     notes: list[str] = field(default_factory=list)
     probes: Callable[["Scenario"], None] = lambda s: None
-    reset_call: Callable[[Any, int], Any] = lambda client, idx: client.reset(idx)
-    extra_client_args: dict = field(default_factory=dict)
+
+    @property
+    def package_dir(self) -> str:
+        """The server's directory in the AgentGym checkout."""
+        return f"agentenv-{self.name}"
+
+    @property
+    def module(self) -> str:
+        return f"agentenv_{self.name}"
 
 
 class Scenario:
@@ -378,13 +383,12 @@ class Scenario:
 
     def client_episode(self) -> None:
         case = self.case
-        cls = getattr(self.envs, case.client_cls)
+        cls = getattr(self.envs, f"{case.prefix}EnvClient")
         args = {"env_server_base": self.base, "data_len": 1, "timeout": TIMEOUT_S}
-        args.update(case.extra_client_args)
         ok, client = self.attempt("client.create", lambda: cls(**args), describe=False)
         if not ok:
             return
-        self.attempt("client.reset", lambda: case.reset_call(client, case.reset_idx))
+        self.attempt("client.reset", lambda: client.reset(case.reset_idx))
         ok, observation = self.attempt("client.observe", client.observe)
         policy = case.make_policy()
         observation = observation if isinstance(observation, str) else ""
@@ -420,10 +424,9 @@ class Scenario:
 
     def task_loop(self) -> None:
         case = self.case
-        task_cls = getattr(self.envs, case.task_cls)
+        task_cls = getattr(self.envs, f"{case.prefix}Task")
         agent = make_scripted_agent(case.make_policy(), case.reply)
         client_args = {"env_server_base": self.base, "data_len": 1, "timeout": TIMEOUT_S}
-        client_args.update(case.extra_client_args)
         ok, task = self.attempt(
             "task.create", lambda: task_cls(client_args=client_args, n_clients=1), describe=False
         )
@@ -570,10 +573,7 @@ def safe_id(resp: Any) -> Any:
 CASES: dict[str, EnvCase] = {
     "textcraft": EnvCase(
         name="textcraft",
-        client_cls="TextCraftEnvClient",
-        task_cls="TextCraftTask",
-        package_dir="agentenv-textcraft",
-        module="agentenv_textcraft",
+        prefix="TextCraft",
         make_policy=TextCraftPolicy,
         reset_idx=0,
         task_idx=1,
@@ -587,10 +587,7 @@ CASES: dict[str, EnvCase] = {
     ),
     "babyai": EnvCase(
         name="babyai",
-        client_cls="BabyAIEnvClient",
-        task_cls="BabyAITask",
-        package_dir="agentenv-babyai",
-        module="agentenv_babyai",
+        prefix="BabyAI",
         make_policy=BabyAIPolicy,
         reset_idx=0,
         task_idx=1,
@@ -600,10 +597,7 @@ CASES: dict[str, EnvCase] = {
     ),
     "sciworld": EnvCase(
         name="sciworld",
-        client_cls="SciworldEnvClient",
-        task_cls="SciworldTask",
-        package_dir="agentenv-sciworld",
-        module="agentenv_sciworld",
+        prefix="Sciworld",
         make_policy=SciWorldPolicy,
         # find-non-living-thing, variation 0, whose plan SciWorldPolicy knows
         # (the flat task list of AgentGym's server: 4639 entries, data_idx 0..4638).
@@ -614,10 +608,7 @@ CASES: dict[str, EnvCase] = {
     ),
     "alfworld": EnvCase(
         name="alfworld",
-        client_cls="AlfWorldEnvClient",
-        task_cls="AlfWorldTask",
-        package_dir="agentenv-alfworld",
-        module="agentenv_alfworld",
+        prefix="AlfWorld",
         make_policy=AlfWorldPolicy,
         reset_idx=0,
         task_idx=2420,  # the first of the 200 test games (data_idx 2420..2619)
@@ -627,10 +618,7 @@ CASES: dict[str, EnvCase] = {
     ),
     "webshop": EnvCase(
         name="webshop",
-        client_cls="WebshopEnvClient",
-        task_cls="WebshopTask",
-        package_dir="agentenv-webshop",
-        module="agentenv_webshop",
+        prefix="Webshop",
         make_policy=WebShopPolicy,
         reset_idx=0,
         task_idx=1,
@@ -645,10 +633,7 @@ CASES: dict[str, EnvCase] = {
     ),
     "searchqa": EnvCase(
         name="searchqa",
-        client_cls="SearchQAEnvClient",
-        task_cls="SearchQATask",
-        package_dir="agentenv-searchqa",
-        module="agentenv_searchqa",
+        prefix="SearchQA",
         make_policy=SearchQAPolicy,
         reset_idx=0,
         task_idx=51713,  # the first train item (test: 0..51712, train: 51713..221327)
