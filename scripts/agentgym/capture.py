@@ -519,6 +519,9 @@ def probes_sciworld(s: Scenario) -> None:
     s.raw("probe.reset.huge_data_idx", "POST", "/reset", {"id": sid, "data_idx": 2**31})
     s.raw("probe.reset.no_data_idx", "POST", "/reset", {"id": sid})
     s.raw("probe.observation", "GET", "/observation", query=f"?id={sid}")
+    # Focusing on the wrong thing ends a task with score -100.
+    s.raw("probe.reset.boil", "POST", "/reset", {"id": sid, "data_idx": 0})
+    s.raw("probe.step.wrong_focus", "POST", "/step", {"id": sid, "action": "focus on picture"})
     s.raw("probe.step.unknown_id", "POST", "/step", {"id": 999, "action": "look around"})
     s.raw("probe.close", "POST", "/close", {"id": sid})
     s.raw("probe.close.unknown_id", "POST", "/close", {"id": 999})
