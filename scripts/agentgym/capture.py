@@ -58,6 +58,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "crates" / "server" / "tests" / "data" / "agentgym"
 ALL_ENVS = ["textcraft", "babyai", "sciworld", "alfworld", "webshop", "searchqa"]
 TIMEOUT_S = 60
+# `Scenario.raw`'s body when the request has none at all (not even `null`).
+NO_BODY = object()
 
 
 # --------------------------------------------------------------------- recorder
@@ -359,13 +361,13 @@ class Scenario:
             self.rec.note(client_returned=describe_value(value, self.rec))
         return True, value
 
-    def raw(self, phase: str, method: str, path: str, body: Any = "absent", query: str = "") -> Any:
+    def raw(self, phase: str, method: str, path: str, body: Any = NO_BODY, query: str = "") -> Any:
         """A request the clients never send, recorded like theirs."""
         self.rec.set_phase(phase)
         url = f"{self.base}{path}{query}"
         if method == "GET":
             return self.requests.get(url, timeout=TIMEOUT_S)
-        if body == "absent":
+        if body is NO_BODY:
             return self.requests.post(url, timeout=TIMEOUT_S)
         return self.requests.post(url, json=body, timeout=TIMEOUT_S)
 
