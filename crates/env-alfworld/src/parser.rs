@@ -6,6 +6,7 @@
 //! a number ("cabinet 3"). Well-formed actions on things that do not exist
 //! are not parse errors: the world answers "Nothing happens.".
 
+use agentrl_env_core::action::normalized_action;
 use agentrl_env_core::ActionError;
 
 /// Longest action text accepted.
@@ -30,11 +31,6 @@ pub enum Action {
     Cool { obj: String, with: String },
     Use(String),
     Examine(String),
-}
-
-fn normalize(text: &str) -> String {
-    let t = text.trim().trim_end_matches('.').to_lowercase();
-    t.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// "cabinet 3" → itself; anything else is malformed.
@@ -65,16 +61,7 @@ fn two(action: &str, rest: &str, seps: &[&str]) -> Result<(String, String), Acti
 
 /// Parse one action text.
 pub fn parse(text: &str) -> Result<Action, ActionError> {
-    if text.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: text.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
-    let t = normalize(text);
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
+    let t = normalized_action(text, MAX_ACTION_LEN)?;
     match t.as_str() {
         "look" | "look around" => return Ok(Action::Look),
         "inventory" | "inv" | "check inventory" => return Ok(Action::Inventory),

@@ -1,6 +1,7 @@
 //! The BabyAI action grammar (AgentGym's): primitives and high-level actions
 //! naming a visible object or door ("go to red ball 1").
 
+use agentrl_env_core::action::normalized_action;
 use agentrl_env_core::ActionError;
 
 use crate::grid::{Color, Prim};
@@ -69,17 +70,7 @@ fn target(action: &str, s: &str) -> Result<Target, ActionError> {
 
 /// Parse one action text.
 pub fn parse(text: &str) -> Result<Action, ActionError> {
-    if text.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: text.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
-    let t = text.trim().trim_end_matches('.').to_lowercase();
-    let t = t.split_whitespace().collect::<Vec<_>>().join(" ");
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
+    let t = normalized_action(text, MAX_ACTION_LEN)?;
     let prim = match t.as_str() {
         "turn left" | "left" => Some(Prim::Left),
         "turn right" | "right" => Some(Prim::Right),

@@ -54,3 +54,14 @@ pub enum EnvError {
     #[error("remote environment error: {0}")]
     Remote(String),
 }
+
+impl EnvError {
+    /// `difficulty` is not one of the levels `env` offers.
+    pub fn unknown_difficulty(env: &str, difficulty: &str, available: &[&str]) -> Self {
+        EnvError::UnknownDifficulty {
+            env: env.to_string(),
+            difficulty: difficulty.to_string(),
+            available: available.join(", "),
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! Action text → [`Action`].
 
+use agentrl_env_core::action::choose_action;
 use agentrl_env_core::ActionError;
 
 /// Longest action text accepted (after trimming); longer text is rejected
@@ -52,25 +53,11 @@ impl Action {
 /// Parse one action: a direction name (case-insensitive, surrounding
 /// whitespace ignored) or RAGEN's index `1`–`4` (Left, Down, Right, Up).
 pub fn parse_action(text: &str) -> Result<Action, ActionError> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
-    if t.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: t.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
-    for (i, a) in Action::ALL.iter().enumerate() {
-        if t.eq_ignore_ascii_case(a.name()) || t.as_bytes() == [b'1' + i as u8] {
-            return Ok(*a);
-        }
-    }
-    Err(ActionError::Unknown {
-        action: t.to_string(),
-        expected: "Left, Down, Right, Up (or 1-4)".to_string(),
-    })
+    let names = Action::ALL.map(Action::name);
+    let i = choose_action(text, &names, MAX_ACTION_LEN, || {
+        "Left, Down, Right, Up (or 1-4)".to_string()
+    })?;
+    Ok(Action::ALL[i])
 }
 
 #[cfg(test)]

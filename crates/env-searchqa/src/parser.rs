@@ -2,6 +2,7 @@
 //! SearchQA), also accepted in Search-R1's tag form `<search>q</search>`,
 //! `<answer>a</answer>`.
 
+use agentrl_env_core::action::{bracket_call, trimmed_action};
 use agentrl_env_core::ActionError;
 
 /// Longest accepted action text, in bytes.
@@ -14,34 +15,19 @@ pub enum Action {
     Answer(String),
 }
 
-fn expected() -> String {
-    "search[query] or answer[text]".into()
-}
-
 /// Parse one action text.
 pub fn parse(text: &str) -> Result<Action, ActionError> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
-    if t.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: t.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
+    let t = trimmed_action(text, MAX_ACTION_LEN)?;
     let malformed = |reason: &str| ActionError::Malformed {
         action: t.to_string(),
         reason: reason.to_string(),
     };
-    let (verb, arg) = if let Some(open) = t.find('[') {
-        if !t.ends_with(']') {
-            return Err(malformed("missing closing ']'"));
-        }
-        (
-            t[..open].trim().to_lowercase(),
-            t[open + 1..t.len() - 1].trim(),
-        )
+    let unknown = || ActionError::Unknown {
+        action: t.to_string(),
+        expected: "search[query] or answer[text]".into(),
+    };
+    let (verb, arg) = if let Some(call) = bracket_call(t)? {
+        (call.verb, call.argument)
     } else if let Some(rest) = t.strip_prefix('<') {
         // <search>q</search> / <answer>a</answer>
         let Some(close) = rest.find('>') else {
@@ -57,20 +43,14 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
         }
         (verb, body[..end].trim())
     } else {
-        return Err(ActionError::Unknown {
-            action: t.to_string(),
-            expected: expected(),
-        });
+        return Err(unknown());
     };
-    match verb.as_str() {
-        "search" if arg.is_empty() => Err(malformed("empty search query")),
-        "answer" if arg.is_empty() => Err(malformed("empty answer")),
-        "search" => Ok(Action::Search(arg.to_string())),
-        "answer" => Ok(Action::Answer(arg.to_string())),
-        _ => Err(ActionError::Unknown {
-            action: t.to_string(),
-            expected: expected(),
-        }),
+    match (verb.as_str(), arg) {
+        ("search", "") => Err(malformed("empty search query")),
+        ("answer", "") => Err(malformed("empty answer")),
+        ("search", query) => Ok(Action::Search(query.to_string())),
+        ("answer", answer) => Ok(Action::Answer(answer.to_string())),
+        _ => Err(unknown()),
     }
 }
 

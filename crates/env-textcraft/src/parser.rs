@@ -1,6 +1,7 @@
 //! The TextCraft action grammar:
 //! `get N item` | `craft N item using N a, N b, …` | `inventory`.
 
+use agentrl_env_core::action::normalized_action;
 use agentrl_env_core::ActionError;
 
 /// Longest action text accepted.
@@ -25,15 +26,10 @@ pub enum Command {
     Inventory,
 }
 
-/// Lower-case, trim, drop a trailing full stop, collapse whitespace, and
-/// accept minecraft-data spellings (`minecraft:oak_planks`).
-pub fn normalize(text: &str) -> String {
-    let t = text
-        .trim()
-        .trim_end_matches('.')
-        .to_lowercase()
-        .replace('_', " ")
-        .replace("minecraft:", "");
+/// Accept minecraft-data spellings (`minecraft:oak_planks`) in a
+/// normalised command: underscores are spaces, the namespace goes.
+fn plain_spelling(command: &str) -> String {
+    let t = command.replace('_', " ").replace("minecraft:", "");
     t.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -61,13 +57,7 @@ fn count_and_item(action: &str, part: &str) -> Result<(u32, String), ActionError
 
 /// Parse one action text.
 pub fn parse(text: &str) -> Result<Command, ActionError> {
-    if text.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: text.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
-    let t = normalize(text);
+    let t = plain_spelling(&normalized_action(text, MAX_ACTION_LEN)?);
     if t.is_empty() {
         return Err(ActionError::Empty);
     }

@@ -1,6 +1,7 @@
 //! The action grammar: `search[query]`, `click[target]` (WebShop's), plus
 //! `buy now` / `buy` as a shorthand for `click[buy now]`.
 
+use agentrl_env_core::action::{bracket_call, trimmed_action};
 use agentrl_env_core::ActionError;
 
 /// Longest accepted action text, in bytes.
@@ -25,54 +26,26 @@ pub fn normalize_target(s: &str) -> String {
 
 /// Parse one action text.
 pub fn parse(text: &str) -> Result<Action, ActionError> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
-    if t.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: t.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
+    let t = trimmed_action(text, MAX_ACTION_LEN)?;
     let lower = t.to_lowercase();
     if lower == "buy" || lower == "buy now" {
         return Ok(Action::Click("buy now".into()));
     }
-    let Some(open) = t.find('[') else {
-        return Err(ActionError::Unknown {
-            action: t.to_string(),
-            expected: "search[query] or click[target]".into(),
-        });
+    let unknown = || ActionError::Unknown {
+        action: t.to_string(),
+        expected: "search[query] or click[target]".into(),
     };
-    let verb = t[..open].trim().to_lowercase();
+    let call = bracket_call(t)?.ok_or_else(unknown)?;
     let malformed = |reason: &str| ActionError::Malformed {
         action: t.to_string(),
         reason: reason.to_string(),
     };
-    if !t.ends_with(']') {
-        return Err(malformed("missing closing ']'"));
-    }
-    let arg = t[open + 1..t.len() - 1].trim();
-    match verb.as_str() {
-        "search" => {
-            if arg.is_empty() {
-                Err(malformed("empty search query"))
-            } else {
-                Ok(Action::Search(arg.to_string()))
-            }
-        }
-        "click" => {
-            if arg.is_empty() {
-                Err(malformed("nothing to click"))
-            } else {
-                Ok(Action::Click(normalize_target(arg)))
-            }
-        }
-        _ => Err(ActionError::Unknown {
-            action: t.to_string(),
-            expected: "search[query] or click[target]".into(),
-        }),
+    match (call.verb.as_str(), call.argument) {
+        ("search", "") => Err(malformed("empty search query")),
+        ("click", "") => Err(malformed("nothing to click")),
+        ("search", query) => Ok(Action::Search(query.to_string())),
+        ("click", target) => Ok(Action::Click(normalize_target(target))),
+        _ => Err(unknown()),
     }
 }
 
