@@ -1,12 +1,10 @@
-use std::time::Instant;
-
 use agentrl_env_babyai::{
     descriptor, BabyAi, Cell, Color, Desc, DoorState, Family, Instr, Kind, Mission, Obj, State,
     DIFFICULTIES, NOTHING_HAPPENS,
 };
-use agentrl_env_core::{ActionError, Env, EnvParams, Split, StepError, TaskSpec};
+use agentrl_env_core::{testing, ActionError, Env, EnvParams, Split, StepError, TaskSpec};
 use proptest::prelude::*;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 fn spec(difficulty: &str, seed: u64) -> TaskSpec {
     TaskSpec::new("babyai", Split::Train, difficulty, seed)
@@ -18,13 +16,8 @@ fn make(difficulty: &str, seed: u64) -> BabyAi {
 
 fn run_expert(env: &mut dyn Env) -> (bool, usize, Vec<String>) {
     env.reset();
-    let mut acts = Vec::new();
-    while !env.is_done() {
-        let Some(a) = env.expert_action() else { break };
-        env.step(&a).unwrap();
-        acts.push(a);
-    }
-    (env.is_success(), env.steps(), acts)
+    let run = testing::run_expert(env);
+    (run.success, run.steps, run.actions)
 }
 
 /// An 8×8 walled room, agent at (3, 5) facing north.
@@ -269,24 +262,9 @@ fn check_available_actions_lists_them_without_acting() {
 fn random_policy_baseline_and_throughput() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
     for d in ["easy", "medium", "hard"] {
-        let mut ok = 0;
-        let mut steps = 0usize;
-        let t = Instant::now();
-        for seed in 0..200 {
-            let mut env = make(d, seed);
-            while !env.is_done() {
-                let acts = env.available_actions();
-                let a = &acts[rng.random_range(0..acts.len())];
-                env.step(a).unwrap();
-                steps += 1;
-            }
-            ok += env.is_success() as usize;
-        }
-        println!(
-            "babyai {d}: random success {ok}/200, {:.0} steps/s (incl. level generation)",
-            steps as f64 / t.elapsed().as_secs_f64()
-        );
-        assert!(ok < 190);
+        let baseline = testing::random_baseline(|seed| make(d, seed), 200, &mut rng);
+        println!("babyai {d}: {baseline} (incl. level generation)");
+        assert!(baseline.successes < 190);
     }
 }
 
@@ -295,12 +273,7 @@ proptest! {
     #[test]
     fn arbitrary_text_never_panics(text in ".{0,80}", seed in 0u64..30) {
         let mut env = make("hard", seed);
-        let before = env.invalid_actions();
-        match env.step(&text) {
-            Ok(s) => prop_assert!(!s.observation.is_empty()),
-            Err(StepError::InvalidAction(_)) => prop_assert_eq!(env.invalid_actions(), before + 1),
-            Err(StepError::EpisodeOver) => prop_assert!(false),
-        }
+        prop_assert_eq!(testing::check_arbitrary_step(&mut env, &text), Ok(()));
     }
 
     #[test]

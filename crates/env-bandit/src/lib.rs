@@ -77,16 +77,9 @@ impl Config {
         })
     }
 
-    /// The config of a difficulty with `[env]` params applied.
-    pub fn new(difficulty: &str, params: &EnvParams) -> Result<Self, EnvError> {
-        let mut config = Self::for_difficulty(difficulty)?;
-        config.apply_params(params)?;
-        Ok(config)
-    }
-
-    /// Apply `[env]` params `low_reward`, `high_reward`, `high_prob`; the
-    /// risky arm must keep the higher expectation (that is the task).
-    pub fn apply_params(&mut self, params: &EnvParams) -> Result<(), EnvError> {
+    /// This config with `[env]` params applied: `low_reward`, `high_reward`,
+    /// `high_prob`; the risky arm must keep the higher expectation (the task).
+    pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
         let p: Params = parse_params(NAME, params)?;
         let finite = |key: &str, v: Option<f64>| match v {
             Some(x) if !x.is_finite() => Err(param_error(NAME, key, "must be finite")),
@@ -109,7 +102,7 @@ impl Config {
                 "the risky arm's expectation (high_reward × high_prob) must exceed low_reward",
             ));
         }
-        Ok(())
+        Ok(self)
     }
 }
 
@@ -131,7 +124,10 @@ pub struct Bandit {
 impl Bandit {
     /// Draw the task of `spec` with `[env]` params.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        Self::with_config(spec, Config::new(&spec.difficulty, params)?)
+        Self::with_config(
+            spec,
+            Config::for_difficulty(&spec.difficulty)?.with_params(params)?,
+        )
     }
 
     /// Draw the task of `spec` with an explicit config.

@@ -18,6 +18,8 @@ mod error;
 mod params;
 mod seed;
 mod spec;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use cache::SharedCache;
 pub use descriptor::{EnvDescriptor, EnvFactory, EnvParams};

@@ -81,16 +81,10 @@ impl Config {
         })
     }
 
-    /// The config of a difficulty with `[env]` params applied.
-    pub fn new(difficulty: &str, params: &EnvParams) -> Result<Self, EnvError> {
-        let mut config = Self::for_difficulty(difficulty)?;
-        config.apply_params(params)?;
-        Ok(config)
-    }
-
-    /// Apply `[env]` params: `slip` (0 ≤ slip ≤ 1), `is_slippery` (bool; false
-    /// means `slip = 0`), `size` (2–16), `frozen_prob` (0 < p ≤ 1), `max_steps` (≥ 1).
-    pub fn apply_params(&mut self, params: &EnvParams) -> Result<(), EnvError> {
+    /// This config with `[env]` params applied: `slip` (0 ≤ slip ≤ 1),
+    /// `is_slippery` (bool; false means `slip = 0`), `size` (2–16),
+    /// `frozen_prob` (0 < p ≤ 1), `max_steps` (≥ 1).
+    pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
         let p: Params = parse_params(NAME, params)?;
         if let Some(slip) = p.slip {
             self.slip = param_in_range(NAME, "slip", slip, 0.0..=1.0)?;
@@ -120,7 +114,7 @@ impl Config {
             }
             self.max_steps = max_steps;
         }
-        Ok(())
+        Ok(self)
     }
 }
 
@@ -144,7 +138,10 @@ pub struct FrozenLake {
 impl FrozenLake {
     /// Generate the task of `spec` with `[env]` params.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        Self::with_config(spec, Config::new(&spec.difficulty, params)?)
+        Self::with_config(
+            spec,
+            Config::for_difficulty(&spec.difficulty)?.with_params(params)?,
+        )
     }
 
     /// Generate the task of `spec` with an explicit config.

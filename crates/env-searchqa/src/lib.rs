@@ -31,9 +31,7 @@ use agentrl_env_core::{
     EnvDescriptor, EnvError, EnvParams, Episode, Outcome, SharedCache, Step, StepError, StepInfo,
     TaskSpec,
 };
-use agentrl_search_index::{
-    data_hash, shared_index, DocRef, IndexError, IndexLocation, SearchIndex,
-};
+use agentrl_search_index::{data_hash, shared_index, IndexError, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
 use rand::Rng;
 use serde::Deserialize;
@@ -149,13 +147,7 @@ fn corpus_for(p: &Params) -> Result<Arc<Corpus>, EnvError> {
                 (kb.passages.clone(), Source::Generated(kb))
             }
         };
-        let docs: Vec<DocRef<'_>> = passages
-            .iter()
-            .map(|d| DocRef {
-                title: &d.title,
-                body: &d.text,
-            })
-            .collect();
+        let docs = kb::search_docs(&passages);
         let index = shared_index(&docs, data_hash(&docs), &p.cache_dir)
             .map_err(|e| e.into_env_error(NAME))?;
         Ok(Corpus {

@@ -83,16 +83,10 @@ impl Config {
         })
     }
 
-    /// The config of a difficulty with `[env]` params applied.
-    pub fn new(difficulty: &str, params: &EnvParams) -> Result<Self, EnvError> {
-        let mut config = Self::for_difficulty(difficulty)?;
-        config.apply_params(params)?;
-        Ok(config)
-    }
-
-    /// Apply `[env]` params: `size` (5–16), `boxes` (1–4), `reverse_steps`,
-    /// `min_solution_len`, `max_solution_len` (≤ `max_steps`), `max_steps` (≥ 1).
-    pub fn apply_params(&mut self, params: &EnvParams) -> Result<(), EnvError> {
+    /// This config with `[env]` params applied: `size` (5–16), `boxes`
+    /// (1–4), `reverse_steps`, `min_solution_len`, `max_solution_len`
+    /// (≤ `max_steps`), `max_steps` (≥ 1).
+    pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
         let p: Params = parse_params(NAME, params)?;
         let g = &mut self.generation;
         if let Some(size) = p.size {
@@ -131,7 +125,7 @@ impl Config {
                 "exceeds max_solution_len (or max_steps)",
             ));
         }
-        Ok(())
+        Ok(self)
     }
 }
 
@@ -166,7 +160,10 @@ pub struct Sokoban {
 impl Sokoban {
     /// Generate the task of `spec` with `[env]` params.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        Self::with_config(spec, Config::new(&spec.difficulty, params)?)
+        Self::with_config(
+            spec,
+            Config::for_difficulty(&spec.difficulty)?.with_params(params)?,
+        )
     }
 
     /// Generate the task of `spec` with an explicit config.

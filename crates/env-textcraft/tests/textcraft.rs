@@ -1,12 +1,11 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
-use agentrl_env_core::{ActionError, Env, EnvParams, Split, StepError, TaskSpec};
+use agentrl_env_core::{testing, ActionError, Env, EnvParams, Split, StepError, TaskSpec};
 use agentrl_env_textcraft::{descriptor, loader, Recipe, RecipeBook, Task, TextCraft, MAX_STEPS};
 use proptest::prelude::*;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 fn spec(difficulty: &str, seed: u64) -> TaskSpec {
     TaskSpec::new("textcraft", Split::Train, difficulty, seed)
@@ -26,11 +25,8 @@ fn fixture_params() -> EnvParams {
 /// Run the expert to the end; returns (success, steps).
 fn run_expert(env: &mut dyn Env) -> (bool, usize) {
     env.reset();
-    while !env.is_done() {
-        let Some(a) = env.expert_action() else { break };
-        env.step(&a).unwrap();
-    }
-    (env.is_success(), env.steps())
+    let run = testing::run_expert(env);
+    (run.success, run.steps)
 }
 
 fn r(out: &str, n: u32, ins: &[(&str, u32)]) -> Recipe {
@@ -288,25 +284,9 @@ fn bad_params_are_errors() {
 fn random_policy_baseline_and_throughput() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     for d in ["easy", "medium", "hard"] {
-        let mut ok = 0;
-        let mut steps = 0usize;
-        let t = Instant::now();
-        for seed in 0..200 {
-            let mut env = make(d, seed);
-            while !env.is_done() {
-                let acts = env.available_actions();
-                let a = &acts[rng.random_range(0..acts.len())];
-                env.step(a).unwrap();
-                steps += 1;
-            }
-            ok += env.is_success() as usize;
-        }
-        let secs = t.elapsed().as_secs_f64();
-        println!(
-            "textcraft {d}: random success {ok}/200, {:.0} steps/s (incl. task creation)",
-            steps as f64 / secs
-        );
-        assert!(ok < 190);
+        let baseline = testing::random_baseline(|seed| make(d, seed), 200, &mut rng);
+        println!("textcraft {d}: {baseline} (incl. task creation)");
+        assert!(baseline.successes < 190);
     }
 }
 
@@ -315,12 +295,7 @@ proptest! {
     #[test]
     fn arbitrary_text_never_panics(text in ".{0,120}", seed in 0u64..50) {
         let mut env = make("medium", seed);
-        let before_invalid = env.invalid_actions();
-        match env.step(&text) {
-            Ok(s) => prop_assert!(!s.observation.is_empty()),
-            Err(StepError::InvalidAction(_)) => prop_assert_eq!(env.invalid_actions(), before_invalid + 1),
-            Err(StepError::EpisodeOver) => prop_assert!(false, "fresh env reported episode over"),
-        }
+        prop_assert_eq!(testing::check_arbitrary_step(&mut env, &text), Ok(()));
     }
 
     #[test]

@@ -30,9 +30,7 @@ use agentrl_env_core::{
     EnvDescriptor, EnvError, EnvParams, Episode, Outcome, SharedCache, Step, StepError, StepInfo,
     TaskSpec,
 };
-use agentrl_search_index::{
-    data_hash, shared_index, DocRef, IndexError, IndexLocation, SearchIndex,
-};
+use agentrl_search_index::{data_hash, shared_index, IndexError, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
 use rand::Rng;
 use serde::Deserialize;
@@ -138,15 +136,8 @@ fn build_world(
     pool: GoalPool,
     location: &IndexLocation,
 ) -> Result<World, EnvError> {
-    let bodies: Vec<String> = products.iter().map(|p| p.search_body()).collect();
-    let docs: Vec<DocRef<'_>> = products
-        .iter()
-        .zip(&bodies)
-        .map(|(p, b)| DocRef {
-            title: &p.title,
-            body: b,
-        })
-        .collect();
+    let bodies = catalog::search_bodies(&products);
+    let docs = catalog::search_docs(&products, &bodies);
     let index =
         shared_index(&docs, data_hash(&docs), location).map_err(|e| e.into_env_error(NAME))?;
     Ok(World {
