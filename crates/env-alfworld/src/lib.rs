@@ -14,7 +14,7 @@ pub mod world;
 
 use agentrl_env_core::{
     parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome,
-    Step, StepError, StepInfo, TaskSpec,
+    Step, StepError, TaskSpec,
 };
 use serde::Deserialize;
 
@@ -163,14 +163,8 @@ impl Env for AlfWorld {
         self.last_obs = obs.clone();
         let mut extra = serde_json::Map::new();
         extra.insert("task_type".into(), self.world.goal.task.name().into());
-        let success = self.episode.is_success();
-        Ok(Step {
-            observation: obs,
-            reward: if success { 1.0 } else { 0.0 },
-            done: self.episode.is_done(),
-            success,
-            info: StepInfo { effective, extra },
-        })
+        let reward = if self.episode.is_success() { 1.0 } else { 0.0 };
+        Ok(self.episode.step_result(obs, reward, effective, extra))
     }
 
     fn observation(&self) -> String {

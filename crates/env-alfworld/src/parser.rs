@@ -116,6 +116,7 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::refusal_of;
 
     #[test]
     fn parses_every_verb() {
@@ -167,19 +168,14 @@ mod tests {
 
     #[test]
     fn malformed_names_are_typed_errors() {
-        assert!(matches!(
-            parse("go to the fridge"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("take apple from table 1"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("put apple 1 fridge 1"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(parse("jump"), Err(ActionError::Unknown { .. })));
+        for text in [
+            "go to the fridge",
+            "take apple from table 1",
+            "put apple 1 fridge 1",
+        ] {
+            assert_eq!(refusal_of(parse(text)), Some("Malformed"), "{text}");
+        }
+        assert_eq!(refusal_of(parse("jump")), Some("Unknown"));
         assert_eq!(parse(""), Err(ActionError::Empty));
     }
 }

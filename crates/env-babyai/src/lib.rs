@@ -20,7 +20,7 @@ pub mod view;
 
 use agentrl_env_core::{
     parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome,
-    Step, StepError, StepInfo, TaskSpec,
+    Step, StepError, TaskSpec,
 };
 use rand::seq::IndexedRandom;
 use serde::Deserialize;
@@ -291,13 +291,7 @@ impl Env for BabyAi {
         self.last_obs = obs.clone();
         let mut extra = serde_json::Map::new();
         extra.insert("family".into(), self.family.name().into());
-        Ok(Step {
-            observation: obs,
-            reward,
-            done: self.episode.is_done(),
-            success: self.episode.is_success(),
-            info: StepInfo { effective, extra },
-        })
+        Ok(self.episode.step_result(obs, reward, effective, extra))
     }
 
     fn observation(&self) -> String {

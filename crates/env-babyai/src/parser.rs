@@ -110,6 +110,7 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::refusal_of;
 
     #[test]
     fn parses_primitives_and_high_level_actions() {
@@ -139,19 +140,10 @@ mod tests {
 
     #[test]
     fn malformed_targets_are_typed_errors() {
-        assert!(matches!(
-            parse("go to red ball"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("go to pink ball 1"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("pickup red chair 1"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(parse("fly"), Err(ActionError::Unknown { .. })));
+        for text in ["go to red ball", "go to pink ball 1", "pickup red chair 1"] {
+            assert_eq!(refusal_of(parse(text)), Some("Malformed"), "{text}");
+        }
+        assert_eq!(refusal_of(parse("fly")), Some("Unknown"));
         assert_eq!(parse(" "), Err(ActionError::Empty));
     }
 }

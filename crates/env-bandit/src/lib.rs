@@ -13,7 +13,7 @@ mod solver;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, Step, StepError, StepInfo, TaskSpec,
+    EnvParams, Episode, Outcome, Step, StepError, TaskSpec,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -245,16 +245,9 @@ impl Env for Bandit {
         });
         let mut extra = serde_json::Map::new();
         extra.insert("arm".into(), self.task.names[arm].clone().into());
-        Ok(Step {
-            observation: self.render(),
-            reward: self.payout,
-            done: true,
-            success: self.is_success(),
-            info: StepInfo {
-                effective: true,
-                extra,
-            },
-        })
+        Ok(self
+            .episode
+            .step_result(self.render(), self.payout, true, extra))
     }
 
     fn observation(&self) -> String {

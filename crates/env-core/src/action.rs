@@ -118,6 +118,8 @@ mod tests {
                 "{bad}"
             );
         }
+        let lossy = String::from_utf8_lossy(&[0xff, 0xfe, b'U', b'p', 0xc3]);
+        assert!(matches!(choose(&lossy), Err(ActionError::Unknown { .. })));
         assert_eq!(
             choose(&"Up".repeat(1_000_000)),
             Err(ActionError::TooLong {

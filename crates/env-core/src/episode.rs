@@ -1,7 +1,7 @@
 //! The bookkeeping every episode shares, so an environment's `step` holds
 //! only its own game logic.
 
-use crate::{ActionError, StepError};
+use crate::{ActionError, Step, StepError, StepInfo};
 
 /// How the game stands after a valid action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +93,24 @@ impl Episode {
     pub fn reject(&mut self, error: ActionError) -> StepError {
         self.invalid_actions += 1;
         StepError::InvalidAction(error)
+    }
+
+    /// The result of a valid step, done and successful as the episode now
+    /// stands (call after [`Episode::settle`]).
+    pub fn step_result(
+        &self,
+        observation: String,
+        reward: f64,
+        effective: bool,
+        extra: serde_json::Map<String, serde_json::Value>,
+    ) -> Step {
+        Step {
+            observation,
+            reward,
+            done: self.done,
+            success: self.success,
+            info: StepInfo { effective, extra },
+        }
     }
 
     /// Count one valid step and settle the episode: `Won` and `Lost` end it,

@@ -131,3 +131,31 @@ pub fn step_kind(result: &Result<Step, StepError>) -> &'static str {
         Err(StepError::InvalidAction(e)) => refusal(e),
     }
 }
+
+/// The [`refusal`] of a parse result, `None` when it parsed.
+pub fn refusal_of<T>(result: Result<T, ActionError>) -> Option<&'static str> {
+    result.err().map(|e| refusal(&e))
+}
+
+/// Check a grammar of a few named actions (see
+/// [`crate::action::choose_action`]): each of `names` in any case, and its
+/// 1-based index, parse to the action at the same place in `actions`; other
+/// text is refused as unknown, empty or too long.
+pub fn check_named_actions<A: PartialEq + fmt::Debug + Copy>(
+    parse: impl Fn(&str) -> Result<A, ActionError>,
+    actions: &[A],
+    names: &[&str],
+) {
+    assert_eq!(actions.len(), names.len());
+    for (i, (action, name)) in actions.iter().zip(names).enumerate() {
+        assert_eq!(parse(&name.to_uppercase()), Ok(*action), "{name}");
+        assert_eq!(parse(&format!(" {}\n", name.to_lowercase())), Ok(*action));
+        assert_eq!(parse(&(i + 1).to_string()), Ok(*action), "index {}", i + 1);
+    }
+    let past_the_end = (actions.len() + 1).to_string();
+    for text in ["0", &past_the_end, "-1", "north west", "١"] {
+        assert_eq!(refusal_of(parse(text)), Some("Unknown"), "{text}");
+    }
+    assert_eq!(refusal_of(parse(" \t\n")), Some("Empty"));
+    assert_eq!(refusal_of(parse(&"x".repeat(100_000))), Some("TooLong"));
+}

@@ -12,7 +12,7 @@ mod solver;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, Step, StepError, StepInfo, TaskSpec,
+    EnvParams, Episode, Outcome, Step, StepError, TaskSpec,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -291,16 +291,9 @@ impl Env for FrozenLake {
             Tile::Start | Tile::Frozen => (0.0, Outcome::Running),
         };
         self.episode.settle(outcome);
-        Ok(Step {
-            observation: self.render(),
-            reward,
-            done: self.episode.is_done(),
-            success: self.episode.is_success(),
-            info: StepInfo {
-                effective,
-                extra: Default::default(),
-            },
-        })
+        Ok(self
+            .episode
+            .step_result(self.render(), reward, effective, serde_json::Map::new()))
     }
 
     fn observation(&self) -> String {

@@ -28,8 +28,7 @@ use std::sync::Arc;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, ActionError, Env,
-    EnvDescriptor, EnvError, EnvParams, Episode, Outcome, SharedCache, Step, StepError, StepInfo,
-    TaskSpec,
+    EnvDescriptor, EnvError, EnvParams, Episode, Outcome, SharedCache, Step, StepError, TaskSpec,
 };
 use agentrl_search_index::{data_hash, shared_index, IndexError, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
@@ -333,13 +332,9 @@ impl Env for SearchQaEnv {
             observation.push_str("\nThe action budget is exhausted.");
         }
         self.last_obs = observation.clone();
-        Ok(Step {
-            observation,
-            reward,
-            done: self.episode.is_done(),
-            success: self.episode.is_success(),
-            info: StepInfo { effective, extra },
-        })
+        Ok(self
+            .episode
+            .step_result(observation, reward, effective, extra))
     }
 
     fn observation(&self) -> String {

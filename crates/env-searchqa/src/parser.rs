@@ -57,6 +57,7 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::refusal_of;
     use proptest::prelude::*;
 
     #[test]
@@ -82,27 +83,12 @@ mod tests {
     #[test]
     fn rejects_malformed_actions_with_typed_errors() {
         assert_eq!(parse(""), Err(ActionError::Empty));
-        assert!(matches!(
-            parse("answer[]"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("search[x"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("<search>x"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("<search>x</answer>"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(parse("look[x]"), Err(ActionError::Unknown { .. })));
-        assert!(matches!(
-            parse("the answer is 4"),
-            Err(ActionError::Unknown { .. })
-        ));
+        for text in ["answer[]", "search[x", "<search>x", "<search>x</answer>"] {
+            assert_eq!(refusal_of(parse(text)), Some("Malformed"), "{text}");
+        }
+        for text in ["look[x]", "the answer is 4"] {
+            assert_eq!(refusal_of(parse(text)), Some("Unknown"), "{text}");
+        }
     }
 
     proptest! {

@@ -12,7 +12,7 @@ mod solver;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, Step, StepError, StepInfo, TaskSpec,
+    EnvParams, Episode, Outcome, Step, StepError, TaskSpec,
 };
 use serde::Deserialize;
 
@@ -324,13 +324,9 @@ impl Env for Sokoban {
         }
         let mut extra = serde_json::Map::new();
         extra.insert("boxes_on_target".into(), on_target.into());
-        Ok(Step {
-            observation: self.render(),
-            reward,
-            done: self.episode.is_done(),
-            success: self.episode.is_success(),
-            info: StepInfo { effective, extra },
-        })
+        Ok(self
+            .episode
+            .step_result(self.render(), reward, effective, extra))
     }
 
     fn observation(&self) -> String {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use agentrl_env_core::{
     parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome,
-    SharedCache, Step, StepError, StepInfo, TaskSpec,
+    SharedCache, Step, StepError, TaskSpec,
 };
 use serde::Deserialize;
 
@@ -294,14 +294,8 @@ impl Env for TextCraft {
         self.last_obs = msg.clone();
         let mut extra = serde_json::Map::new();
         extra.insert("depth".into(), self.task.depth.into());
-        let success = self.episode.is_success();
-        Ok(Step {
-            observation: msg,
-            reward: if success { 1.0 } else { 0.0 },
-            done: self.episode.is_done(),
-            success,
-            info: StepInfo { effective, extra },
-        })
+        let reward = if self.episode.is_success() { 1.0 } else { 0.0 };
+        Ok(self.episode.step_result(msg, reward, effective, extra))
     }
 
     fn observation(&self) -> String {

@@ -96,6 +96,7 @@ pub fn parse(text: &str) -> Result<Command, ActionError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::refusal_of;
 
     #[test]
     fn parses_the_three_commands() {
@@ -128,22 +129,14 @@ mod tests {
     #[test]
     fn rejects_malformed_actions_with_typed_errors() {
         assert_eq!(parse("   "), Err(ActionError::Empty));
-        assert!(matches!(
-            parse("get oak log"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("get 0 oak log"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("craft 1 pickaxe with 3 stone"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(parse("dance"), Err(ActionError::Unknown { .. })));
-        assert!(matches!(
-            parse(&"x".repeat(1000)),
-            Err(ActionError::TooLong { .. })
-        ));
+        for text in [
+            "get oak log",
+            "get 0 oak log",
+            "craft 1 pickaxe with 3 stone",
+        ] {
+            assert_eq!(refusal_of(parse(text)), Some("Malformed"), "{text}");
+        }
+        assert_eq!(refusal_of(parse("dance")), Some("Unknown"));
+        assert_eq!(refusal_of(parse(&"x".repeat(1000))), Some("TooLong"));
     }
 }

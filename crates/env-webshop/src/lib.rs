@@ -27,8 +27,7 @@ use std::sync::Arc;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, ActionError, Env,
-    EnvDescriptor, EnvError, EnvParams, Episode, Outcome, SharedCache, Step, StepError, StepInfo,
-    TaskSpec,
+    EnvDescriptor, EnvError, EnvParams, Episode, Outcome, SharedCache, Step, StepError, TaskSpec,
 };
 use agentrl_search_index::{data_hash, shared_index, IndexError, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
@@ -655,13 +654,9 @@ impl Env for WebShopEnv {
         } else if out_of_steps {
             observation.push_str("The action budget is exhausted; nothing was bought.\n");
         }
-        Ok(Step {
-            observation,
-            reward,
-            done: self.episode.is_done(),
-            success: self.episode.is_success(),
-            info: StepInfo { effective, extra },
-        })
+        Ok(self
+            .episode
+            .step_result(observation, reward, effective, extra))
     }
 
     fn observation(&self) -> String {

@@ -52,6 +52,7 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::refusal_of;
     use proptest::prelude::*;
 
     #[test]
@@ -83,20 +84,13 @@ mod tests {
     #[test]
     fn rejects_malformed_actions_with_typed_errors() {
         assert_eq!(parse("   "), Err(ActionError::Empty));
-        assert!(matches!(
-            parse("search[]"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("search[coffee"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(parse("jump[x]"), Err(ActionError::Unknown { .. })));
-        assert!(matches!(parse("hello"), Err(ActionError::Unknown { .. })));
-        assert!(matches!(
-            parse(&"x".repeat(600)),
-            Err(ActionError::TooLong { .. })
-        ));
+        for text in ["search[]", "search[coffee"] {
+            assert_eq!(refusal_of(parse(text)), Some("Malformed"), "{text}");
+        }
+        for text in ["jump[x]", "hello"] {
+            assert_eq!(refusal_of(parse(text)), Some("Unknown"), "{text}");
+        }
+        assert_eq!(refusal_of(parse(&"x".repeat(600))), Some("TooLong"));
     }
 
     proptest! {
