@@ -1,7 +1,7 @@
 //! Helpers the environments' own tests and measurements share (feature
 //! `testing`, for dev-dependencies only).
 
-use std::fmt;
+use std::fmt::Debug;
 use std::time::Instant;
 
 use rand::Rng;
@@ -55,53 +55,74 @@ pub fn check_arbitrary_step(env: &mut dyn Env, text: &str) -> Result<(), String>
     }
 }
 
-/// How uniformly random play over the available actions fares.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RandomBaseline {
-    pub episodes: u64,
-    pub successes: usize,
-    pub steps: usize,
-    /// Valid steps per second, env creation included.
-    pub steps_per_second: f64,
-}
-
-impl fmt::Display for RandomBaseline {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "random success {}/{}, {:.0} steps/s",
-            self.successes, self.episodes, self.steps_per_second
-        )
-    }
-}
-
-/// Play `episodes` episodes (`make(seed)` for seeds `0..episodes`) with a
-/// uniformly random available action each turn, until each one ends.
-pub fn random_baseline<E: Env>(
-    make: impl Fn(u64) -> E,
+/// Check that the expert solves at least `min_successes` of the episodes
+/// `make(difficulty, seed)`, seeds `0..episodes`, on each difficulty; prints
+/// the rate and mean steps (`label` names the env) and each failure's actions.
+pub fn assert_expert_solves<E: Env>(
+    label: &str,
+    difficulties: &[&str],
+    make: impl Fn(&str, u64) -> E,
     episodes: u64,
-    rng: &mut impl Rng,
-) -> RandomBaseline {
-    let (mut successes, mut steps) = (0, 0);
-    let start = Instant::now();
-    for seed in 0..episodes {
-        let mut env = make(seed);
-        while !env.is_done() {
-            let actions = env.available_actions();
-            assert!(!actions.is_empty(), "{}: no available action", env.spec());
-            let action = &actions[rng.random_range(0..actions.len())];
-            if let Err(e) = env.step(action) {
-                panic!("{}: available action {action:?} refused: {e}", env.spec());
+    min_successes: usize,
+) {
+    for &difficulty in difficulties {
+        let (mut successes, mut steps) = (0, 0);
+        for seed in 0..episodes {
+            let mut env = make(difficulty, seed);
+            env.reset();
+            let run = run_expert(&mut env);
+            if !run.success {
+                eprintln!("{} failed: {:?}", env.spec(), run.actions);
             }
-            steps += 1;
+            successes += usize::from(run.success);
+            steps += run.steps;
         }
-        successes += usize::from(env.is_success());
+        println!(
+            "{label} {difficulty}: expert success {successes}/{episodes}, mean steps {:.1}",
+            steps as f64 / episodes as f64
+        );
+        assert!(
+            successes >= min_successes,
+            "{label} {difficulty}: expert solved only {successes}/{episodes}"
+        );
     }
-    RandomBaseline {
-        episodes,
-        successes,
-        steps,
-        steps_per_second: steps as f64 / start.elapsed().as_secs_f64(),
+}
+
+/// Check that uniformly random play over the available actions succeeds
+/// fewer than `max_successes` times in the episodes `make(difficulty, seed)`,
+/// seeds `0..episodes`, on each difficulty (one `rng` for all); prints the
+/// successes and valid steps per second, env creation included.
+pub fn assert_random_play_below<E: Env>(
+    label: &str,
+    difficulties: &[&str],
+    make: impl Fn(&str, u64) -> E,
+    (episodes, max_successes): (u64, usize),
+    rng: &mut impl Rng,
+) {
+    for &difficulty in difficulties {
+        let (mut successes, mut steps) = (0, 0);
+        let start = Instant::now();
+        for seed in 0..episodes {
+            let mut env = make(difficulty, seed);
+            while !env.is_done() {
+                let actions = env.available_actions();
+                assert!(!actions.is_empty(), "{}: no available action", env.spec());
+                let action = &actions[rng.random_range(0..actions.len())];
+                if let Err(e) = env.step(action) {
+                    panic!("{}: available action {action:?} refused: {e}", env.spec());
+                }
+                steps += 1;
+            }
+            successes += usize::from(env.is_success());
+        }
+        println!(
+            "{label} {difficulty}: random success {successes}/{episodes}, {:.0} steps/s",
+            steps as f64 / start.elapsed().as_secs_f64()
+        );
+        assert!(
+            successes < max_successes,
+            "{label} {difficulty}: {successes}"
+        );
     }
 }
 
@@ -141,7 +162,7 @@ pub fn refusal_of<T>(result: Result<T, ActionError>) -> Option<&'static str> {
 /// [`crate::action::choose_action`]): each of `names` in any case, and its
 /// 1-based index, parse to the action at the same place in `actions`; other
 /// text is refused as unknown, empty or too long.
-pub fn check_named_actions<A: PartialEq + fmt::Debug + Copy>(
+pub fn check_named_actions<A: PartialEq + Debug + Copy>(
     parse: impl Fn(&str) -> Result<A, ActionError>,
     actions: &[A],
     names: &[&str],

@@ -4,10 +4,12 @@
 //! The retrieval envs run on their smallest built-in collections in memory
 //! (100 products, 100 passages), so the whole file stays well under a second.
 
+use agentrl_env_core::testing::check_arbitrary_step;
 use agentrl_envs::{
     descriptors, find, make_env, Env, EnvDescriptor, EnvError, EnvParams, Split, Step, StepError,
     TaskSpec,
 };
+use proptest::prelude::*;
 
 /// Texts no environment's grammar accepts.
 const NOT_ACTIONS: [&str; 2] = ["", "definitely not an action"];
@@ -213,5 +215,24 @@ fn unknown_env_difficulty_and_param_are_errors() {
             }
             other => panic!("{}: {:?}", d.name, other.map(|_| ())),
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Any text, on any env at any difficulty: taken with an observation or
+    /// refused as invalid and counted, never a panic or "episode over".
+    #[test]
+    fn arbitrary_text_is_taken_or_counted_as_invalid(
+        which in any::<prop::sample::Index>(),
+        seed in 0u64..30,
+        text in ".{0,120}",
+    ) {
+        let all = cases();
+        let (d, spec) = &all[which.index(all.len())];
+        let spec = TaskSpec { seed, ..spec.clone() };
+        let mut env = make(d, &spec);
+        prop_assert_eq!(check_arbitrary_step(env.as_mut(), &text), Ok(()));
     }
 }
