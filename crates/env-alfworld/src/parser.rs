@@ -36,10 +36,8 @@ pub enum Action {
 /// "cabinet 3" → itself; anything else is malformed.
 fn entity(action: &str, s: &str) -> Result<String, ActionError> {
     let s = s.trim();
-    let malformed = || ActionError::Malformed {
-        action: action.to_string(),
-        reason: format!("'{s}' is not a name like 'cabinet 1'"),
-    };
+    let malformed =
+        || ActionError::malformed(action, format!("'{s}' is not a name like 'cabinet 1'"));
     let (word, num) = s.rsplit_once(' ').ok_or_else(malformed)?;
     if word.is_empty() || word.contains(' ') || num.parse::<u32>().is_err() {
         return Err(malformed());
@@ -53,10 +51,8 @@ fn two(action: &str, rest: &str, seps: &[&str]) -> Result<(String, String), Acti
             return Ok((entity(action, a)?, entity(action, b)?));
         }
     }
-    Err(ActionError::Malformed {
-        action: action.to_string(),
-        reason: format!("expected '<object> {} <receptacle>'", seps[0].trim()),
-    })
+    let expected = format!("expected '<object> {} <receptacle>'", seps[0].trim());
+    Err(ActionError::malformed(action, expected))
 }
 
 /// Parse one action text.
@@ -107,10 +103,7 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
     if let Some(r) = t.strip_prefix("examine ") {
         return Ok(Action::Examine(entity(text, r)?));
     }
-    Err(ActionError::Unknown {
-        action: text.to_string(),
-        expected: EXPECTED.to_string(),
-    })
+    Err(ActionError::unknown(text, EXPECTED))
 }
 
 #[cfg(test)]

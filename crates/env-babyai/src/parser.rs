@@ -40,10 +40,7 @@ pub enum Action {
 }
 
 fn target(action: &str, s: &str) -> Result<Target, ActionError> {
-    let malformed = |reason: &str| ActionError::Malformed {
-        action: action.to_string(),
-        reason: reason.to_string(),
-    };
+    let malformed = |reason: &str| ActionError::malformed(action, reason);
     let words: Vec<&str> = s.split(' ').filter(|w| *w != "the").collect();
     let [c, what, n] = words.as_slice() else {
         return Err(malformed(
@@ -101,10 +98,7 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
     {
         return Ok(Action::Pickup(target(text, r)?));
     }
-    Err(ActionError::Unknown {
-        action: text.to_string(),
-        expected: EXPECTED.to_string(),
-    })
+    Err(ActionError::unknown(text, EXPECTED))
 }
 
 #[cfg(test)]

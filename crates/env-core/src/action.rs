@@ -53,10 +53,7 @@ pub fn choose_action<S: AsRef<str>>(
     let index = names.iter().enumerate().position(|(i, name)| {
         t.eq_ignore_ascii_case(name.as_ref()) || (i < 9 && t.as_bytes() == [b'1' + i as u8])
     });
-    index.ok_or_else(|| ActionError::Unknown {
-        action: t.to_string(),
-        expected: expected(),
-    })
+    index.ok_or_else(|| ActionError::unknown(t, expected()))
 }
 
 /// An action of the form `verb[argument]` (WebShop, SearchQA).
@@ -77,10 +74,7 @@ pub fn bracket_call(text: &str) -> Result<Option<BracketCall<'_>>, ActionError> 
         return Ok(None);
     };
     if !text.ends_with(']') {
-        return Err(ActionError::Malformed {
-            action: text.to_string(),
-            reason: "missing closing ']'".to_string(),
-        });
+        return Err(ActionError::malformed(text, "missing closing ']'"));
     }
     Ok(Some(BracketCall {
         verb: text[..open].trim().to_lowercase(),

@@ -27,8 +27,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agentrl_env_core::{
-    param_error, param_in_range, parse_params, stable_hash, task_rng, ActionError, Env,
-    EnvDescriptor, EnvError, EnvParams, Episode, Outcome, SharedCache, Step, StepError, TaskSpec,
+    param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
+    EnvParams, Episode, Outcome, SharedCache, Step, StepError, TaskSpec,
 };
 use agentrl_search_index::{data_hash, shared_index, IndexError, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
@@ -296,12 +296,9 @@ impl Env for SearchQaEnv {
                 let before = self.retrieved.len();
                 // An index that fails to answer refuses the search with its
                 // error; it is never shown as "no results".
-                let info = self.information(&q).map_err(|e| {
-                    self.episode.reject(ActionError::NotPossible {
-                        action: format!("search[{q}]"),
-                        reason: format!("search failed: {e}"),
-                    })
-                })?;
+                let info = self
+                    .information(&q)
+                    .map_err(|e| self.episode.reject(e.into_refusal(&format!("search[{q}]"))))?;
                 effective = self.retrieved.len() > before;
                 outcome = Outcome::Running;
                 self.queries.push(q);

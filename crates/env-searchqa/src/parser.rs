@@ -18,14 +18,8 @@ pub enum Action {
 /// Parse one action text.
 pub fn parse(text: &str) -> Result<Action, ActionError> {
     let t = trimmed_action(text, MAX_ACTION_LEN)?;
-    let malformed = |reason: &str| ActionError::Malformed {
-        action: t.to_string(),
-        reason: reason.to_string(),
-    };
-    let unknown = || ActionError::Unknown {
-        action: t.to_string(),
-        expected: "search[query] or answer[text]".into(),
-    };
+    let malformed = |reason: &str| ActionError::malformed(t, reason);
+    let unknown = || ActionError::unknown(t, "search[query] or answer[text]");
     let (verb, arg) = if let Some(call) = bracket_call(t)? {
         (call.verb, call.argument)
     } else if let Some(rest) = t.strip_prefix('<') {
@@ -62,22 +56,15 @@ mod tests {
 
     #[test]
     fn parses_both_forms() {
+        use Action::{Answer, Search};
+        let who = "who founded Velkor Systems";
+        assert_eq!(parse(&format!("search[ {who} ]")), Ok(Search(who.into())));
+        assert_eq!(parse("Answer[Kalonford]"), Ok(Answer("Kalonford".into())));
         assert_eq!(
-            parse("search[ who founded Velkor Systems ]").unwrap(),
-            Action::Search("who founded Velkor Systems".into())
+            parse("<search>velkor</search>"),
+            Ok(Search("velkor".into()))
         );
-        assert_eq!(
-            parse("Answer[Kalonford]").unwrap(),
-            Action::Answer("Kalonford".into())
-        );
-        assert_eq!(
-            parse("<search>velkor</search>").unwrap(),
-            Action::Search("velkor".into())
-        );
-        assert_eq!(
-            parse("<answer> 1987 </answer>").unwrap(),
-            Action::Answer("1987".into())
-        );
+        assert_eq!(parse("<answer> 1987 </answer>"), Ok(Answer("1987".into())));
     }
 
     #[test]

@@ -35,10 +35,7 @@ fn plain_spelling(command: &str) -> String {
 
 fn count_and_item(action: &str, part: &str) -> Result<(u32, String), ActionError> {
     let part = part.trim();
-    let malformed = |reason: String| ActionError::Malformed {
-        action: action.to_string(),
-        reason,
-    };
+    let malformed = |reason: String| ActionError::malformed(action, reason);
     let (num, item) = part
         .split_once(' ')
         .ok_or_else(|| malformed(format!("expected 'N item', got '{part}'")))?;
@@ -69,12 +66,9 @@ pub fn parse(text: &str) -> Result<Command, ActionError> {
         return Ok(Command::Get { count, item });
     }
     if let Some(rest) = t.strip_prefix("craft ") {
-        let (lhs, rhs) = rest
-            .split_once(" using ")
-            .ok_or_else(|| ActionError::Malformed {
-                action: text.to_string(),
-                reason: "expected 'craft N item using N a, N b'".into(),
-            })?;
+        let (lhs, rhs) = rest.split_once(" using ").ok_or_else(|| {
+            ActionError::malformed(text, "expected 'craft N item using N a, N b'")
+        })?;
         let (count, item) = count_and_item(text, lhs)?;
         let mut inputs = Vec::new();
         for part in rhs.split(',') {
@@ -87,10 +81,7 @@ pub fn parse(text: &str) -> Result<Command, ActionError> {
             inputs,
         });
     }
-    Err(ActionError::Unknown {
-        action: text.to_string(),
-        expected: EXPECTED.to_string(),
-    })
+    Err(ActionError::unknown(text, EXPECTED))
 }
 
 #[cfg(test)]

@@ -397,23 +397,13 @@ impl WebShopEnv {
         }
     }
 
-    fn not_possible(action: &str, reason: &str) -> ActionError {
-        ActionError::NotPossible {
-            action: action.into(),
-            reason: reason.into(),
-        }
-    }
-
     fn unknown_click(&self, target: &str) -> ActionError {
-        ActionError::Unknown {
-            action: format!("click[{target}]"),
-            expected: self
-                .clickables()
-                .iter()
-                .map(|c| format!("click[{c}]"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        }
+        let clickables: Vec<String> = self
+            .clickables()
+            .iter()
+            .map(|c| format!("click[{c}]"))
+            .collect();
+        ActionError::unknown(&format!("click[{target}]"), clickables.join(", "))
     }
 
     /// Apply a parsed action; `Err` leaves the state untouched. A search the
@@ -423,14 +413,15 @@ impl WebShopEnv {
         match action {
             Action::Search(q) => {
                 if self.page != Page::Search {
-                    return Err(Self::not_possible(
+                    return Err(ActionError::not_possible(
                         &format!("search[{q}]"),
                         "search is only possible on the search page; click[back to search] first",
                     ));
                 }
-                self.results = self.world.search(&q, MAX_RESULTS).map_err(|e| {
-                    Self::not_possible(&format!("search[{q}]"), &format!("search failed: {e}"))
-                })?;
+                self.results = self
+                    .world
+                    .search(&q, MAX_RESULTS)
+                    .map_err(|e| e.into_refusal(&format!("search[{q}]")))?;
                 self.query = q;
                 self.page = Page::Results { page: 0 };
                 Ok((0.0, true))
@@ -447,7 +438,7 @@ impl WebShopEnv {
             return Ok((0.0, true));
         }
         match page {
-            Page::Search => Err(Self::not_possible(
+            Page::Search => Err(ActionError::not_possible(
                 &format!("click[{target}]"),
                 "nothing to click on the search page; use search[query]",
             )),

@@ -31,15 +31,9 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
     if lower == "buy" || lower == "buy now" {
         return Ok(Action::Click("buy now".into()));
     }
-    let unknown = || ActionError::Unknown {
-        action: t.to_string(),
-        expected: "search[query] or click[target]".into(),
-    };
+    let unknown = || ActionError::unknown(t, "search[query] or click[target]");
     let call = bracket_call(t)?.ok_or_else(unknown)?;
-    let malformed = |reason: &str| ActionError::Malformed {
-        action: t.to_string(),
-        reason: reason.to_string(),
-    };
+    let malformed = |reason: &str| ActionError::malformed(t, reason);
     match (call.verb.as_str(), call.argument) {
         ("search", "") => Err(malformed("empty search query")),
         ("click", "") => Err(malformed("nothing to click")),
@@ -57,28 +51,19 @@ mod tests {
 
     #[test]
     fn parses_webshop_grammar() {
+        use Action::{Click, Search};
+        let coffee = "dark roast coffee";
         assert_eq!(
-            parse("search[ dark roast coffee ]").unwrap(),
-            Action::Search("dark roast coffee".into())
+            parse(&format!("search[ {coffee} ]")),
+            Ok(Search(coffee.into()))
         );
-        assert_eq!(
-            parse("Click[Next >]").unwrap(),
-            Action::Click("next >".into())
-        );
-        assert_eq!(
-            parse("click[< Prev]").unwrap(),
-            Action::Click("< prev".into())
-        );
-        assert_eq!(
-            parse("click[Buy  Now]").unwrap(),
-            Action::Click("buy now".into())
-        );
-        assert_eq!(parse("buy").unwrap(), Action::Click("buy now".into()));
+        assert_eq!(parse("Click[Next >]"), Ok(Click("next >".into())));
+        assert_eq!(parse("click[< Prev]"), Ok(Click("< prev".into())));
+        assert_eq!(parse("click[Buy  Now]"), Ok(Click("buy now".into())));
+        assert_eq!(parse("buy"), Ok(Click("buy now".into())));
         // Brackets inside a query are kept.
-        assert_eq!(
-            parse("search[size [large]]").unwrap(),
-            Action::Search("size [large]".into())
-        );
+        let large = "size [large]";
+        assert_eq!(parse(&format!("search[{large}]")), Ok(Search(large.into())));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use agentrl_env_core::{stable_hash, EnvError, SharedCache};
+use agentrl_env_core::{stable_hash, ActionError, EnvError, SharedCache};
 use serde::Deserialize;
 use tantivy::collector::TopDocs;
 use tantivy::columnar::Column;
@@ -58,6 +58,12 @@ pub enum IndexError {
 }
 
 impl IndexError {
+    /// This error as the refusal of the search action `action`: the step is
+    /// refused (and counted as invalid) rather than shown as "no results".
+    pub fn into_refusal(self, action: &str) -> ActionError {
+        ActionError::not_possible(action, format!("search failed: {self}"))
+    }
+
     /// This error as the data error of environment `env`.
     pub fn into_env_error(self, env: &str) -> EnvError {
         EnvError::Data {
