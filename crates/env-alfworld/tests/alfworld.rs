@@ -1,8 +1,6 @@
 use agentrl_env_alfworld::catalog::{obj_def, recep_def, RoomKind};
 use agentrl_env_alfworld::world::{Goal, Obj, ObjLoc, Recep};
-use agentrl_env_alfworld::{
-    descriptor, AlfWorld, TaskType, World, DIFFICULTIES, MAX_STEPS, NOTHING_HAPPENS,
-};
+use agentrl_env_alfworld::{descriptor, AlfWorld, TaskType, World, DIFFICULTIES, NOTHING_HAPPENS};
 use agentrl_env_core::{testing, ActionError, Env, EnvParams, Split, StepError, TaskSpec};
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -237,11 +235,7 @@ fn available_actions_parse_and_contain_expert_moves() {
 
 #[test]
 fn episode_ends_after_max_steps() {
-    let mut env = make("easy", 3);
-    for _ in 0..MAX_STEPS {
-        env.step("look").unwrap();
-    }
-    assert!(env.is_done() && !env.is_success());
+    testing::assert_budget_ends_episode(&mut make("easy", 3), &["look"]);
 }
 
 #[test]

@@ -180,3 +180,38 @@ pub fn check_named_actions<A: PartialEq + Debug + Copy>(
     assert_eq!(refusal_of(parse(" \t\n")), Some("Empty"));
     assert_eq!(refusal_of(parse(&"x".repeat(100_000))), Some("TooLong"));
 }
+
+/// Check that each text is refused with the [`refusal`] named next to it,
+/// that each refusal is counted, and that nothing else changes: valid steps,
+/// observation and state key stay as they were.
+pub fn assert_refused_unchanged(env: &mut dyn Env, refusals: &[(&str, &str)]) {
+    let (observation, key) = (env.observation(), env.state_key());
+    let (steps, invalid) = (env.steps(), env.invalid_actions());
+    for &(text, kind) in refusals {
+        assert_eq!(step_kind(&env.step(text)), kind, "{}: {text:?}", env.spec());
+    }
+    assert_eq!(
+        env.invalid_actions(),
+        invalid + refusals.len(),
+        "{}",
+        env.spec()
+    );
+    assert_eq!(env.steps(), steps, "{}", env.spec());
+    assert_eq!(env.observation(), observation, "{}", env.spec());
+    assert_eq!(env.state_key(), key, "{}", env.spec());
+}
+
+/// Check that valid `actions` (cycled), none of which wins or loses, end the
+/// episode unsuccessfully on exactly the last step of the budget, after
+/// which stepping is "episode over".
+pub fn assert_budget_ends_episode(env: &mut dyn Env, actions: &[&str]) {
+    let (spec, max) = (env.spec().clone(), env.max_steps());
+    for (i, action) in actions.iter().cycle().take(max).enumerate() {
+        let step = env
+            .step(action)
+            .unwrap_or_else(|e| panic!("{spec}: {action:?} refused: {e}"));
+        assert_eq!(step.done, i + 1 == max, "{spec}: step {} of {max}", i + 1);
+        assert!(!step.success, "{spec}: {action:?} won");
+    }
+    assert_eq!(env.step(actions[0]), Err(StepError::EpisodeOver), "{spec}");
+}

@@ -148,11 +148,10 @@ fn hard_questions_need_two_or_three_hops() {
 fn invalid_actions_are_typed_counted_and_change_nothing() {
     let p = params(500);
     let mut e = env("easy", 4, &p);
-    let key = e.state_key();
-    for (text, kind) in [("lookup[x]", "Unknown"), ("search[]", "Malformed")] {
-        assert_eq!(testing::step_kind(&e.step(text)), kind, "{text}");
-    }
-    assert_eq!((e.invalid_actions(), e.steps(), e.state_key()), (2, 0, key));
+    testing::assert_refused_unchanged(
+        &mut e,
+        &[("lookup[x]", "Unknown"), ("search[]", "Malformed")],
+    );
     assert!(run_expert(&mut e));
 }
 
@@ -170,10 +169,7 @@ fn reset_restores_the_initial_state() {
 fn step_budget_ends_the_episode() {
     let mut p = params(500);
     p.insert("max_steps".into(), json!(2));
-    let mut e = env("easy", 0, &p);
-    e.step("search[a]").unwrap();
-    let s = e.step("search[b]").unwrap();
-    assert!(s.done && !s.success);
+    testing::assert_budget_ends_episode(&mut env("easy", 0, &p), &["search[a]", "search[b]"]);
 }
 
 #[test]

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agentrl_env_core::{testing, ActionError, Env, EnvParams, Split, StepError, TaskSpec};
-use agentrl_env_textcraft::{descriptor, loader, Recipe, RecipeBook, Task, TextCraft, MAX_STEPS};
+use agentrl_env_textcraft::{descriptor, loader, Recipe, RecipeBook, Task, TextCraft};
 use proptest::prelude::*;
 use rand::SeedableRng;
 
@@ -156,11 +156,7 @@ fn invalid_action_counts_and_changes_nothing() {
 
 #[test]
 fn episode_ends_after_max_steps() {
-    let mut env = pickaxe_task();
-    for _ in 0..MAX_STEPS {
-        env.step("inventory").unwrap();
-    }
-    assert!(env.is_done() && !env.is_success());
+    testing::assert_budget_ends_episode(&mut pickaxe_task(), &["inventory"]);
 }
 
 #[test]

@@ -122,26 +122,18 @@ fn reset_restores_the_initial_state() {
 fn invalid_actions_are_typed_counted_and_change_nothing() {
     let p = params(500);
     let mut e = env("easy", 1, &p);
-    let obs = e.observation();
     let refused = [
         ("click[buy now]", "NotPossible"),
         ("dance", "Unknown"),
         ("", "Empty"),
     ];
-    for (text, kind) in refused {
-        assert_eq!(testing::step_kind(&e.step(text)), kind, "{text}");
-    }
-    assert_eq!(e.invalid_actions(), 3);
-    assert_eq!(e.steps(), 0);
-    assert_eq!(e.observation(), obs);
+    testing::assert_refused_unchanged(&mut e, &refused);
     e.step("search[coffee]").unwrap();
     let refused = [
         ("search[tea]", "NotPossible"),
         ("click[no such product]", "Unknown"),
     ];
-    for (text, kind) in refused {
-        assert_eq!(testing::step_kind(&e.step(text)), kind, "{text}");
-    }
+    testing::assert_refused_unchanged(&mut e, &refused);
     // The env stays usable.
     let (success, _, _) = run_expert(&mut e);
     assert!(success);
@@ -233,10 +225,8 @@ fn buying_the_wrong_option_gives_partial_reward() {
 fn step_budget_ends_the_episode() {
     let mut p = params(500);
     p.insert("max_steps".into(), json!(2));
-    let mut e = env("easy", 0, &p);
-    e.step("search[coffee]").unwrap();
-    let s = e.step("click[back to search]").unwrap();
-    assert!(s.done && !s.success);
+    let actions = ["search[coffee]", "click[back to search]"];
+    testing::assert_budget_ends_episode(&mut env("easy", 0, &p), &actions);
 }
 
 #[test]
