@@ -66,6 +66,27 @@ pub struct BracketCall<'a> {
     pub argument: &'a str,
 }
 
+impl<'a> BracketCall<'a> {
+    /// Which of `verbs` this call names, with its argument. Each verb comes
+    /// with the reason an empty argument is refused; any other verb is
+    /// [`ActionError::Unknown`] listing `expected`. `action` is the text the
+    /// errors quote.
+    pub fn verb_of(
+        &self,
+        action: &str,
+        verbs: &[(&'static str, &str)],
+        expected: &str,
+    ) -> Result<(&'static str, &'a str), ActionError> {
+        let Some(&(verb, empty)) = verbs.iter().find(|(v, _)| *v == self.verb) else {
+            return Err(ActionError::unknown(action, expected));
+        };
+        if self.argument.is_empty() {
+            return Err(ActionError::malformed(action, empty));
+        }
+        Ok((verb, self.argument))
+    }
+}
+
 /// Split a trimmed action text of the form `verb[argument]`. `Ok(None)` when
 /// it has no `[` at all (not this form); a text with a `[` that does not end
 /// with `]` is [`ActionError::Malformed`].
@@ -153,6 +174,24 @@ mod tests {
         assert_eq!(
             bracket_call("[]").map(|c| c.map(|c| c.argument)),
             Ok(Some(""))
+        );
+    }
+
+    #[test]
+    fn verb_of_names_the_verb_or_says_what_is_wrong() {
+        const VERBS: [(&str, &str); 2] = [("search", "empty query"), ("click", "nothing to click")];
+        let verb = |text: &'static str| {
+            let call = bracket_call(text).unwrap().unwrap();
+            call.verb_of(text, &VERBS, "search[q] or click[x]")
+        };
+        assert_eq!(verb("Click[ Next > ]"), Ok(("click", "Next >")));
+        assert_eq!(
+            verb("search[ ]"),
+            Err(ActionError::malformed("search[ ]", "empty query"))
+        );
+        assert_eq!(
+            verb("look[x]"),
+            Err(ActionError::unknown("look[x]", "search[q] or click[x]"))
         );
     }
 

@@ -10,9 +10,14 @@ use serde::de::DeserializeOwned;
 use crate::{EnvError, EnvParams};
 
 /// Read `params` into an env's typed params struct. A wrong type, an unknown
-/// key (serde's message lists the known ones) or a value the struct's own
-/// deserializer refuses is an [`EnvError::InvalidParam`] naming `env` and the key.
+/// key (serde's message lists the known ones), a null or a value the struct's
+/// own deserializer refuses is an [`EnvError::InvalidParam`] naming `env` and
+/// the key.
 pub fn parse_params<P: DeserializeOwned>(env: &str, params: &EnvParams) -> Result<P, EnvError> {
+    // An optional key given as null must not read as "not given".
+    if let Some((key, _)) = params.iter().find(|(_, v)| v.is_null()) {
+        return Err(param_error(env, key, "expected a value, got null"));
+    }
     let value = serde_json::Value::Object(params.clone());
     serde_path_to_error::deserialize(value).map_err(|e| {
         let key = e.path().to_string();
@@ -92,6 +97,10 @@ mod tests {
         };
         assert_eq!(key, "sise");
         assert!(reason.contains("`size`"), "known keys listed: {reason}");
+        assert!(matches!(
+            parse(r#"{"slippery": null}"#),
+            Err(EnvError::InvalidParam { key, .. }) if key == "slippery"
+        ));
     }
 
     #[test]

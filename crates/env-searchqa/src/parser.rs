@@ -2,11 +2,15 @@
 //! SearchQA), also accepted in Search-R1's tag form `<search>q</search>`,
 //! `<answer>a</answer>`.
 
-use agentrl_env_core::action::{bracket_call, trimmed_action};
+use agentrl_env_core::action::{bracket_call, trimmed_action, BracketCall};
 use agentrl_env_core::ActionError;
 
 /// Longest accepted action text, in bytes.
 pub const MAX_ACTION_LEN: usize = 1024;
+
+const EXPECTED: &str = "search[query] or answer[text]";
+/// The verbs, each with why an empty argument is refused.
+const VERBS: [(&str, &str); 2] = [("search", "empty search query"), ("answer", "empty answer")];
 
 /// A parsed action.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,9 +23,8 @@ pub enum Action {
 pub fn parse(text: &str) -> Result<Action, ActionError> {
     let t = trimmed_action(text, MAX_ACTION_LEN)?;
     let malformed = |reason: &str| ActionError::malformed(t, reason);
-    let unknown = || ActionError::unknown(t, "search[query] or answer[text]");
-    let (verb, arg) = if let Some(call) = bracket_call(t)? {
-        (call.verb, call.argument)
+    let call = if let Some(call) = bracket_call(t)? {
+        call
     } else if let Some(rest) = t.strip_prefix('<') {
         // <search>q</search> / <answer>a</answer>
         let Some(close) = rest.find('>') else {
@@ -35,16 +38,16 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
         if body[end..].to_lowercase() != format!("</{verb}>") {
             return Err(malformed("closing tag does not match"));
         }
-        (verb, body[..end].trim())
+        BracketCall {
+            verb,
+            argument: body[..end].trim(),
+        }
     } else {
-        return Err(unknown());
+        return Err(ActionError::unknown(t, EXPECTED));
     };
-    match (verb.as_str(), arg) {
-        ("search", "") => Err(malformed("empty search query")),
-        ("answer", "") => Err(malformed("empty answer")),
+    match call.verb_of(t, &VERBS, EXPECTED)? {
         ("search", query) => Ok(Action::Search(query.to_string())),
-        ("answer", answer) => Ok(Action::Answer(answer.to_string())),
-        _ => Err(unknown()),
+        (_, answer) => Ok(Action::Answer(answer.to_string())),
     }
 }
 

@@ -7,6 +7,13 @@ use agentrl_env_core::ActionError;
 /// Longest accepted action text, in bytes.
 pub const MAX_ACTION_LEN: usize = 512;
 
+const EXPECTED: &str = "search[query] or click[target]";
+/// The bracket verbs, each with why an empty argument is refused.
+const VERBS: [(&str, &str); 2] = [
+    ("search", "empty search query"),
+    ("click", "nothing to click"),
+];
+
 /// A parsed action.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -31,15 +38,10 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
     if lower == "buy" || lower == "buy now" {
         return Ok(Action::Click("buy now".into()));
     }
-    let unknown = || ActionError::unknown(t, "search[query] or click[target]");
-    let call = bracket_call(t)?.ok_or_else(unknown)?;
-    let malformed = |reason: &str| ActionError::malformed(t, reason);
-    match (call.verb.as_str(), call.argument) {
-        ("search", "") => Err(malformed("empty search query")),
-        ("click", "") => Err(malformed("nothing to click")),
+    let call = bracket_call(t)?.ok_or_else(|| ActionError::unknown(t, EXPECTED))?;
+    match call.verb_of(t, &VERBS, EXPECTED)? {
         ("search", query) => Ok(Action::Search(query.to_string())),
-        ("click", target) => Ok(Action::Click(normalize_target(target))),
-        _ => Err(unknown()),
+        (_, target) => Ok(Action::Click(normalize_target(target))),
     }
 }
 
