@@ -13,9 +13,10 @@ pub mod solver;
 pub mod world;
 
 use agentrl_env_core::{
-    stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError, StepInfo,
-    TaskSpec,
+    parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome,
+    Step, StepError, TaskSpec,
 };
+use serde::Deserialize;
 
 pub use catalog::TaskType;
 pub use generator::Level;
@@ -78,6 +79,11 @@ pub fn descriptor() -> EnvDescriptor {
     }
 }
 
+/// The `[env]` params: none.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {}
+
 /// One household episode.
 #[derive(Debug, Clone)]
 pub struct AlfWorld {
@@ -85,27 +91,15 @@ pub struct AlfWorld {
     initial: World,
     world: World,
     last_obs: String,
-    steps: usize,
-    invalid: usize,
-    done: bool,
-    success: bool,
+    episode: Episode,
 }
 
 impl AlfWorld {
     /// Create the task a spec names; this env takes no parameters.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        if let Some(k) = params.keys().next() {
-            return Err(EnvError::InvalidParam {
-                env: NAME.into(),
-                key: k.clone(),
-                reason: "alfworld takes no parameters".into(),
-            });
-        }
-        let level = level_of(&spec.difficulty).ok_or_else(|| EnvError::UnknownDifficulty {
-            env: NAME.into(),
-            difficulty: spec.difficulty.clone(),
-            available: DIFFICULTIES.join(", "),
-        })?;
+        let Params {} = parse_params(NAME, params)?;
+        let level = level_of(&spec.difficulty)
+            .ok_or_else(|| EnvError::unknown_difficulty(NAME, &spec.difficulty, DIFFICULTIES))?;
         let mut rng = task_rng(spec)?;
         Ok(Self::from_world(
             spec.clone(),
@@ -120,10 +114,7 @@ impl AlfWorld {
             initial: world.clone(),
             world,
             last_obs: String::new(),
-            steps: 0,
-            invalid: 0,
-            done: false,
-            success: false,
+            episode: Episode::new(MAX_STEPS),
         };
         env.reset();
         env
@@ -156,43 +147,24 @@ impl Env for AlfWorld {
 
     fn reset(&mut self) -> String {
         self.world = self.initial.clone();
-        self.steps = 0;
-        self.invalid = 0;
-        self.done = false;
-        self.success = false;
+        self.episode.reset();
         self.last_obs = self.world.intro();
         self.last_obs.clone()
     }
 
     fn step(&mut self, action: &str) -> Result<Step, StepError> {
-        if self.done {
-            return Err(StepError::EpisodeOver);
-        }
-        let act = match parse(action) {
-            Ok(a) => a,
-            Err(e) => {
-                self.invalid += 1;
-                return Err(StepError::InvalidAction(e));
-            }
-        };
+        let act = self.episode.begin(action, parse)?;
         let (obs, effective) = self.world.apply(&act);
-        self.steps += 1;
-        if self.world.success() {
-            self.success = true;
-            self.done = true;
-        } else if self.steps >= MAX_STEPS {
-            self.done = true;
-        }
+        self.episode.settle(if self.world.success() {
+            Outcome::Won
+        } else {
+            Outcome::Running
+        });
         self.last_obs = obs.clone();
         let mut extra = serde_json::Map::new();
         extra.insert("task_type".into(), self.world.goal.task.name().into());
-        Ok(Step {
-            observation: obs,
-            reward: if self.success { 1.0 } else { 0.0 },
-            done: self.done,
-            success: self.success,
-            info: StepInfo { effective, extra },
-        })
+        let reward = if self.episode.is_success() { 1.0 } else { 0.0 };
+        Ok(self.episode.step_result(obs, reward, effective, extra))
     }
 
     fn observation(&self) -> String {
@@ -273,29 +245,13 @@ impl Env for AlfWorld {
     }
 
     fn expert_action(&mut self) -> Option<String> {
-        if self.done {
+        if self.episode.is_done() {
             return None;
         }
         solver::next_action(&self.world)
     }
 
-    fn steps(&self) -> usize {
-        self.steps
-    }
-
-    fn invalid_actions(&self) -> usize {
-        self.invalid
-    }
-
-    fn max_steps(&self) -> usize {
-        MAX_STEPS
-    }
-
-    fn is_done(&self) -> bool {
-        self.done
-    }
-
-    fn is_success(&self) -> bool {
-        self.success
+    fn episode(&self) -> Option<&Episode> {
+        Some(&self.episode)
     }
 }

@@ -6,6 +6,7 @@
 //! a number ("cabinet 3"). Well-formed actions on things that do not exist
 //! are not parse errors: the world answers "Nothing happens.".
 
+use agentrl_env_core::action::normalized_action;
 use agentrl_env_core::ActionError;
 
 /// Longest action text accepted.
@@ -32,18 +33,11 @@ pub enum Action {
     Examine(String),
 }
 
-fn normalize(text: &str) -> String {
-    let t = text.trim().trim_end_matches('.').to_lowercase();
-    t.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
 /// "cabinet 3" → itself; anything else is malformed.
 fn entity(action: &str, s: &str) -> Result<String, ActionError> {
     let s = s.trim();
-    let malformed = || ActionError::Malformed {
-        action: action.to_string(),
-        reason: format!("'{s}' is not a name like 'cabinet 1'"),
-    };
+    let malformed =
+        || ActionError::malformed(action, format!("'{s}' is not a name like 'cabinet 1'"));
     let (word, num) = s.rsplit_once(' ').ok_or_else(malformed)?;
     if word.is_empty() || word.contains(' ') || num.parse::<u32>().is_err() {
         return Err(malformed());
@@ -57,24 +51,13 @@ fn two(action: &str, rest: &str, seps: &[&str]) -> Result<(String, String), Acti
             return Ok((entity(action, a)?, entity(action, b)?));
         }
     }
-    Err(ActionError::Malformed {
-        action: action.to_string(),
-        reason: format!("expected '<object> {} <receptacle>'", seps[0].trim()),
-    })
+    let expected = format!("expected '<object> {} <receptacle>'", seps[0].trim());
+    Err(ActionError::malformed(action, expected))
 }
 
 /// Parse one action text.
 pub fn parse(text: &str) -> Result<Action, ActionError> {
-    if text.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: text.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
-    let t = normalize(text);
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
+    let t = normalized_action(text, MAX_ACTION_LEN)?;
     match t.as_str() {
         "look" | "look around" => return Ok(Action::Look),
         "inventory" | "inv" | "check inventory" => return Ok(Action::Inventory),
@@ -120,15 +103,13 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
     if let Some(r) = t.strip_prefix("examine ") {
         return Ok(Action::Examine(entity(text, r)?));
     }
-    Err(ActionError::Unknown {
-        action: text.to_string(),
-        expected: EXPECTED.to_string(),
-    })
+    Err(ActionError::unknown(text, EXPECTED))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::refusal_of;
 
     #[test]
     fn parses_every_verb() {
@@ -180,19 +161,14 @@ mod tests {
 
     #[test]
     fn malformed_names_are_typed_errors() {
-        assert!(matches!(
-            parse("go to the fridge"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("take apple from table 1"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("put apple 1 fridge 1"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(parse("jump"), Err(ActionError::Unknown { .. })));
+        for text in [
+            "go to the fridge",
+            "take apple from table 1",
+            "put apple 1 fridge 1",
+        ] {
+            assert_eq!(refusal_of(parse(text)), Some("Malformed"), "{text}");
+        }
+        assert_eq!(refusal_of(parse("jump")), Some("Unknown"));
         assert_eq!(parse(""), Err(ActionError::Empty));
     }
 }

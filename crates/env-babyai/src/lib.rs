@@ -19,10 +19,11 @@ pub mod solver;
 pub mod view;
 
 use agentrl_env_core::{
-    stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError, StepInfo,
-    TaskSpec,
+    parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome,
+    Step, StepError, TaskSpec,
 };
 use rand::seq::IndexedRandom;
+use serde::Deserialize;
 
 pub use generator::Family;
 pub use grid::{Cell, Color, DoorState, Kind, Obj, Prim, State};
@@ -75,6 +76,15 @@ pub fn descriptor() -> EnvDescriptor {
     }
 }
 
+/// The `[env]` params.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    /// Append the valid-action list to every observation, as AgentGym does.
+    #[serde(default)]
+    show_available_actions: bool,
+}
+
 /// One BabyAI episode.
 #[derive(Debug, Clone)]
 pub struct BabyAi {
@@ -86,10 +96,7 @@ pub struct BabyAi {
     done_instrs: Vec<bool>,
     show_actions: bool,
     last_obs: String,
-    steps: usize,
-    invalid: usize,
-    done: bool,
-    success: bool,
+    episode: Episode,
 }
 
 impl BabyAi {
@@ -97,36 +104,14 @@ impl BabyAi {
     /// (bool, default false) appends the valid-action list to every
     /// observation, as AgentGym does.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        let mut show_actions = false;
-        for (k, v) in params {
-            match k.as_str() {
-                "show_available_actions" => {
-                    show_actions = v.as_bool().ok_or_else(|| EnvError::InvalidParam {
-                        env: NAME.into(),
-                        key: k.clone(),
-                        reason: "expected true or false".into(),
-                    })?;
-                }
-                _ => {
-                    return Err(EnvError::InvalidParam {
-                        env: NAME.into(),
-                        key: k.clone(),
-                        reason: "unknown parameter (known: show_available_actions)".into(),
-                    })
-                }
-            }
-        }
-        let families =
-            families_of(&spec.difficulty).ok_or_else(|| EnvError::UnknownDifficulty {
-                env: NAME.into(),
-                difficulty: spec.difficulty.clone(),
-                available: DIFFICULTIES.join(", "),
-            })?;
+        let params: Params = parse_params(NAME, params)?;
+        let families = families_of(&spec.difficulty)
+            .ok_or_else(|| EnvError::unknown_difficulty(NAME, &spec.difficulty, DIFFICULTIES))?;
         let mut rng = task_rng(spec)?;
         let family = *families.choose(&mut rng).unwrap_or(&Family::GoToLocal);
         let (state, mission) = generator::generate(&mut rng, family);
         let mut env = Self::from_parts(spec.clone(), family, state, mission);
-        env.show_actions = show_actions;
+        env.show_actions = params.show_available_actions;
         env.reset();
         Ok(env)
     }
@@ -143,10 +128,7 @@ impl BabyAi {
             done_instrs: vec![false; n],
             show_actions: false,
             last_obs: String::new(),
-            steps: 0,
-            invalid: 0,
-            done: false,
-            success: false,
+            episode: Episode::new(family.max_steps()),
         };
         env.reset();
         env
@@ -281,35 +263,21 @@ impl Env for BabyAi {
     fn reset(&mut self) -> String {
         self.state = self.initial.clone();
         self.done_instrs = vec![false; self.mission.instrs.len()];
-        self.steps = 0;
-        self.invalid = 0;
-        self.done = false;
-        self.success = false;
+        self.episode.reset();
         self.last_obs = self.view_text();
         self.last_obs.clone()
     }
 
     fn step(&mut self, action: &str) -> Result<Step, StepError> {
-        if self.done {
-            return Err(StepError::EpisodeOver);
-        }
-        let act = match parse(action) {
-            Ok(a) => a,
-            Err(e) => {
-                self.invalid += 1;
-                return Err(StepError::InvalidAction(e));
-            }
-        };
+        let act = self.episode.begin(action, parse)?;
         let effective = self.apply(&act);
-        self.steps += 1;
-        let max = self.family.max_steps();
         let mut reward = 0.0;
         if self.done_instrs.iter().all(|d| *d) {
-            self.success = true;
-            self.done = true;
-            reward = 1.0 - 0.9 * (self.steps as f64 / max as f64);
-        } else if self.steps >= max {
-            self.done = true;
+            self.episode.settle(Outcome::Won);
+            let (steps, max) = (self.episode.steps(), self.episode.max_steps());
+            reward = 1.0 - 0.9 * (steps as f64 / max as f64);
+        } else {
+            self.episode.settle(Outcome::Running);
         }
         let prefix = match act {
             Action::CheckActions => format!(
@@ -323,13 +291,7 @@ impl Env for BabyAi {
         self.last_obs = obs.clone();
         let mut extra = serde_json::Map::new();
         extra.insert("family".into(), self.family.name().into());
-        Ok(Step {
-            observation: obs,
-            reward,
-            done: self.done,
-            success: self.success,
-            info: StepInfo { effective, extra },
-        })
+        Ok(self.episode.step_result(obs, reward, effective, extra))
     }
 
     fn observation(&self) -> String {
@@ -385,29 +347,13 @@ impl Env for BabyAi {
     }
 
     fn expert_action(&mut self) -> Option<String> {
-        if self.done {
+        if self.episode.is_done() {
             return None;
         }
         solver::next_action(&self.state, &self.mission, &self.done_instrs)
     }
 
-    fn steps(&self) -> usize {
-        self.steps
-    }
-
-    fn invalid_actions(&self) -> usize {
-        self.invalid
-    }
-
-    fn max_steps(&self) -> usize {
-        self.family.max_steps()
-    }
-
-    fn is_done(&self) -> bool {
-        self.done
-    }
-
-    fn is_success(&self) -> bool {
-        self.success
+    fn episode(&self) -> Option<&Episode> {
+        Some(&self.episode)
     }
 }

@@ -1,6 +1,7 @@
 //! The BabyAI action grammar (AgentGym's): primitives and high-level actions
 //! naming a visible object or door ("go to red ball 1").
 
+use agentrl_env_core::action::normalized_action;
 use agentrl_env_core::ActionError;
 
 use crate::grid::{Color, Prim};
@@ -39,10 +40,7 @@ pub enum Action {
 }
 
 fn target(action: &str, s: &str) -> Result<Target, ActionError> {
-    let malformed = |reason: &str| ActionError::Malformed {
-        action: action.to_string(),
-        reason: reason.to_string(),
-    };
+    let malformed = |reason: &str| ActionError::malformed(action, reason);
     let words: Vec<&str> = s.split(' ').filter(|w| *w != "the").collect();
     let [c, what, n] = words.as_slice() else {
         return Err(malformed(
@@ -69,17 +67,7 @@ fn target(action: &str, s: &str) -> Result<Target, ActionError> {
 
 /// Parse one action text.
 pub fn parse(text: &str) -> Result<Action, ActionError> {
-    if text.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: text.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
-    let t = text.trim().trim_end_matches('.').to_lowercase();
-    let t = t.split_whitespace().collect::<Vec<_>>().join(" ");
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
+    let t = normalized_action(text, MAX_ACTION_LEN)?;
     let prim = match t.as_str() {
         "turn left" | "left" => Some(Prim::Left),
         "turn right" | "right" => Some(Prim::Right),
@@ -110,15 +98,13 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
     {
         return Ok(Action::Pickup(target(text, r)?));
     }
-    Err(ActionError::Unknown {
-        action: text.to_string(),
-        expected: EXPECTED.to_string(),
-    })
+    Err(ActionError::unknown(text, EXPECTED))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::refusal_of;
 
     #[test]
     fn parses_primitives_and_high_level_actions() {
@@ -148,19 +134,10 @@ mod tests {
 
     #[test]
     fn malformed_targets_are_typed_errors() {
-        assert!(matches!(
-            parse("go to red ball"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("go to pink ball 1"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("pickup red chair 1"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(parse("fly"), Err(ActionError::Unknown { .. })));
+        for text in ["go to red ball", "go to pink ball 1", "pickup red chair 1"] {
+            assert_eq!(refusal_of(parse(text)), Some("Malformed"), "{text}");
+        }
+        assert_eq!(refusal_of(parse("fly")), Some("Unknown"));
         assert_eq!(parse(" "), Err(ActionError::Empty));
     }
 }

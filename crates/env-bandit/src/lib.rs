@@ -12,11 +12,12 @@ mod parser;
 mod solver;
 
 use agentrl_env_core::{
-    stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError, StepInfo,
-    TaskSpec,
+    param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
+    EnvParams, Episode, Outcome, Step, StepError, TaskSpec,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::Deserialize;
 
 pub use generator::{draw, Task, TEST_PAIRS, TRAIN_PAIRS};
 pub use parser::{parse_action, MAX_ACTION_LEN};
@@ -51,19 +52,22 @@ pub struct Config {
     pub symbolic: bool,
 }
 
+/// The `[env]` params; an absent key keeps the config's value.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    low_reward: Option<f64>,
+    high_reward: Option<f64>,
+    high_prob: Option<f64>,
+}
+
 impl Config {
     /// RAGEN's payouts; `hard` hides the numbers.
     pub fn for_difficulty(difficulty: &str) -> Result<Self, EnvError> {
         let symbolic = match difficulty {
             "easy" => false,
             "hard" => true,
-            other => {
-                return Err(EnvError::UnknownDifficulty {
-                    env: NAME.to_string(),
-                    difficulty: other.to_string(),
-                    available: DIFFICULTIES.join(", "),
-                })
-            }
+            other => return Err(EnvError::unknown_difficulty(NAME, other, DIFFICULTIES)),
         };
         Ok(Self {
             low_reward: 0.1,
@@ -73,42 +77,32 @@ impl Config {
         })
     }
 
-    /// Apply `[env]` params `low_reward`, `high_reward`, `high_prob`; the
-    /// risky arm must keep the higher expectation (that is the task).
-    pub fn apply_params(&mut self, params: &EnvParams) -> Result<(), EnvError> {
-        let bad = |key: &str, reason: &str| EnvError::InvalidParam {
-            env: NAME.to_string(),
-            key: key.to_string(),
-            reason: reason.to_string(),
+    /// This config with `[env]` params applied: `low_reward`, `high_reward`,
+    /// `high_prob`; the risky arm must keep the higher expectation (the task).
+    pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
+        let p: Params = parse_params(NAME, params)?;
+        let finite = |key: &str, v: Option<f64>| match v {
+            Some(x) if !x.is_finite() => Err(param_error(NAME, key, "must be finite")),
+            _ => Ok(v),
         };
-        for (key, value) in params {
-            let v = value
-                .as_f64()
-                .ok_or_else(|| bad(key, "expected a number"))?;
-            if !v.is_finite() {
-                return Err(bad(key, "must be finite"));
-            }
-            match key.as_str() {
-                "low_reward" => self.low_reward = v,
-                "high_reward" => self.high_reward = v,
-                "high_prob" if (0.0..=1.0).contains(&v) => self.high_prob = v,
-                "high_prob" => return Err(bad(key, "must be between 0 and 1")),
-                _ => {
-                    return Err(bad(
-                        key,
-                        "unknown key (known: low_reward, high_reward, high_prob)",
-                    ))
-                }
-            }
+        if let Some(v) = finite("low_reward", p.low_reward)? {
+            self.low_reward = v;
+        }
+        if let Some(v) = finite("high_reward", p.high_reward)? {
+            self.high_reward = v;
+        }
+        if let Some(v) = finite("high_prob", p.high_prob)? {
+            self.high_prob = param_in_range(NAME, "high_prob", v, 0.0..=1.0)?;
         }
         let (low, high) = expected_payouts(self.low_reward, self.high_reward, self.high_prob);
         if high <= low {
-            return Err(bad(
+            return Err(param_error(
+                NAME,
                 "high_prob",
                 "the risky arm's expectation (high_reward × high_prob) must exceed low_reward",
             ));
         }
-        Ok(())
+        Ok(self)
     }
 }
 
@@ -122,7 +116,7 @@ pub struct Bandit {
     /// Display index pulled, once pulled.
     pulled: Option<usize>,
     payout: f64,
-    invalid: usize,
+    episode: Episode,
     payout_rng_start: ChaCha8Rng,
     payout_rng: ChaCha8Rng,
 }
@@ -130,9 +124,10 @@ pub struct Bandit {
 impl Bandit {
     /// Draw the task of `spec` with `[env]` params.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        let mut config = Config::for_difficulty(&spec.difficulty)?;
-        config.apply_params(params)?;
-        Self::with_config(spec, config)
+        Self::with_config(
+            spec,
+            Config::for_difficulty(&spec.difficulty)?.with_params(params)?,
+        )
     }
 
     /// Draw the task of `spec` with an explicit config.
@@ -169,7 +164,7 @@ impl Bandit {
             task_hash,
             pulled: None,
             payout: 0.0,
-            invalid: 0,
+            episode: Episode::new(1),
             payout_rng_start: payout_rng.clone(),
             payout_rng,
         })
@@ -222,22 +217,15 @@ impl Env for Bandit {
     fn reset(&mut self) -> String {
         self.pulled = None;
         self.payout = 0.0;
-        self.invalid = 0;
+        self.episode.reset();
         self.payout_rng = self.payout_rng_start.clone();
         self.render()
     }
 
     fn step(&mut self, action: &str) -> Result<Step, StepError> {
-        if self.pulled.is_some() {
-            return Err(StepError::EpisodeOver);
-        }
-        let arm = match parse_action(action, &self.task.names) {
-            Ok(a) => a,
-            Err(e) => {
-                self.invalid += 1;
-                return Err(e.into());
-            }
-        };
+        let arm = self
+            .episode
+            .begin(action, |text| parse_action(text, &self.task.names))?;
         // Draw even for the safe arm so the stream position never depends on the choice.
         let u: f64 = self.payout_rng.random();
         self.payout = if arm == self.task.high {
@@ -250,18 +238,16 @@ impl Env for Bandit {
             self.config.low_reward
         };
         self.pulled = Some(arm);
+        self.episode.settle(if arm == self.task.high {
+            Outcome::Won
+        } else {
+            Outcome::Lost
+        });
         let mut extra = serde_json::Map::new();
         extra.insert("arm".into(), self.task.names[arm].clone().into());
-        Ok(Step {
-            observation: self.render(),
-            reward: self.payout,
-            done: true,
-            success: self.is_success(),
-            info: StepInfo {
-                effective: true,
-                extra,
-            },
-        })
+        Ok(self
+            .episode
+            .step_result(self.render(), self.payout, true, extra))
     }
 
     fn observation(&self) -> String {
@@ -269,7 +255,7 @@ impl Env for Bandit {
     }
 
     fn available_actions(&self) -> Vec<String> {
-        if self.pulled.is_some() {
+        if self.episode.is_done() {
             return Vec::new();
         }
         self.task.names.to_vec()
@@ -281,7 +267,7 @@ impl Env for Bandit {
     }
 
     fn expert_action(&mut self) -> Option<String> {
-        if self.pulled.is_some() {
+        if self.episode.is_done() {
             return None;
         }
         let c = &self.config;
@@ -289,24 +275,8 @@ impl Env for Bandit {
         Some(self.task.names[arm].clone())
     }
 
-    fn steps(&self) -> usize {
-        self.pulled.is_some() as usize
-    }
-
-    fn invalid_actions(&self) -> usize {
-        self.invalid
-    }
-
-    fn max_steps(&self) -> usize {
-        1
-    }
-
-    fn is_done(&self) -> bool {
-        self.pulled.is_some()
-    }
-
-    fn is_success(&self) -> bool {
-        self.pulled == Some(self.task.high)
+    fn episode(&self) -> Option<&Episode> {
+        Some(&self.episode)
     }
 }
 

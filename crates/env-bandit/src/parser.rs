@@ -1,5 +1,6 @@
 //! Action text → the index of the pulled arm.
 
+use agentrl_env_core::action::choose_action;
 use agentrl_env_core::ActionError;
 
 /// Longest action text accepted (after trimming).
@@ -9,24 +10,8 @@ pub const MAX_ACTION_LEN: usize = 64;
 /// (case-insensitive, surrounding whitespace ignored) or its 1-based index.
 /// Returns the display index (0 or 1).
 pub fn parse_action(text: &str, names: &[String; 2]) -> Result<usize, ActionError> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
-    if t.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: t.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
-    for (i, name) in names.iter().enumerate() {
-        if t.eq_ignore_ascii_case(name) || t.as_bytes() == [b'1' + i as u8] {
-            return Ok(i);
-        }
-    }
-    Err(ActionError::Unknown {
-        action: t.to_string(),
-        expected: format!("{}, {} (or 1, 2)", names[0], names[1]),
+    choose_action(text, names, MAX_ACTION_LEN, || {
+        format!("{}, {} (or 1, 2)", names[0], names[1])
     })
 }
 

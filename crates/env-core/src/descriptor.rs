@@ -24,11 +24,11 @@ impl EnvDescriptor {
     /// Create an env for `spec`, checking the difficulty first.
     pub fn create(&self, spec: &TaskSpec, params: &EnvParams) -> Result<Box<dyn Env>, EnvError> {
         if !self.difficulties.contains(&spec.difficulty.as_str()) {
-            return Err(EnvError::UnknownDifficulty {
-                env: self.name.to_string(),
-                difficulty: spec.difficulty.clone(),
-                available: self.difficulties.join(", "),
-            });
+            return Err(EnvError::unknown_difficulty(
+                self.name,
+                &spec.difficulty,
+                self.difficulties,
+            ));
         }
         spec.absolute_seed()?;
         (self.factory)(spec, params)

@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::{StepError, TaskSpec};
+use crate::{Episode, StepError, TaskSpec};
 
 /// Extra facts about one step, for metrics and analysis.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -31,6 +31,10 @@ pub struct Step {
 ///   `Err(StepError::InvalidAction)`, changes nothing but the invalid-action
 ///   counter, and the env stays usable;
 /// - after `done`, `step` returns `Err(StepError::EpisodeOver)`.
+///
+/// An env that keeps its bookkeeping in an [`Episode`] (every built-in env
+/// does) implements the eight game methods and [`Env::episode`]; the five
+/// bookkeeping methods then read the episode.
 pub trait Env: Send {
     /// The spec this env was created from.
     fn spec(&self) -> &TaskSpec;
@@ -59,16 +63,34 @@ pub trait Env: Send {
     /// episode is over or the expert has no move.
     fn expert_action(&mut self) -> Option<String>;
 
+    /// The episode's bookkeeping, for an env that keeps it in an [`Episode`].
+    /// An env that keeps it elsewhere (a remote client mirroring a server's
+    /// counters) answers `None` and overrides the five methods below, which
+    /// otherwise read an episode that never starts: no steps, no budget, not done.
+    fn episode(&self) -> Option<&Episode> {
+        None
+    }
+
     /// Valid steps taken since reset.
-    fn steps(&self) -> usize;
+    fn steps(&self) -> usize {
+        self.episode().map_or(0, Episode::steps)
+    }
 
     /// Invalid actions attempted since reset.
-    fn invalid_actions(&self) -> usize;
+    fn invalid_actions(&self) -> usize {
+        self.episode().map_or(0, Episode::invalid_actions)
+    }
 
     /// The episode ends (done, not successful) after this many valid steps.
-    fn max_steps(&self) -> usize;
+    fn max_steps(&self) -> usize {
+        self.episode().map_or(0, Episode::max_steps)
+    }
 
-    fn is_done(&self) -> bool;
+    fn is_done(&self) -> bool {
+        self.episode().is_some_and(Episode::is_done)
+    }
 
-    fn is_success(&self) -> bool;
+    fn is_success(&self) -> bool {
+        self.episode().is_some_and(Episode::is_success)
+    }
 }

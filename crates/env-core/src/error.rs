@@ -15,6 +15,32 @@ pub enum ActionError {
     NotPossible { action: String, reason: String },
 }
 
+impl ActionError {
+    /// `action` is none of the grammar's actions; `expected` lists them.
+    pub fn unknown(action: &str, expected: impl Into<String>) -> Self {
+        ActionError::Unknown {
+            action: action.to_string(),
+            expected: expected.into(),
+        }
+    }
+
+    /// `action` is one of the grammar's forms, filled in wrongly.
+    pub fn malformed(action: &str, reason: impl Into<String>) -> Self {
+        ActionError::Malformed {
+            action: action.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// `action` is well-formed but the current state does not allow it.
+    pub fn not_possible(action: &str, reason: impl Into<String>) -> Self {
+        ActionError::NotPossible {
+            action: action.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
 /// Why a step could not be taken.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum StepError {
@@ -53,4 +79,15 @@ pub enum EnvError {
     },
     #[error("remote environment error: {0}")]
     Remote(String),
+}
+
+impl EnvError {
+    /// `difficulty` is not one of the levels `env` offers.
+    pub fn unknown_difficulty(env: &str, difficulty: &str, available: &[&str]) -> Self {
+        EnvError::UnknownDifficulty {
+            env: env.to_string(),
+            difficulty: difficulty.to_string(),
+            available: available.join(", "),
+        }
+    }
 }

@@ -3,15 +3,29 @@
 //! An environment is created from a [`TaskSpec`] and is fully determined by it:
 //! the same spec gives the same task on every machine. Environments know
 //! nothing about models; they speak text (observations, actions) only.
+//!
+//! Besides the contract, the pieces every environment shares: the episode
+//! bookkeeping ([`Episode`]), the action-text checks ([`action`]), typed
+//! `[env]` params ([`parse_params`]) and the process-wide data cache
+//! ([`SharedCache`]).
 
+pub mod action;
+mod cache;
 mod descriptor;
 mod env;
+mod episode;
 mod error;
+mod params;
 mod seed;
 mod spec;
+#[cfg(feature = "testing")]
+pub mod testing;
 
+pub use cache::SharedCache;
 pub use descriptor::{EnvDescriptor, EnvFactory, EnvParams};
 pub use env::{Env, Step, StepInfo};
+pub use episode::{Episode, Outcome};
 pub use error::{ActionError, EnvError, StepError};
+pub use params::{param_error, param_in_range, parse_params};
 pub use seed::{stable_hash, task_rng, TaskRng};
 pub use spec::{Split, TaskSpec, SPLIT_STRIDE};

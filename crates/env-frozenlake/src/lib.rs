@@ -11,11 +11,12 @@ mod parser;
 mod solver;
 
 use agentrl_env_core::{
-    stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError, StepInfo,
-    TaskSpec,
+    param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
+    EnvParams, Episode, Outcome, Step, StepError, TaskSpec,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::Deserialize;
 
 pub use generator::{generate_map, Map, Tile};
 pub use parser::{parse_action, Action, MAX_ACTION_LEN};
@@ -53,19 +54,24 @@ pub struct Config {
     pub max_steps: usize,
 }
 
+/// The `[env]` params; an absent key keeps the config's value.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    slip: Option<f64>,
+    is_slippery: Option<bool>,
+    size: Option<usize>,
+    frozen_prob: Option<f64>,
+    max_steps: Option<usize>,
+}
+
 impl Config {
     /// Defaults of a difficulty: easy 4×4, hard 6×6; RAGEN's slip; 100 steps.
     pub fn for_difficulty(difficulty: &str) -> Result<Self, EnvError> {
         let size = match difficulty {
             "easy" => 4,
             "hard" => 6,
-            other => {
-                return Err(EnvError::UnknownDifficulty {
-                    env: NAME.to_string(),
-                    difficulty: other.to_string(),
-                    available: DIFFICULTIES.join(", "),
-                })
-            }
+            other => return Err(EnvError::unknown_difficulty(NAME, other, DIFFICULTIES)),
         };
         Ok(Self {
             size,
@@ -75,76 +81,40 @@ impl Config {
         })
     }
 
-    /// Apply `[env]` params: `slip` (0 ≤ slip ≤ 1), `is_slippery` (bool; false
-    /// means `slip = 0`), `size` (2–16), `frozen_prob` (0 < p ≤ 1), `max_steps` (≥ 1).
-    pub fn apply_params(&mut self, params: &EnvParams) -> Result<(), EnvError> {
-        let bad = |key: &str, reason: &str| EnvError::InvalidParam {
-            env: NAME.to_string(),
-            key: key.to_string(),
-            reason: reason.to_string(),
-        };
-        for (key, value) in params {
-            match key.as_str() {
-                "slip" => {
-                    let v = value
-                        .as_f64()
-                        .ok_or_else(|| bad(key, "expected a number"))?;
-                    if !(0.0..=1.0).contains(&v) {
-                        return Err(bad(key, "must be between 0 and 1"));
-                    }
-                    self.slip = v;
-                }
-                "is_slippery" => {
-                    let v = value
-                        .as_bool()
-                        .ok_or_else(|| bad(key, "expected true or false"))?;
-                    if !v {
-                        if params
-                            .get("slip")
-                            .and_then(|s| s.as_f64())
-                            .is_some_and(|s| s > 0.0)
-                        {
-                            return Err(bad(key, "is_slippery=false contradicts slip > 0"));
-                        }
-                        self.slip = 0.0;
-                    }
-                }
-                "size" => {
-                    let v = value
-                        .as_u64()
-                        .ok_or_else(|| bad(key, "expected an integer"))?;
-                    if !(2..=16).contains(&v) {
-                        return Err(bad(key, "must be between 2 and 16"));
-                    }
-                    self.size = v as usize;
-                }
-                "frozen_prob" => {
-                    let v = value
-                        .as_f64()
-                        .ok_or_else(|| bad(key, "expected a number"))?;
-                    if !(v > 0.0 && v <= 1.0) {
-                        return Err(bad(key, "must be in (0, 1]"));
-                    }
-                    self.frozen_prob = v;
-                }
-                "max_steps" => {
-                    let v = value
-                        .as_u64()
-                        .ok_or_else(|| bad(key, "expected an integer"))?;
-                    if v == 0 {
-                        return Err(bad(key, "must be at least 1"));
-                    }
-                    self.max_steps = v as usize;
-                }
-                _ => {
-                    return Err(bad(
-                        key,
-                        "unknown key (known: slip, is_slippery, size, frozen_prob, max_steps)",
-                    ))
-                }
-            }
+    /// This config with `[env]` params applied: `slip` (0 ≤ slip ≤ 1),
+    /// `is_slippery` (bool; false means `slip = 0`), `size` (2–16),
+    /// `frozen_prob` (0 < p ≤ 1), `max_steps` (≥ 1).
+    pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
+        let p: Params = parse_params(NAME, params)?;
+        if let Some(slip) = p.slip {
+            self.slip = param_in_range(NAME, "slip", slip, 0.0..=1.0)?;
         }
-        Ok(())
+        if p.is_slippery == Some(false) {
+            if p.slip.is_some_and(|s| s > 0.0) {
+                return Err(param_error(
+                    NAME,
+                    "is_slippery",
+                    "is_slippery=false contradicts slip > 0",
+                ));
+            }
+            self.slip = 0.0;
+        }
+        if let Some(size) = p.size {
+            self.size = param_in_range(NAME, "size", size, 2..=16)?;
+        }
+        if let Some(frozen_prob) = p.frozen_prob {
+            if !(frozen_prob > 0.0 && frozen_prob <= 1.0) {
+                return Err(param_error(NAME, "frozen_prob", "must be in (0, 1]"));
+            }
+            self.frozen_prob = frozen_prob;
+        }
+        if let Some(max_steps) = p.max_steps {
+            if max_steps == 0 {
+                return Err(param_error(NAME, "max_steps", "must be at least 1"));
+            }
+            self.max_steps = max_steps;
+        }
+        Ok(self)
     }
 }
 
@@ -156,10 +126,7 @@ pub struct FrozenLake {
     map: Map,
     map_hash: u64,
     pos: usize,
-    steps: usize,
-    invalid: usize,
-    done: bool,
-    success: bool,
+    episode: Episode,
     /// The slip stream as it is at reset, so a reset replays identically.
     slip_rng_start: ChaCha8Rng,
     slip_rng: ChaCha8Rng,
@@ -171,9 +138,10 @@ pub struct FrozenLake {
 impl FrozenLake {
     /// Generate the task of `spec` with `[env]` params.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        let mut config = Config::for_difficulty(&spec.difficulty)?;
-        config.apply_params(params)?;
-        Self::with_config(spec, config)
+        Self::with_config(
+            spec,
+            Config::for_difficulty(&spec.difficulty)?.with_params(params)?,
+        )
     }
 
     /// Generate the task of `spec` with an explicit config.
@@ -205,13 +173,10 @@ impl FrozenLake {
         Ok(Self {
             spec: spec.clone(),
             pos: map.start(),
+            episode: Episode::new(config.max_steps),
             config,
             map,
             map_hash,
-            steps: 0,
-            invalid: 0,
-            done: false,
-            success: false,
             slip_rng_start: slip_rng.clone(),
             slip_rng,
             policy: None,
@@ -309,44 +274,26 @@ impl Env for FrozenLake {
 
     fn reset(&mut self) -> String {
         self.pos = self.map.start();
-        self.steps = 0;
-        self.invalid = 0;
-        self.done = false;
-        self.success = false;
+        self.episode.reset();
         self.slip_rng = self.slip_rng_start.clone();
         self.render()
     }
 
     fn step(&mut self, action: &str) -> Result<Step, StepError> {
-        if self.done {
-            return Err(StepError::EpisodeOver);
-        }
-        let intended = match parse_action(action) {
-            Ok(a) => a,
-            Err(e) => {
-                self.invalid += 1;
-                return Err(e.into());
-            }
-        };
+        let intended = self.episode.begin(action, parse_action)?;
         let moved = self.slide(intended);
         let next = self.map.neighbour(self.pos, moved.delta());
         let effective = next != self.pos;
         self.pos = next;
-        self.steps += 1;
-        let tile = self.map.tiles[next];
-        let reward = if tile == Tile::Goal { 1.0 } else { 0.0 };
-        self.success = tile == Tile::Goal;
-        self.done = tile.is_terminal() || self.steps >= self.config.max_steps;
-        Ok(Step {
-            observation: self.render(),
-            reward,
-            done: self.done,
-            success: self.success,
-            info: StepInfo {
-                effective,
-                extra: Default::default(),
-            },
-        })
+        let (reward, outcome) = match self.map.tiles[next] {
+            Tile::Goal => (1.0, Outcome::Won),
+            Tile::Hole => (0.0, Outcome::Lost),
+            Tile::Start | Tile::Frozen => (0.0, Outcome::Running),
+        };
+        self.episode.settle(outcome);
+        Ok(self
+            .episode
+            .step_result(self.render(), reward, effective, serde_json::Map::new()))
     }
 
     fn observation(&self) -> String {
@@ -354,7 +301,7 @@ impl Env for FrozenLake {
     }
 
     fn available_actions(&self) -> Vec<String> {
-        if self.done {
+        if self.episode.is_done() {
             return Vec::new();
         }
         Action::ALL.iter().map(|a| a.name().to_string()).collect()
@@ -368,38 +315,18 @@ impl Env for FrozenLake {
     }
 
     fn expert_action(&mut self) -> Option<String> {
-        if self.done {
+        if self.episode.is_done() {
             return None;
         }
         let (slip, horizon) = (self.config.slip, self.config.max_steps);
         let map = &self.map;
         let policy = self.policy.get_or_insert_with(|| solve(map, slip, horizon));
-        Some(
-            policy
-                .action(self.pos, horizon - self.steps)
-                .name()
-                .to_string(),
-        )
+        let action = policy.action(self.pos, self.episode.steps_left());
+        Some(action.name().to_string())
     }
 
-    fn steps(&self) -> usize {
-        self.steps
-    }
-
-    fn invalid_actions(&self) -> usize {
-        self.invalid
-    }
-
-    fn max_steps(&self) -> usize {
-        self.config.max_steps
-    }
-
-    fn is_done(&self) -> bool {
-        self.done
-    }
-
-    fn is_success(&self) -> bool {
-        self.success
+    fn episode(&self) -> Option<&Episode> {
+        Some(&self.episode)
     }
 }
 

@@ -1,5 +1,6 @@
 //! Action text → [`Action`].
 
+use agentrl_env_core::action::choose_action;
 use agentrl_env_core::ActionError;
 
 /// Longest action text accepted (after trimming); longer text is rejected
@@ -52,75 +53,22 @@ impl Action {
 /// Parse one action: a direction name (case-insensitive, surrounding
 /// whitespace ignored) or RAGEN's index `1`–`4` (Left, Down, Right, Up).
 pub fn parse_action(text: &str) -> Result<Action, ActionError> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
-    if t.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: t.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
-    for (i, a) in Action::ALL.iter().enumerate() {
-        if t.eq_ignore_ascii_case(a.name()) || t.as_bytes() == [b'1' + i as u8] {
-            return Ok(*a);
-        }
-    }
-    Err(ActionError::Unknown {
-        action: t.to_string(),
-        expected: "Left, Down, Right, Up (or 1-4)".to_string(),
-    })
+    let names = Action::ALL.map(Action::name);
+    let i = choose_action(text, &names, MAX_ACTION_LEN, || {
+        "Left, Down, Right, Up (or 1-4)".to_string()
+    })?;
+    Ok(Action::ALL[i])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::check_named_actions;
 
+    /// RAGEN's names and indices (1 = Left, 2 = Down, 3 = Right, 4 = Up); the shared rules
+    /// (trimming, case, length) are tested in env-core.
     #[test]
-    fn parses_names_case_insensitively_and_indices() {
-        assert_eq!(parse_action("left").unwrap(), Action::Left);
-        assert_eq!(parse_action("  DOWN\n").unwrap(), Action::Down);
-        assert_eq!(parse_action("Right").unwrap(), Action::Right);
-        assert_eq!(parse_action("uP").unwrap(), Action::Up);
-        assert_eq!(parse_action("1").unwrap(), Action::Left);
-        assert_eq!(parse_action("2").unwrap(), Action::Down);
-        assert_eq!(parse_action("3").unwrap(), Action::Right);
-        assert_eq!(parse_action("4").unwrap(), Action::Up);
-    }
-
-    #[test]
-    fn rejects_empty_unknown_and_out_of_range_indices() {
-        assert_eq!(parse_action(""), Err(ActionError::Empty));
-        assert_eq!(parse_action(" \t\n"), Err(ActionError::Empty));
-        for bad in ["0", "5", "12", "north", "Left Up", "Lef", "Up!"] {
-            assert!(
-                matches!(parse_action(bad), Err(ActionError::Unknown { .. })),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn rejects_huge_input_without_echoing_it() {
-        let huge = "Up".repeat(1_000_000);
-        assert_eq!(
-            parse_action(&huge),
-            Err(ActionError::TooLong {
-                len: 2_000_000,
-                max: MAX_ACTION_LEN
-            })
-        );
-    }
-
-    #[test]
-    fn lossy_decoded_bytes_are_an_error_not_a_panic() {
-        let text = String::from_utf8_lossy(&[0xff, 0xfe, b'U', b'p', 0xc3]);
-        assert!(matches!(
-            parse_action(&text),
-            Err(ActionError::Unknown { .. })
-        ));
-        let text = String::from_utf8_lossy(&[0xe2, 0x88]);
-        assert!(parse_action(&text).is_err());
+    fn parses_names_in_any_case_and_ragen_indices() {
+        check_named_actions(parse_action, &Action::ALL, &["Left", "Down", "Right", "Up"]);
     }
 }

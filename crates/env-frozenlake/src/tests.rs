@@ -1,5 +1,5 @@
 use super::*;
-use agentrl_env_core::{ActionError, Split};
+use agentrl_env_core::{testing, Split};
 use proptest::prelude::*;
 
 fn spec(d: &str, seed: u64) -> TaskSpec {
@@ -184,19 +184,7 @@ fn bumping_into_the_edge_is_a_step_that_changes_nothing() {
 #[test]
 fn invalid_action_changes_nothing_but_the_counter() {
     let mut e = env("easy", 2);
-    let obs = e.reset();
-    let err = e.step("jump").unwrap_err();
-    assert!(matches!(
-        err,
-        StepError::InvalidAction(ActionError::Unknown { .. })
-    ));
-    assert_eq!(
-        e.step(""),
-        Err(StepError::InvalidAction(ActionError::Empty))
-    );
-    assert_eq!(e.invalid_actions(), 2);
-    assert_eq!(e.steps(), 0);
-    assert_eq!(e.observation(), obs);
+    testing::assert_refused_unchanged(&mut e, &[("jump", "Unknown"), ("", "Empty")]);
     assert!(e.step("Down").is_ok());
 }
 
@@ -208,12 +196,7 @@ fn running_out_of_steps_ends_the_episode() {
         ..no_slip()
     };
     let mut e = FrozenLake::from_map(&spec("easy", 0), cfg, m).unwrap();
-    e.reset();
-    assert!(!e.step("Up").unwrap().done);
-    assert!(!e.step("Up").unwrap().done);
-    let s = e.step("Up").unwrap();
-    assert!(s.done && !s.success);
-    assert_eq!(e.step("Up"), Err(StepError::EpisodeOver));
+    testing::assert_budget_ends_episode(&mut e, &["Up"]);
 }
 
 #[test]

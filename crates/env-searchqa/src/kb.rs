@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 
+use agentrl_search_index::DocRef;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -15,6 +16,17 @@ pub struct Passage {
     pub id: String,
     pub title: String,
     pub text: String,
+}
+
+/// The documents the search engine indexes: each passage's title and text.
+pub fn search_docs(passages: &[Passage]) -> Vec<DocRef<'_>> {
+    passages
+        .iter()
+        .map(|p| DocRef {
+            title: &p.title,
+            body: &p.text,
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone)]

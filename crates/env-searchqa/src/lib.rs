@@ -22,30 +22,31 @@ pub mod loader;
 pub mod parser;
 pub mod reward;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use agentrl_env_core::{
-    stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError, StepInfo,
-    TaskSpec,
+    param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
+    EnvParams, Episode, Outcome, SharedCache, Step, StepError, TaskSpec,
 };
-use agentrl_search_index::{data_hash, shared_index, DocRef, IndexLocation, SearchIndex};
+use agentrl_search_index::{data_hash, shared_index, IndexError, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
 use rand::Rng;
+use serde::Deserialize;
 
 use crate::kb::{Kb, Passage, Question};
 use crate::loader::QaItem;
 use crate::parser::Action;
 
+/// Registry name.
+pub const NAME: &str = "searchqa";
 const DEFAULT_CORPUS_SIZE: usize = 5_000;
-const DEFAULT_MAX_STEPS: usize = 10;
-const DEFAULT_TOP_K: usize = 3;
 
 /// The registry entry.
 pub fn descriptor() -> EnvDescriptor {
     EnvDescriptor {
-        name: "searchqa",
+        name: NAME,
         summary: "Multi-hop questions over a corpus with a BM25 search tool: search[query], answer[text]; exact-match reward",
         difficulties: &["easy", "hard"],
         default_max_turns: 5,
@@ -69,137 +70,91 @@ pub struct Corpus {
 
 impl Corpus {
     /// BM25 search: passage indices, best first.
-    pub fn search(&self, query: &str, k: usize) -> Vec<usize> {
-        // An I/O failure of a cached index reads as "no results", not a crash.
-        self.index
-            .search(query, 0, k)
-            .map(|h| h.into_iter().map(|h| h.doc).collect())
-            .unwrap_or_default()
+    pub fn search(&self, query: &str, k: usize) -> Result<Vec<usize>, IndexError> {
+        self.index.top_docs(query, k)
     }
 }
 
-type CorpusMap = Mutex<BTreeMap<String, Arc<Corpus>>>;
-
-/// Corpora by source. Global state for the same reason as the index cache:
-/// every task of a run builds an env, and none may regenerate or reload the corpus.
-fn corpora() -> &'static CorpusMap {
-    static MAP: OnceLock<CorpusMap> = OnceLock::new();
-    MAP.get_or_init(|| Mutex::new(BTreeMap::new()))
-}
-
-#[derive(Debug, Clone)]
+/// The `[env]` params (see the crate docs).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Params {
-    corpus_size: usize,
-    files: Option<(PathBuf, PathBuf)>,
-    retry: bool,
+    corpus_size: Option<usize>,
+    corpus: Option<PathBuf>,
+    qa_file: Option<PathBuf>,
+    #[serde(default = "retry_by_default")]
+    retry_wrong_answer: bool,
+    #[serde(default = "default_top_k")]
     top_k: usize,
-    location: IndexLocation,
+    #[serde(default = "IndexLocation::default_cache")]
+    cache_dir: IndexLocation,
+    #[serde(default = "default_max_steps")]
     max_steps: usize,
 }
 
-fn param_err(key: &str, reason: impl Into<String>) -> EnvError {
-    EnvError::InvalidParam {
-        env: "searchqa".into(),
-        key: key.into(),
-        reason: reason.into(),
-    }
+fn retry_by_default() -> bool {
+    true
 }
 
-fn int_param(key: &str, v: &serde_json::Value, lo: u64, hi: u64) -> Result<usize, EnvError> {
-    let n = v
-        .as_u64()
-        .ok_or_else(|| param_err(key, "expected an integer"))?;
-    if !(lo..=hi).contains(&n) {
-        return Err(param_err(key, format!("must be between {lo} and {hi}")));
-    }
-    Ok(n as usize)
+fn default_top_k() -> usize {
+    3
 }
 
-fn parse_params(params: &EnvParams) -> Result<Params, EnvError> {
-    let mut corpus_size = None;
-    let (mut corpus, mut qa) = (None, None);
-    let mut p = Params {
-        corpus_size: DEFAULT_CORPUS_SIZE,
-        files: None,
-        retry: true,
-        top_k: DEFAULT_TOP_K,
-        location: IndexLocation::default_cache(),
-        max_steps: DEFAULT_MAX_STEPS,
-    };
-    for (key, v) in params {
-        match key.as_str() {
-            "corpus_size" => corpus_size = Some(int_param(key, v, 100, 200_000)?),
-            "corpus" => corpus = Some(PathBuf::from(v.as_str().ok_or_else(|| param_err(key, "expected a path"))?)),
-            "qa_file" => qa = Some(PathBuf::from(v.as_str().ok_or_else(|| param_err(key, "expected a path"))?)),
-            "retry_wrong_answer" => p.retry = v.as_bool().ok_or_else(|| param_err(key, "expected true or false"))?,
-            "top_k" => p.top_k = int_param(key, v, 1, 10)?,
-            "max_steps" => p.max_steps = int_param(key, v, 1, 1000)?,
-            "cache_dir" => {
-                p.location = IndexLocation::from_param(
-                    v.as_str().ok_or_else(|| param_err(key, "expected a path string or \"memory\""))?,
-                )
-            }
-            _ => {
-                return Err(param_err(
-                    key,
-                    "unknown parameter (known: corpus_size, corpus, qa_file, retry_wrong_answer, top_k, cache_dir, max_steps)",
-                ))
-            }
+fn default_max_steps() -> usize {
+    10
+}
+
+impl Params {
+    fn new(params: &EnvParams) -> Result<Self, EnvError> {
+        let p: Params = parse_params(NAME, params)?;
+        if let Some(n) = p.corpus_size {
+            param_in_range(NAME, "corpus_size", n, 100..=200_000)?;
         }
-    }
-    match (corpus, qa) {
-        (Some(c), Some(q)) => {
-            if corpus_size.is_some() {
-                return Err(param_err("corpus_size", "not used with a corpus file"));
-            }
-            p.files = Some((c, q));
-        }
-        (None, None) => p.corpus_size = corpus_size.unwrap_or(DEFAULT_CORPUS_SIZE),
-        _ => {
-            return Err(param_err(
+        param_in_range(NAME, "top_k", p.top_k, 1..=10)?;
+        param_in_range(NAME, "max_steps", p.max_steps, 1..=1000)?;
+        match (&p.corpus, &p.qa_file) {
+            (Some(_), Some(_)) if p.corpus_size.is_some() => Err(param_error(
+                NAME,
+                "corpus_size",
+                "not used with a corpus file",
+            )),
+            (Some(_), None) | (None, Some(_)) => Err(param_error(
+                NAME,
                 "corpus",
                 "give both corpus and qa_file, or neither",
-            ))
+            )),
+            _ => Ok(p),
         }
     }
-    Ok(p)
 }
 
+/// The shared corpus and index for the parameters. Corpora are cached by
+/// source: every task of a run builds an env, and none may regenerate or
+/// reload the corpus.
 fn corpus_for(p: &Params) -> Result<Arc<Corpus>, EnvError> {
-    let key = match &p.files {
-        Some((c, q)) => format!("files:{}:{}", c.display(), q.display()),
-        None => format!("gen:{}", p.corpus_size),
+    static CORPORA: SharedCache<String, Corpus> = SharedCache::new();
+    let size = p.corpus_size.unwrap_or(DEFAULT_CORPUS_SIZE);
+    let key = match (&p.corpus, &p.qa_file) {
+        (Some(c), Some(q)) => format!("files:{}:{}", c.display(), q.display()),
+        _ => format!("gen:{size}"),
     };
-    let mut map = corpora().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = map.get(&key) {
-        return Ok(Arc::clone(c));
-    }
-    let (passages, source) = match &p.files {
-        Some((c, q)) => (loader::load_corpus(c)?, Source::Files(loader::load_qa(q)?)),
-        None => {
-            let kb = Kb::generate(p.corpus_size);
-            (kb.passages.clone(), Source::Generated(kb))
-        }
-    };
-    let docs: Vec<DocRef<'_>> = passages
-        .iter()
-        .map(|d| DocRef {
-            title: &d.title,
-            body: &d.text,
+    CORPORA.get_or_try_build(key, || {
+        let (passages, source) = match (&p.corpus, &p.qa_file) {
+            (Some(c), Some(q)) => (loader::load_corpus(c)?, Source::Files(loader::load_qa(q)?)),
+            _ => {
+                let kb = Kb::generate(size);
+                (kb.passages.clone(), Source::Generated(kb))
+            }
+        };
+        let docs = kb::search_docs(&passages);
+        let index = shared_index(&docs, data_hash(&docs), &p.cache_dir)
+            .map_err(|e| e.into_env_error(NAME))?;
+        Ok(Corpus {
+            passages,
+            index,
+            source,
         })
-        .collect();
-    let index = shared_index(&docs, data_hash(&docs), &p.location).map_err(|e| EnvError::Data {
-        env: "searchqa".into(),
-        path: "search index".into(),
-        reason: e.to_string(),
-    })?;
-    let corpus = Arc::new(Corpus {
-        passages,
-        index,
-        source,
-    });
-    map.insert(key, Arc::clone(&corpus));
-    Ok(corpus)
+    })
 }
 
 /// One SearchQA task.
@@ -209,11 +164,7 @@ pub struct SearchQaEnv {
     question: Question,
     retry: bool,
     top_k: usize,
-    max_steps: usize,
-    steps: usize,
-    invalid: usize,
-    done: bool,
-    success: bool,
+    episode: Episode,
     /// Titles of every passage shown so far.
     retrieved: BTreeSet<String>,
     /// Queries issued so far, in order.
@@ -234,7 +185,7 @@ impl std::fmt::Debug for SearchQaEnv {
 impl SearchQaEnv {
     /// Create the env for a spec (see the crate docs for parameters).
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        let p = parse_params(params)?;
+        let p = Params::new(params)?;
         let corpus = corpus_for(&p)?;
         let mut rng = task_rng(spec)?;
         let question = match &corpus.source {
@@ -262,13 +213,9 @@ impl SearchQaEnv {
             spec: spec.clone(),
             corpus,
             question,
-            retry: p.retry,
+            retry: p.retry_wrong_answer,
             top_k: p.top_k,
-            max_steps: p.max_steps,
-            steps: 0,
-            invalid: 0,
-            done: false,
-            success: false,
+            episode: Episode::new(p.max_steps),
             retrieved: BTreeSet::new(),
             queries: Vec::new(),
             wrong_answers: BTreeSet::new(),
@@ -293,10 +240,10 @@ impl SearchQaEnv {
     }
 
     /// The `<information>` block for a query.
-    fn information(&mut self, query: &str) -> String {
-        let hits = self.corpus.search(query, self.top_k);
+    fn information(&mut self, query: &str) -> Result<String, IndexError> {
+        let hits = self.corpus.search(query, self.top_k)?;
         if hits.is_empty() {
-            return "<information>No results found.</information>".into();
+            return Ok("<information>No results found.</information>".into());
         }
         let mut s = String::from("<information>");
         for (i, &h) in hits.iter().enumerate() {
@@ -308,7 +255,7 @@ impl SearchQaEnv {
             s.push_str(&format!("Doc {} (Title: {}) {}", i + 1, d.title, d.text));
         }
         s.push_str("</information>");
-        s
+        Ok(s)
     }
 }
 
@@ -326,15 +273,12 @@ impl Env for SearchQaEnv {
              You have at most {} actions.",
             self.top_k,
             if self.retry { "A wrong answer may be retried." } else { "Only one answer is accepted." },
-            self.max_steps
+            self.episode.max_steps()
         )
     }
 
     fn reset(&mut self) -> String {
-        self.steps = 0;
-        self.invalid = 0;
-        self.done = false;
-        self.success = false;
+        self.episode.reset();
         self.retrieved.clear();
         self.queries.clear();
         self.wrong_answers.clear();
@@ -343,61 +287,51 @@ impl Env for SearchQaEnv {
     }
 
     fn step(&mut self, action: &str) -> Result<Step, StepError> {
-        if self.done {
-            return Err(StepError::EpisodeOver);
-        }
-        let parsed = match parser::parse(action) {
-            Ok(a) => a,
-            Err(e) => {
-                self.invalid += 1;
-                return Err(e.into());
-            }
-        };
-        self.steps += 1;
+        let parsed = self.episode.begin(action, parser::parse)?;
         let mut reward = 0.0;
         let mut extra = serde_json::Map::new();
-        let effective;
+        let (effective, outcome);
         let mut observation = match parsed {
             Action::Search(q) => {
                 let before = self.retrieved.len();
-                let info = self.information(&q);
+                // An index that fails to answer refuses the search with its
+                // error; it is never shown as "no results".
+                let info = self
+                    .information(&q)
+                    .map_err(|e| self.episode.reject(e.into_refusal(&format!("search[{q}]"))))?;
                 effective = self.retrieved.len() > before;
+                outcome = Outcome::Running;
                 self.queries.push(q);
                 info
             }
             Action::Answer(a) => {
                 if reward::exact_match(&a, &self.question.answers) {
                     reward = 1.0;
-                    self.done = true;
-                    self.success = true;
                     effective = true;
+                    outcome = Outcome::Won;
                     format!("Your answer '{a}' is correct.")
                 } else {
                     effective = self.wrong_answers.insert(reward::normalize_answer(&a));
                     extra.insert("wrong_answer".into(), true.into());
                     if self.retry {
+                        outcome = Outcome::Running;
                         format!(
                             "Your answer '{a}' is incorrect. You may search more and answer again."
                         )
                     } else {
-                        self.done = true;
+                        outcome = Outcome::Lost;
                         format!("Your answer '{a}' is incorrect.")
                     }
                 }
             }
         };
-        if !self.done && self.steps >= self.max_steps {
-            self.done = true;
+        if self.episode.settle(outcome) {
             observation.push_str("\nThe action budget is exhausted.");
         }
         self.last_obs = observation.clone();
-        Ok(Step {
-            observation,
-            reward,
-            done: self.done,
-            success: self.success,
-            info: StepInfo { effective, extra },
-        })
+        Ok(self
+            .episode
+            .step_result(observation, reward, effective, extra))
     }
 
     fn observation(&self) -> String {
@@ -405,7 +339,7 @@ impl Env for SearchQaEnv {
     }
 
     fn available_actions(&self) -> Vec<String> {
-        if self.done {
+        if self.episode.is_done() {
             return Vec::new();
         }
         // Free-text grammar: the question itself is the representative query.
@@ -424,12 +358,12 @@ impl Env for SearchQaEnv {
             retrieved.join("\u{1f}").as_bytes(),
             wrong.join("\u{1f}").as_bytes(),
             self.last_obs.as_bytes(),
-            &[u8::from(self.done)],
+            &[u8::from(self.episode.is_done())],
         ])
     }
 
     fn expert_action(&mut self) -> Option<String> {
-        if self.done {
+        if self.episode.is_done() {
             return None;
         }
         Some(expert::next_action(
@@ -439,23 +373,7 @@ impl Env for SearchQaEnv {
         ))
     }
 
-    fn steps(&self) -> usize {
-        self.steps
-    }
-
-    fn invalid_actions(&self) -> usize {
-        self.invalid
-    }
-
-    fn max_steps(&self) -> usize {
-        self.max_steps
-    }
-
-    fn is_done(&self) -> bool {
-        self.done
-    }
-
-    fn is_success(&self) -> bool {
-        self.success
+    fn episode(&self) -> Option<&Episode> {
+        Some(&self.episode)
     }
 }

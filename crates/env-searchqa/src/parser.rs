@@ -2,10 +2,15 @@
 //! SearchQA), also accepted in Search-R1's tag form `<search>q</search>`,
 //! `<answer>a</answer>`.
 
+use agentrl_env_core::action::{bracket_call, trimmed_action, BracketCall};
 use agentrl_env_core::ActionError;
 
 /// Longest accepted action text, in bytes.
 pub const MAX_ACTION_LEN: usize = 1024;
+
+const EXPECTED: &str = "search[query] or answer[text]";
+/// The verbs, each with why an empty argument is refused.
+const VERBS: [(&str, &str); 2] = [("search", "empty search query"), ("answer", "empty answer")];
 
 /// A parsed action.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,34 +19,12 @@ pub enum Action {
     Answer(String),
 }
 
-fn expected() -> String {
-    "search[query] or answer[text]".into()
-}
-
 /// Parse one action text.
 pub fn parse(text: &str) -> Result<Action, ActionError> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
-    if t.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: t.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
-    let malformed = |reason: &str| ActionError::Malformed {
-        action: t.to_string(),
-        reason: reason.to_string(),
-    };
-    let (verb, arg) = if let Some(open) = t.find('[') {
-        if !t.ends_with(']') {
-            return Err(malformed("missing closing ']'"));
-        }
-        (
-            t[..open].trim().to_lowercase(),
-            t[open + 1..t.len() - 1].trim(),
-        )
+    let t = trimmed_action(text, MAX_ACTION_LEN)?;
+    let malformed = |reason: &str| ActionError::malformed(t, reason);
+    let call = if let Some(call) = bracket_call(t)? {
+        call
     } else if let Some(rest) = t.strip_prefix('<') {
         // <search>q</search> / <answer>a</answer>
         let Some(close) = rest.find('>') else {
@@ -55,74 +38,47 @@ pub fn parse(text: &str) -> Result<Action, ActionError> {
         if body[end..].to_lowercase() != format!("</{verb}>") {
             return Err(malformed("closing tag does not match"));
         }
-        (verb, body[..end].trim())
+        BracketCall {
+            verb,
+            argument: body[..end].trim(),
+        }
     } else {
-        return Err(ActionError::Unknown {
-            action: t.to_string(),
-            expected: expected(),
-        });
+        return Err(ActionError::unknown(t, EXPECTED));
     };
-    match verb.as_str() {
-        "search" if arg.is_empty() => Err(malformed("empty search query")),
-        "answer" if arg.is_empty() => Err(malformed("empty answer")),
-        "search" => Ok(Action::Search(arg.to_string())),
-        "answer" => Ok(Action::Answer(arg.to_string())),
-        _ => Err(ActionError::Unknown {
-            action: t.to_string(),
-            expected: expected(),
-        }),
+    match call.verb_of(t, &VERBS, EXPECTED)? {
+        ("search", query) => Ok(Action::Search(query.to_string())),
+        (_, answer) => Ok(Action::Answer(answer.to_string())),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::refusal_of;
     use proptest::prelude::*;
 
     #[test]
     fn parses_both_forms() {
+        use Action::{Answer, Search};
+        let who = "who founded Velkor Systems";
+        assert_eq!(parse(&format!("search[ {who} ]")), Ok(Search(who.into())));
+        assert_eq!(parse("Answer[Kalonford]"), Ok(Answer("Kalonford".into())));
         assert_eq!(
-            parse("search[ who founded Velkor Systems ]").unwrap(),
-            Action::Search("who founded Velkor Systems".into())
+            parse("<search>velkor</search>"),
+            Ok(Search("velkor".into()))
         );
-        assert_eq!(
-            parse("Answer[Kalonford]").unwrap(),
-            Action::Answer("Kalonford".into())
-        );
-        assert_eq!(
-            parse("<search>velkor</search>").unwrap(),
-            Action::Search("velkor".into())
-        );
-        assert_eq!(
-            parse("<answer> 1987 </answer>").unwrap(),
-            Action::Answer("1987".into())
-        );
+        assert_eq!(parse("<answer> 1987 </answer>"), Ok(Answer("1987".into())));
     }
 
     #[test]
     fn rejects_malformed_actions_with_typed_errors() {
         assert_eq!(parse(""), Err(ActionError::Empty));
-        assert!(matches!(
-            parse("answer[]"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("search[x"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("<search>x"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("<search>x</answer>"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(parse("look[x]"), Err(ActionError::Unknown { .. })));
-        assert!(matches!(
-            parse("the answer is 4"),
-            Err(ActionError::Unknown { .. })
-        ));
+        for text in ["answer[]", "search[x", "<search>x", "<search>x</answer>"] {
+            assert_eq!(refusal_of(parse(text)), Some("Malformed"), "{text}");
+        }
+        for text in ["look[x]", "the answer is 4"] {
+            assert_eq!(refusal_of(parse(text)), Some("Unknown"), "{text}");
+        }
     }
 
     proptest! {

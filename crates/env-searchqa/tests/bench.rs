@@ -3,30 +3,20 @@
 
 use std::time::Instant;
 
+use agentrl_env_core::testing::{percentile, run_expert};
 use agentrl_env_core::{Env, EnvParams, Split, TaskSpec};
-use agentrl_env_searchqa::kb::Kb;
+use agentrl_env_searchqa::kb::{search_docs, Kb};
 use agentrl_env_searchqa::SearchQaEnv;
-use agentrl_search_index::{data_hash, DocRef, IndexLocation, SearchIndex};
+use agentrl_search_index::{data_hash, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
 
 #[test]
 #[ignore]
 fn bench_search_latency_on_100k_documents() {
     let kb = Kb::generate(100_000);
-    let docs: Vec<DocRef<'_>> = kb
-        .passages
-        .iter()
-        .map(|p| DocRef {
-            title: &p.title,
-            body: &p.text,
-        })
-        .collect();
+    let docs = search_docs(&kb.passages);
     let dir = tempfile::tempdir().unwrap();
     let loc = IndexLocation::Dir(dir.path().to_path_buf());
     let t = Instant::now();
@@ -81,12 +71,9 @@ fn bench_expert_and_random_success_and_steps_per_second() {
             let mut e =
                 SearchQaEnv::new(&TaskSpec::new("searchqa", Split::Val, difficulty, seed), &p)
                     .unwrap();
-            while !e.is_done() {
-                let a = e.expert_action().unwrap();
-                e.step(&a).unwrap();
-                steps += 1;
-            }
-            ok += usize::from(e.is_success());
+            let run = run_expert(&mut e);
+            steps += run.actions.len();
+            ok += usize::from(run.success);
         }
         let dt = t.elapsed().as_secs_f64();
         // Random agent: searches the question or a random word of it, or

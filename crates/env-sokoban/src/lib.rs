@@ -11,9 +11,10 @@ mod parser;
 mod solver;
 
 use agentrl_env_core::{
-    stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError, StepInfo,
-    TaskSpec,
+    param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
+    EnvParams, Episode, Outcome, Step, StepError, TaskSpec,
 };
+use serde::Deserialize;
 
 pub use generator::{
     generate, parse_room, reverse_play, topology, GenConfig, Generated, Room, State, Tile,
@@ -74,13 +75,7 @@ impl Config {
                 min_solution_len: 6,
                 max_solution_len: 40,
             },
-            other => {
-                return Err(EnvError::UnknownDifficulty {
-                    env: NAME.to_string(),
-                    difficulty: other.to_string(),
-                    available: DIFFICULTIES.join(", "),
-                })
-            }
+            other => return Err(EnvError::unknown_difficulty(NAME, other, DIFFICULTIES)),
         };
         Ok(Self {
             generation,
@@ -88,39 +83,35 @@ impl Config {
         })
     }
 
-    /// Apply `[env]` params: `size` (5–16), `boxes` (1–4), `reverse_steps`,
-    /// `min_solution_len`, `max_solution_len` (≤ `max_steps`), `max_steps` (≥ 1).
-    pub fn apply_params(&mut self, params: &EnvParams) -> Result<(), EnvError> {
-        let bad = |key: &str, reason: &str| EnvError::InvalidParam {
-            env: NAME.to_string(),
-            key: key.to_string(),
-            reason: reason.to_string(),
-        };
-        for (key, value) in params {
-            let v = value
-                .as_u64()
-                .ok_or_else(|| bad(key, "expected a non-negative integer"))?;
-            let v = usize::try_from(v).map_err(|_| bad(key, "too large"))?;
-            let g = &mut self.generation;
-            match key.as_str() {
-                "size" if (5..=MAX_SIDE).contains(&v) => g.size = v,
-                "size" => return Err(bad(key, "must be between 5 and 16")),
-                "boxes" if (1..=MAX_BOXES).contains(&v) => g.boxes = v,
-                "boxes" => return Err(bad(key, "must be between 1 and 4")),
-                "reverse_steps" if v <= 100_000 => g.reverse_steps = v,
-                "reverse_steps" => return Err(bad(key, "at most 100000")),
-                "min_solution_len" => g.min_solution_len = v,
-                "max_solution_len" => g.max_solution_len = v,
-                "max_steps" if v >= 1 => self.max_steps = v,
-                "max_steps" => return Err(bad(key, "must be at least 1")),
-                _ => {
-                    return Err(bad(
-                        key,
-                        "unknown key (known: size, boxes, reverse_steps, min_solution_len, \
-                         max_solution_len, max_steps)",
-                    ))
-                }
+    /// This config with `[env]` params applied: `size` (5–16), `boxes`
+    /// (1–4), `reverse_steps`, `min_solution_len`, `max_solution_len`
+    /// (≤ `max_steps`), `max_steps` (≥ 1).
+    pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
+        let p: Params = parse_params(NAME, params)?;
+        let g = &mut self.generation;
+        if let Some(size) = p.size {
+            g.size = param_in_range(NAME, "size", size, 5..=MAX_SIDE)?;
+        }
+        if let Some(boxes) = p.boxes {
+            g.boxes = param_in_range(NAME, "boxes", boxes, 1..=MAX_BOXES)?;
+        }
+        if let Some(reverse_steps) = p.reverse_steps {
+            if reverse_steps > 100_000 {
+                return Err(param_error(NAME, "reverse_steps", "at most 100000"));
             }
+            g.reverse_steps = reverse_steps;
+        }
+        if let Some(min) = p.min_solution_len {
+            g.min_solution_len = min;
+        }
+        if let Some(max) = p.max_solution_len {
+            g.max_solution_len = max;
+        }
+        if let Some(max_steps) = p.max_steps {
+            if max_steps == 0 {
+                return Err(param_error(NAME, "max_steps", "must be at least 1"));
+            }
+            self.max_steps = max_steps;
         }
         let g = &self.generation;
         if g.max_solution_len > self.max_steps {
@@ -128,13 +119,26 @@ impl Config {
             self.generation.max_solution_len = self.max_steps;
         }
         if self.generation.min_solution_len > self.generation.max_solution_len {
-            return Err(bad(
+            return Err(param_error(
+                NAME,
                 "min_solution_len",
                 "exceeds max_solution_len (or max_steps)",
             ));
         }
-        Ok(())
+        Ok(self)
     }
+}
+
+/// The `[env]` params; an absent key keeps the config's value.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    size: Option<usize>,
+    boxes: Option<usize>,
+    reverse_steps: Option<usize>,
+    min_solution_len: Option<usize>,
+    max_solution_len: Option<usize>,
+    max_steps: Option<usize>,
 }
 
 /// One Sokoban task.
@@ -146,10 +150,7 @@ pub struct Sokoban {
     room_hash: u64,
     start: State,
     state: State,
-    steps: usize,
-    invalid: usize,
-    done: bool,
-    success: bool,
+    episode: Episode,
     /// The expert's current plan: the states it passes through and the
     /// action taken from each; re-planned when play leaves it.
     plan_states: Vec<State>,
@@ -159,9 +160,10 @@ pub struct Sokoban {
 impl Sokoban {
     /// Generate the task of `spec` with `[env]` params.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        let mut config = Config::for_difficulty(&spec.difficulty)?;
-        config.apply_params(params)?;
-        Self::with_config(spec, config)
+        Self::with_config(
+            spec,
+            Config::for_difficulty(&spec.difficulty)?.with_params(params)?,
+        )
     }
 
     /// Generate the task of `spec` with an explicit config.
@@ -194,15 +196,12 @@ impl Sokoban {
         let room_hash = stable_hash(&[&room.to_bytes()]);
         Ok(Self {
             spec: spec.clone(),
+            episode: Episode::new(config.max_steps),
             config,
             room,
             room_hash,
             start,
             state: start,
-            steps: 0,
-            invalid: 0,
-            done: false,
-            success: false,
             plan_states: Vec::new(),
             plan: Vec::new(),
         })
@@ -296,25 +295,12 @@ impl Env for Sokoban {
 
     fn reset(&mut self) -> String {
         self.state = self.start;
-        self.steps = 0;
-        self.invalid = 0;
-        self.done = false;
-        self.success = false;
+        self.episode.reset();
         self.render()
     }
 
     fn step(&mut self, action: &str) -> Result<Step, StepError> {
-        if self.done {
-            return Err(StepError::EpisodeOver);
-        }
-        let a = match parse_action(action) {
-            Ok(a) => a,
-            Err(e) => {
-                self.invalid += 1;
-                return Err(e.into());
-            }
-        };
-        self.steps += 1;
+        let a = self.episode.begin(action, parse_action)?;
         let mut reward = STEP_PENALTY;
         let moved = self.state.apply(&self.room, a);
         let effective = moved.is_some();
@@ -332,20 +318,15 @@ impl Env for Sokoban {
         let on_target = self.state.boxes_on_target(&self.room);
         if on_target == self.state.n_boxes as usize {
             reward += SOLVED_BONUS;
-            self.success = true;
-            self.done = true;
-        } else if self.steps >= self.config.max_steps {
-            self.done = true;
+            self.episode.settle(Outcome::Won);
+        } else {
+            self.episode.settle(Outcome::Running);
         }
         let mut extra = serde_json::Map::new();
         extra.insert("boxes_on_target".into(), on_target.into());
-        Ok(Step {
-            observation: self.render(),
-            reward,
-            done: self.done,
-            success: self.success,
-            info: StepInfo { effective, extra },
-        })
+        Ok(self
+            .episode
+            .step_result(self.render(), reward, effective, extra))
     }
 
     fn observation(&self) -> String {
@@ -353,7 +334,7 @@ impl Env for Sokoban {
     }
 
     fn available_actions(&self) -> Vec<String> {
-        if self.done {
+        if self.episode.is_done() {
             return Vec::new();
         }
         Action::ALL.iter().map(|a| a.name().to_string()).collect()
@@ -367,14 +348,13 @@ impl Env for Sokoban {
     }
 
     fn expert_action(&mut self) -> Option<String> {
-        if self.done {
+        if self.episode.is_done() {
             return None;
         }
         let i = match self.plan_states.iter().position(|s| *s == self.state) {
             Some(i) => i,
             None => {
-                let left = self.config.max_steps - self.steps;
-                let plan = solve(&self.room, &self.state, left)?;
+                let plan = solve(&self.room, &self.state, self.episode.steps_left())?;
                 self.set_plan(plan);
                 0
             }
@@ -382,24 +362,8 @@ impl Env for Sokoban {
         self.plan.get(i).map(|a| a.name().to_string())
     }
 
-    fn steps(&self) -> usize {
-        self.steps
-    }
-
-    fn invalid_actions(&self) -> usize {
-        self.invalid
-    }
-
-    fn max_steps(&self) -> usize {
-        self.config.max_steps
-    }
-
-    fn is_done(&self) -> bool {
-        self.done
-    }
-
-    fn is_success(&self) -> bool {
-        self.success
+    fn episode(&self) -> Option<&Episode> {
+        Some(&self.episode)
     }
 }
 

@@ -1,5 +1,6 @@
 //! Action text → [`Action`].
 
+use agentrl_env_core::action::choose_action;
 use agentrl_env_core::ActionError;
 
 /// Longest action text accepted (after trimming).
@@ -43,76 +44,22 @@ impl Action {
 /// Parse one action: a direction name (case-insensitive, surrounding
 /// whitespace ignored) or RAGEN's index `1`–`4` (Up, Down, Left, Right).
 pub fn parse_action(text: &str) -> Result<Action, ActionError> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
-    if t.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: t.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
-    for (i, a) in Action::ALL.iter().enumerate() {
-        if t.eq_ignore_ascii_case(a.name()) || t.as_bytes() == [b'1' + i as u8] {
-            return Ok(*a);
-        }
-    }
-    Err(ActionError::Unknown {
-        action: t.to_string(),
-        expected: "Up, Down, Left, Right (or 1-4)".to_string(),
-    })
+    let names = Action::ALL.map(Action::name);
+    let i = choose_action(text, &names, MAX_ACTION_LEN, || {
+        "Up, Down, Left, Right (or 1-4)".to_string()
+    })?;
+    Ok(Action::ALL[i])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::check_named_actions;
 
+    /// RAGEN's names and indices (1 = Up, 2 = Down, 3 = Left, 4 = Right); the shared rules
+    /// (trimming, case, length) are tested in env-core.
     #[test]
-    fn parses_names_case_insensitively_and_ragen_indices() {
-        assert_eq!(parse_action("up").unwrap(), Action::Up);
-        assert_eq!(parse_action("\tDOWN  ").unwrap(), Action::Down);
-        assert_eq!(parse_action("LeFt").unwrap(), Action::Left);
-        assert_eq!(parse_action("Right\n").unwrap(), Action::Right);
-        assert_eq!(parse_action("1").unwrap(), Action::Up);
-        assert_eq!(parse_action("2").unwrap(), Action::Down);
-        assert_eq!(parse_action("3").unwrap(), Action::Left);
-        assert_eq!(parse_action("4").unwrap(), Action::Right);
-    }
-
-    #[test]
-    fn rejects_empty_unknown_and_out_of_range_input() {
-        assert_eq!(parse_action(""), Err(ActionError::Empty));
-        assert_eq!(parse_action("   \n"), Err(ActionError::Empty));
-        for bad in ["0", "5", "-1", "upp", "up up", "push", "Up || Down", "١"] {
-            assert!(
-                matches!(parse_action(bad), Err(ActionError::Unknown { .. })),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn rejects_huge_input() {
-        let huge = "x".repeat(10_000_000);
-        assert!(matches!(
-            parse_action(&huge),
-            Err(ActionError::TooLong { .. })
-        ));
-        let padded = format!("{}Up{}", " ".repeat(100_000), " ".repeat(100_000));
-        assert_eq!(parse_action(&padded).unwrap(), Action::Up);
-    }
-
-    #[test]
-    fn lossy_decoded_bytes_are_an_error_not_a_panic() {
-        for bytes in [
-            &[0xffu8, 0xfe][..],
-            &[b'U', 0x80, b'p'][..],
-            &[0xe2, 0x88, 0x9a][..],
-            &[0][..],
-        ] {
-            let text = String::from_utf8_lossy(bytes);
-            assert!(parse_action(&text).is_err(), "{bytes:?}");
-        }
+    fn parses_names_in_any_case_and_ragen_indices() {
+        check_named_actions(parse_action, &Action::ALL, &["Up", "Down", "Left", "Right"]);
     }
 }

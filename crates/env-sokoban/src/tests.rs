@@ -1,5 +1,5 @@
 use super::*;
-use agentrl_env_core::{ActionError, Split};
+use agentrl_env_core::{testing, Split};
 use proptest::prelude::*;
 
 fn spec(d: &str, seed: u64) -> TaskSpec {
@@ -185,29 +185,14 @@ fn running_out_of_steps_ends_the_episode() {
     cfg.max_steps = 2;
     let mut e =
         Sokoban::from_text(&spec("easy", 0), cfg, "######\n#P_XO#\n#____#\n######").unwrap();
-    e.reset();
-    assert!(!e.step("Down").unwrap().done);
-    let s = e.step("Up").unwrap();
-    assert!(s.done && !s.success);
-    assert_eq!(e.step("Up"), Err(StepError::EpisodeOver));
+    testing::assert_budget_ends_episode(&mut e, &["Down", "Up"]);
 }
 
 #[test]
 fn invalid_action_changes_nothing_but_the_counter() {
     let mut e = env("easy", 1);
-    let obs = e.observation();
-    let key = e.state_key();
-    assert!(matches!(
-        e.step("push"),
-        Err(StepError::InvalidAction(ActionError::Unknown { .. }))
-    ));
-    assert!(matches!(
-        e.step(&"Up".repeat(1000)),
-        Err(StepError::InvalidAction(ActionError::TooLong { .. }))
-    ));
-    assert_eq!((e.steps(), e.invalid_actions()), (0, 2));
-    assert_eq!(e.observation(), obs);
-    assert_eq!(e.state_key(), key);
+    let too_long = "Up".repeat(1000);
+    testing::assert_refused_unchanged(&mut e, &[("push", "Unknown"), (&too_long, "TooLong")]);
 }
 
 #[test]

@@ -16,13 +16,14 @@ pub mod parser;
 pub mod solver;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use agentrl_env_core::{
-    stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError, StepInfo,
-    TaskSpec,
+    parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome,
+    SharedCache, Step, StepError, TaskSpec,
 };
+use serde::Deserialize;
 
 pub use book::{Recipe, RecipeBook};
 pub use generator::Task;
@@ -61,23 +62,23 @@ pub fn depths_of(difficulty: &str) -> Option<&'static [u32]> {
 }
 
 /// Loaded books by directory, so that creating many envs reads the files once.
-fn load_cached(dir: &PathBuf) -> Result<Arc<RecipeBook>, EnvError> {
-    static CACHE: OnceLock<Mutex<BTreeMap<PathBuf, Arc<RecipeBook>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(BTreeMap::new()));
-    // A poisoned lock only means another thread panicked mid-insert; the map
-    // itself is still consistent, so keep using it.
-    let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(b) = map.get(dir) {
-        return Ok(Arc::clone(b));
-    }
-    let book = loader::load_dir(dir).map_err(|e| EnvError::Data {
-        env: NAME.into(),
-        path: dir.display().to_string(),
-        reason: e.to_string(),
-    })?;
-    let book = Arc::new(book);
-    map.insert(dir.clone(), Arc::clone(&book));
-    Ok(book)
+fn load_cached(dir: &Path) -> Result<Arc<RecipeBook>, EnvError> {
+    static BOOKS: SharedCache<PathBuf, RecipeBook> = SharedCache::new();
+    BOOKS.get_or_try_build(dir.to_path_buf(), || {
+        loader::load_dir(dir).map_err(|e| EnvError::Data {
+            env: NAME.into(),
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        })
+    })
+}
+
+/// The `[env]` params.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    /// A directory holding minecraft-data's `items.json` and `recipes.json`.
+    data_dir: Option<PathBuf>,
 }
 
 /// One TextCraft episode.
@@ -87,41 +88,16 @@ pub struct TextCraft {
     task: Task,
     inventory: BTreeMap<String, u32>,
     last_obs: String,
-    steps: usize,
-    invalid: usize,
-    done: bool,
-    success: bool,
+    episode: Episode,
 }
 
 impl TextCraft {
     /// Create the task a spec names. Parameters: `data_dir` (optional path to
     /// minecraft-data's `items.json` and `recipes.json`).
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        let mut data_dir = None;
-        for (k, v) in params {
-            match k.as_str() {
-                "data_dir" => {
-                    let s = v.as_str().ok_or_else(|| EnvError::InvalidParam {
-                        env: NAME.into(),
-                        key: k.clone(),
-                        reason: "expected a path string".into(),
-                    })?;
-                    data_dir = Some(PathBuf::from(s));
-                }
-                _ => {
-                    return Err(EnvError::InvalidParam {
-                        env: NAME.into(),
-                        key: k.clone(),
-                        reason: "unknown parameter (known: data_dir)".into(),
-                    })
-                }
-            }
-        }
-        let depths = depths_of(&spec.difficulty).ok_or_else(|| EnvError::UnknownDifficulty {
-            env: NAME.into(),
-            difficulty: spec.difficulty.clone(),
-            available: DIFFICULTIES.join(", "),
-        })?;
+        let Params { data_dir } = parse_params(NAME, params)?;
+        let depths = depths_of(&spec.difficulty)
+            .ok_or_else(|| EnvError::unknown_difficulty(NAME, &spec.difficulty, DIFFICULTIES))?;
         let mut rng = task_rng(spec)?;
         let task = match data_dir {
             None => {
@@ -151,10 +127,7 @@ impl TextCraft {
             task,
             inventory: BTreeMap::new(),
             last_obs: String::new(),
-            steps: 0,
-            invalid: 0,
-            done: false,
-            success: false,
+            episode: Episode::new(MAX_STEPS),
         };
         env.reset();
         env
@@ -301,48 +274,28 @@ impl Env for TextCraft {
 
     fn reset(&mut self) -> String {
         self.inventory.clear();
-        self.steps = 0;
-        self.invalid = 0;
-        self.done = false;
-        self.success = false;
+        self.episode.reset();
         self.last_obs = self.initial_observation();
         self.last_obs.clone()
     }
 
     fn step(&mut self, action: &str) -> Result<Step, StepError> {
-        if self.done {
-            return Err(StepError::EpisodeOver);
-        }
-        let cmd = match parse(action) {
-            Ok(c) => c,
-            Err(e) => {
-                self.invalid += 1;
-                return Err(StepError::InvalidAction(e));
-            }
-        };
+        let cmd = self.episode.begin(action, parse)?;
         let (mut msg, effective) = self.apply(cmd);
-        self.steps += 1;
         if self.inventory.get(&self.task.goal).copied().unwrap_or(0) > 0 {
-            self.success = true;
-            self.done = true;
+            self.episode.settle(Outcome::Won);
             msg.push_str(&format!(
                 "\nTask completed: you have crafted {}.",
                 self.task.goal
             ));
-        } else if self.steps >= MAX_STEPS {
-            self.done = true;
+        } else if self.episode.settle(Outcome::Running) {
             msg.push_str("\nOut of steps.");
         }
         self.last_obs = msg.clone();
         let mut extra = serde_json::Map::new();
         extra.insert("depth".into(), self.task.depth.into());
-        Ok(Step {
-            observation: msg,
-            reward: if self.success { 1.0 } else { 0.0 },
-            done: self.done,
-            success: self.success,
-            info: StepInfo { effective, extra },
-        })
+        let reward = if self.episode.is_success() { 1.0 } else { 0.0 };
+        Ok(self.episode.step_result(msg, reward, effective, extra))
     }
 
     fn observation(&self) -> String {
@@ -382,29 +335,13 @@ impl Env for TextCraft {
     }
 
     fn expert_action(&mut self) -> Option<String> {
-        if self.done {
+        if self.episode.is_done() {
             return None;
         }
         solver::next_action(&self.task.book, &self.inventory, &self.task.goal, 1)
     }
 
-    fn steps(&self) -> usize {
-        self.steps
-    }
-
-    fn invalid_actions(&self) -> usize {
-        self.invalid
-    }
-
-    fn max_steps(&self) -> usize {
-        MAX_STEPS
-    }
-
-    fn is_done(&self) -> bool {
-        self.done
-    }
-
-    fn is_success(&self) -> bool {
-        self.success
+    fn episode(&self) -> Option<&Episode> {
+        Some(&self.episode)
     }
 }

@@ -1,6 +1,7 @@
 //! The TextCraft action grammar:
 //! `get N item` | `craft N item using N a, N b, …` | `inventory`.
 
+use agentrl_env_core::action::normalized_action;
 use agentrl_env_core::ActionError;
 
 /// Longest action text accepted.
@@ -25,24 +26,16 @@ pub enum Command {
     Inventory,
 }
 
-/// Lower-case, trim, drop a trailing full stop, collapse whitespace, and
-/// accept minecraft-data spellings (`minecraft:oak_planks`).
-pub fn normalize(text: &str) -> String {
-    let t = text
-        .trim()
-        .trim_end_matches('.')
-        .to_lowercase()
-        .replace('_', " ")
-        .replace("minecraft:", "");
+/// Accept minecraft-data spellings (`minecraft:oak_planks`) in a
+/// normalised command: underscores are spaces, the namespace goes.
+fn plain_spelling(command: &str) -> String {
+    let t = command.replace('_', " ").replace("minecraft:", "");
     t.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn count_and_item(action: &str, part: &str) -> Result<(u32, String), ActionError> {
     let part = part.trim();
-    let malformed = |reason: String| ActionError::Malformed {
-        action: action.to_string(),
-        reason,
-    };
+    let malformed = |reason: String| ActionError::malformed(action, reason);
     let (num, item) = part
         .split_once(' ')
         .ok_or_else(|| malformed(format!("expected 'N item', got '{part}'")))?;
@@ -61,13 +54,7 @@ fn count_and_item(action: &str, part: &str) -> Result<(u32, String), ActionError
 
 /// Parse one action text.
 pub fn parse(text: &str) -> Result<Command, ActionError> {
-    if text.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: text.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
-    let t = normalize(text);
+    let t = plain_spelling(&normalized_action(text, MAX_ACTION_LEN)?);
     if t.is_empty() {
         return Err(ActionError::Empty);
     }
@@ -79,12 +66,9 @@ pub fn parse(text: &str) -> Result<Command, ActionError> {
         return Ok(Command::Get { count, item });
     }
     if let Some(rest) = t.strip_prefix("craft ") {
-        let (lhs, rhs) = rest
-            .split_once(" using ")
-            .ok_or_else(|| ActionError::Malformed {
-                action: text.to_string(),
-                reason: "expected 'craft N item using N a, N b'".into(),
-            })?;
+        let (lhs, rhs) = rest.split_once(" using ").ok_or_else(|| {
+            ActionError::malformed(text, "expected 'craft N item using N a, N b'")
+        })?;
         let (count, item) = count_and_item(text, lhs)?;
         let mut inputs = Vec::new();
         for part in rhs.split(',') {
@@ -97,15 +81,13 @@ pub fn parse(text: &str) -> Result<Command, ActionError> {
             inputs,
         });
     }
-    Err(ActionError::Unknown {
-        action: text.to_string(),
-        expected: EXPECTED.to_string(),
-    })
+    Err(ActionError::unknown(text, EXPECTED))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::refusal_of;
 
     #[test]
     fn parses_the_three_commands() {
@@ -138,22 +120,14 @@ mod tests {
     #[test]
     fn rejects_malformed_actions_with_typed_errors() {
         assert_eq!(parse("   "), Err(ActionError::Empty));
-        assert!(matches!(
-            parse("get oak log"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("get 0 oak log"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("craft 1 pickaxe with 3 stone"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(parse("dance"), Err(ActionError::Unknown { .. })));
-        assert!(matches!(
-            parse(&"x".repeat(1000)),
-            Err(ActionError::TooLong { .. })
-        ));
+        for text in [
+            "get oak log",
+            "get 0 oak log",
+            "craft 1 pickaxe with 3 stone",
+        ] {
+            assert_eq!(refusal_of(parse(text)), Some("Malformed"), "{text}");
+        }
+        assert_eq!(refusal_of(parse("dance")), Some("Unknown"));
+        assert_eq!(refusal_of(parse(&"x".repeat(1000))), Some("TooLong"));
     }
 }

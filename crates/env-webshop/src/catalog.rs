@@ -8,6 +8,7 @@
 //! other option values, another brand), so that matching every constraint
 //! matters.
 
+use agentrl_search_index::DocRef;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -35,6 +36,24 @@ pub struct Product {
     pub options: Vec<(String, Vec<String>)>,
     /// The price a buyer pays.
     pub price: f64,
+}
+
+/// The search bodies of a catalog, in catalog order (see [`search_docs`]).
+pub fn search_bodies(products: &[Product]) -> Vec<String> {
+    products.iter().map(Product::search_body).collect()
+}
+
+/// The documents the search engine indexes, one per product in catalog
+/// order: the title and the product's entry of [`search_bodies`].
+pub fn search_docs<'a>(products: &'a [Product], bodies: &'a [String]) -> Vec<DocRef<'a>> {
+    products
+        .iter()
+        .zip(bodies)
+        .map(|(p, body)| DocRef {
+            title: &p.title,
+            body,
+        })
+        .collect()
 }
 
 impl Product {

@@ -23,15 +23,16 @@ pub mod reward;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use agentrl_env_core::{
-    stable_hash, task_rng, ActionError, Env, EnvDescriptor, EnvError, EnvParams, Step, StepError,
-    StepInfo, TaskSpec,
+    param_error, param_in_range, parse_params, stable_hash, task_rng, ActionError, Env,
+    EnvDescriptor, EnvError, EnvParams, Episode, Outcome, SharedCache, Step, StepError, TaskSpec,
 };
-use agentrl_search_index::{data_hash, shared_index, DocRef, IndexLocation, SearchIndex};
+use agentrl_search_index::{data_hash, shared_index, IndexError, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
 use rand::Rng;
+use serde::Deserialize;
 
 use crate::catalog::{GenConfig, Goal, Product};
 use crate::loader::{GoalSource, GoalTemplate};
@@ -41,12 +42,13 @@ use crate::parser::{normalize_target, Action};
 pub const RESULTS_PER_PAGE: usize = 10;
 /// Results a search returns at most, as WebShop (5 pages).
 pub const MAX_RESULTS: usize = 50;
-const DEFAULT_MAX_STEPS: usize = 30;
+/// Registry name.
+pub const NAME: &str = "webshop";
 
 /// The registry entry.
 pub fn descriptor() -> EnvDescriptor {
     EnvDescriptor {
-        name: "webshop",
+        name: NAME,
         summary: "Shop a product catalog with a BM25 search engine: search[query], click[...]; WebShop's attribute/option/price reward",
         difficulties: &["easy", "hard"],
         default_max_turns: 15,
@@ -73,109 +75,45 @@ pub struct World {
 
 impl World {
     /// BM25 search over the catalog: product indices, best first.
-    pub fn search(&self, query: &str, limit: usize) -> Vec<usize> {
-        // The index never fails on well-formed data; an I/O error on a cached
-        // index shows up as no results rather than a crashed rollout.
-        self.index
-            .search(query, 0, limit)
-            .map(|hits| hits.into_iter().map(|h| h.doc).collect())
-            .unwrap_or_default()
+    pub fn search(&self, query: &str, limit: usize) -> Result<Vec<usize>, IndexError> {
+        self.index.top_docs(query, limit)
     }
 }
 
-type WorldMap = Mutex<BTreeMap<String, Arc<World>>>;
-
-/// Catalogs by source (generator setting or data directory). Global state for
-/// the same reason as the index cache: `bench envs` and rollouts create one env
-/// per task, and each must not regenerate, reload or re-hash the catalog.
-fn worlds() -> &'static WorldMap {
-    static MAP: OnceLock<WorldMap> = OnceLock::new();
-    MAP.get_or_init(|| Mutex::new(BTreeMap::new()))
-}
-
-#[derive(Debug, Clone)]
+/// The `[env]` params (see the crate docs).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Params {
     catalog_size: Option<usize>,
     data_dir: Option<PathBuf>,
+    #[serde(default)]
     goals: GoalSource,
-    location: IndexLocation,
+    #[serde(default = "IndexLocation::default_cache")]
+    cache_dir: IndexLocation,
+    #[serde(default = "default_max_steps")]
     max_steps: usize,
 }
 
-fn param_err(key: &str, reason: impl Into<String>) -> EnvError {
-    EnvError::InvalidParam {
-        env: "webshop".into(),
-        key: key.into(),
-        reason: reason.into(),
-    }
+fn default_max_steps() -> usize {
+    30
 }
 
-fn parse_params(params: &EnvParams) -> Result<Params, EnvError> {
-    let mut p = Params {
-        catalog_size: None,
-        data_dir: None,
-        goals: GoalSource::Auto,
-        location: IndexLocation::default_cache(),
-        max_steps: DEFAULT_MAX_STEPS,
-    };
-    for (key, value) in params {
-        match key.as_str() {
-            "catalog_size" => {
-                let n = value
-                    .as_u64()
-                    .ok_or_else(|| param_err(key, "expected an integer"))?;
-                if !(100..=100_000).contains(&n) {
-                    return Err(param_err(key, "must be between 100 and 100000"));
-                }
-                p.catalog_size = Some(n as usize);
+impl Params {
+    fn new(params: &EnvParams) -> Result<Self, EnvError> {
+        let p: Params = parse_params(NAME, params)?;
+        if let Some(n) = p.catalog_size {
+            param_in_range(NAME, "catalog_size", n, 100..=100_000)?;
+            if p.data_dir.is_some() {
+                return Err(param_error(
+                    NAME,
+                    "catalog_size",
+                    "not used with data_dir (the files set the catalog)",
+                ));
             }
-            "data_dir" => {
-                let s = value
-                    .as_str()
-                    .ok_or_else(|| param_err(key, "expected a path string"))?;
-                p.data_dir = Some(PathBuf::from(s));
-            }
-            "goals" => {
-                p.goals = match value.as_str() {
-                    Some("auto") => GoalSource::Auto,
-                    Some("human") => GoalSource::Human,
-                    Some("synthetic") => GoalSource::Synthetic,
-                    _ => {
-                        return Err(param_err(
-                            key,
-                            "expected \"auto\", \"human\" or \"synthetic\"",
-                        ))
-                    }
-                }
-            }
-            "cache_dir" => {
-                let s = value
-                    .as_str()
-                    .ok_or_else(|| param_err(key, "expected a path string or \"memory\""))?;
-                p.location = IndexLocation::from_param(s);
-            }
-            "max_steps" => {
-                let n = value
-                    .as_u64()
-                    .ok_or_else(|| param_err(key, "expected an integer"))?;
-                if n == 0 || n > 1000 {
-                    return Err(param_err(key, "must be between 1 and 1000"));
-                }
-                p.max_steps = n as usize;
-            }
-            _ => return Err(param_err(
-                key,
-                "unknown parameter (known: catalog_size, data_dir, goals, cache_dir, max_steps)",
-            )),
         }
+        param_in_range(NAME, "max_steps", p.max_steps, 1..=1000)?;
+        Ok(p)
     }
-    if p.data_dir.is_some() && p.catalog_size.is_some() {
-        return Err(param_err(
-            "catalog_size",
-            "not used with data_dir (the files set the catalog)",
-        ));
-    }
-    Ok(p)
 }
 
 /// Generator setting of a difficulty.
@@ -192,29 +130,15 @@ fn gen_config(difficulty: &str, size: Option<usize>) -> GenConfig {
     }
 }
 
-fn index_error(e: agentrl_search_index::IndexError) -> EnvError {
-    EnvError::Data {
-        env: "webshop".into(),
-        path: "search index".into(),
-        reason: e.to_string(),
-    }
-}
-
 fn build_world(
     products: Vec<Product>,
     pool: GoalPool,
     location: &IndexLocation,
 ) -> Result<World, EnvError> {
-    let bodies: Vec<String> = products.iter().map(|p| p.search_body()).collect();
-    let docs: Vec<DocRef<'_>> = products
-        .iter()
-        .zip(&bodies)
-        .map(|(p, b)| DocRef {
-            title: &p.title,
-            body: b,
-        })
-        .collect();
-    let index = shared_index(&docs, data_hash(&docs), location).map_err(index_error)?;
+    let bodies = catalog::search_bodies(&products);
+    let docs = catalog::search_docs(&products, &bodies);
+    let index =
+        shared_index(&docs, data_hash(&docs), location).map_err(|e| e.into_env_error(NAME))?;
     Ok(World {
         products,
         index,
@@ -222,8 +146,12 @@ fn build_world(
     })
 }
 
-/// The shared catalog and index for a difficulty and parameters.
+/// The shared catalog and index for a difficulty and parameters. Catalogs
+/// are cached by source (generator setting or data directory): `bench envs`
+/// and rollouts create one env per task, and none may regenerate, reload or
+/// re-hash the catalog.
 fn world_for(difficulty: &str, p: &Params) -> Result<Arc<World>, EnvError> {
+    static WORLDS: SharedCache<String, World> = SharedCache::new();
     let key = match &p.data_dir {
         Some(dir) => format!("dir:{}:{:?}", dir.display(), p.goals),
         None => {
@@ -231,25 +159,17 @@ fn world_for(difficulty: &str, p: &Params) -> Result<Arc<World>, EnvError> {
             format!("gen:{}:{}", cfg.size, cfg.family)
         }
     };
-    // One lock over lookup and build: concurrent creators wait for one build.
-    let mut map = worlds().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(w) = map.get(&key) {
-        return Ok(Arc::clone(w));
-    }
-    let world = match &p.data_dir {
+    WORLDS.get_or_try_build(key, || match &p.data_dir {
         Some(dir) => {
             let data = loader::load_dir(dir, p.goals)?;
-            build_world(data.products, GoalPool::Loaded(data.goals), &p.location)?
+            build_world(data.products, GoalPool::Loaded(data.goals), &p.cache_dir)
         }
         None => build_world(
             catalog::generate(gen_config(difficulty, p.catalog_size)),
             GoalPool::Generated,
-            &p.location,
-        )?,
-    };
-    let world = Arc::new(world);
-    map.insert(key, Arc::clone(&world));
-    Ok(world)
+            &p.cache_dir,
+        ),
+    })
 }
 
 /// Which sub-page of an item is shown.
@@ -284,16 +204,12 @@ pub struct WebShopEnv {
     spec: TaskSpec,
     world: Arc<World>,
     goal: Goal,
-    max_steps: usize,
     page: Page,
     query: String,
     results: Vec<usize>,
     /// Chosen option values by option name.
     selected: BTreeMap<String, String>,
-    steps: usize,
-    invalid: usize,
-    done: bool,
-    success: bool,
+    episode: Episode,
     last_reward: Option<reward::RewardBreakdown>,
 }
 
@@ -310,7 +226,7 @@ impl std::fmt::Debug for WebShopEnv {
 impl WebShopEnv {
     /// Create the env for a spec (see the crate docs for parameters).
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        let p = parse_params(params)?;
+        let p = Params::new(params)?;
         let world = world_for(&spec.difficulty, &p)?;
         let mut rng = task_rng(spec)?;
         let hard = spec.difficulty == "hard";
@@ -336,15 +252,11 @@ impl WebShopEnv {
             spec: spec.clone(),
             world,
             goal,
-            max_steps: p.max_steps,
             page: Page::Search,
             query: String::new(),
             results: Vec::new(),
             selected: BTreeMap::new(),
-            steps: 0,
-            invalid: 0,
-            done: false,
-            success: false,
+            episode: Episode::new(p.max_steps),
             last_reward: None,
         };
         env.reset();
@@ -485,36 +397,31 @@ impl WebShopEnv {
         }
     }
 
-    fn not_possible(action: &str, reason: &str) -> StepError {
-        StepError::InvalidAction(ActionError::NotPossible {
-            action: action.into(),
-            reason: reason.into(),
-        })
+    fn unknown_click(&self, target: &str) -> ActionError {
+        let clickables: Vec<String> = self
+            .clickables()
+            .iter()
+            .map(|c| format!("click[{c}]"))
+            .collect();
+        ActionError::unknown(&format!("click[{target}]"), clickables.join(", "))
     }
 
-    fn unknown_click(&self, target: &str) -> StepError {
-        StepError::InvalidAction(ActionError::Unknown {
-            action: format!("click[{target}]"),
-            expected: self
-                .clickables()
-                .iter()
-                .map(|c| format!("click[{c}]"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
-    }
-
-    /// Apply a parsed action; `Err` leaves the state untouched.
-    fn apply(&mut self, action: Action) -> Result<(f64, bool), StepError> {
+    /// Apply a parsed action; `Err` leaves the state untouched. A search the
+    /// index fails to answer is refused with the index's error, never shown
+    /// as an empty result page.
+    fn apply(&mut self, action: Action) -> Result<(f64, bool), ActionError> {
         match action {
             Action::Search(q) => {
                 if self.page != Page::Search {
-                    return Err(Self::not_possible(
+                    return Err(ActionError::not_possible(
                         &format!("search[{q}]"),
                         "search is only possible on the search page; click[back to search] first",
                     ));
                 }
-                self.results = self.world.search(&q, MAX_RESULTS);
+                self.results = self
+                    .world
+                    .search(&q, MAX_RESULTS)
+                    .map_err(|e| e.into_refusal(&format!("search[{q}]")))?;
                 self.query = q;
                 self.page = Page::Results { page: 0 };
                 Ok((0.0, true))
@@ -523,7 +430,7 @@ impl WebShopEnv {
         }
     }
 
-    fn click(&mut self, target: &str) -> Result<(f64, bool), StepError> {
+    fn click(&mut self, target: &str) -> Result<(f64, bool), ActionError> {
         let page = self.page.clone();
         if target == "back to search" && page != Page::Search {
             self.page = Page::Search;
@@ -531,7 +438,7 @@ impl WebShopEnv {
             return Ok((0.0, true));
         }
         match page {
-            Page::Search => Err(Self::not_possible(
+            Page::Search => Err(ActionError::not_possible(
                 &format!("click[{target}]"),
                 "nothing to click on the search page; use search[query]",
             )),
@@ -616,8 +523,6 @@ impl WebShopEnv {
     fn buy(&mut self, product: usize) -> (f64, bool) {
         let p = &self.world.products[product];
         let r = reward::reward(p, &self.goal, p.price, &self.chosen_options(product));
-        self.done = true;
-        self.success = (r.total - 1.0).abs() < 1e-9;
         let total = r.total;
         self.last_reward = Some(r);
         (total, true)
@@ -637,7 +542,8 @@ impl WebShopEnv {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        format!("{page}|{}|{}|{}", self.query, sel.join(","), self.done)
+        let done = self.episode.is_done();
+        format!("{page}|{}|{}|{done}", self.query, sel.join(","))
     }
 }
 
@@ -700,7 +606,7 @@ impl Env for WebShopEnv {
              Choose the requested options before you click 'buy now'; buying ends the episode.\n\
              The reward counts the requested attributes, options and price ceiling that the bought product meets.\n\
              You have at most {} actions.",
-            self.max_steps
+            self.episode.max_steps()
         )
     }
 
@@ -709,33 +615,21 @@ impl Env for WebShopEnv {
         self.query.clear();
         self.results.clear();
         self.selected.clear();
-        self.steps = 0;
-        self.invalid = 0;
-        self.done = false;
-        self.success = false;
+        self.episode.reset();
         self.last_reward = None;
         self.render()
     }
 
     fn step(&mut self, action: &str) -> Result<Step, StepError> {
-        if self.done {
-            return Err(StepError::EpisodeOver);
-        }
-        let parsed = match parser::parse(action) {
-            Ok(a) => a,
-            Err(e) => {
-                self.invalid += 1;
-                return Err(e.into());
-            }
+        let parsed = self.episode.begin(action, parser::parse)?;
+        let (reward, effective) = self.apply(parsed).map_err(|e| self.episode.reject(e))?;
+        // Buying ends the episode; only a perfect purchase is a success.
+        let outcome = match &self.last_reward {
+            Some(r) if (r.total - 1.0).abs() < 1e-9 => Outcome::Won,
+            Some(_) => Outcome::Lost,
+            None => Outcome::Running,
         };
-        let (reward, effective) = match self.apply(parsed) {
-            Ok(x) => x,
-            Err(e) => {
-                self.invalid += 1;
-                return Err(e);
-            }
-        };
-        self.steps += 1;
+        let out_of_steps = self.episode.settle(outcome);
         let mut observation = self.render();
         let mut extra = serde_json::Map::new();
         if let Some(r) = &self.last_reward {
@@ -748,17 +642,12 @@ impl Env for WebShopEnv {
                 "Thank you for shopping with us!\nYour score (min 0.0, max 1.0): {:.4}\n",
                 r.total
             );
-        } else if self.steps >= self.max_steps {
-            self.done = true;
+        } else if out_of_steps {
             observation.push_str("The action budget is exhausted; nothing was bought.\n");
         }
-        Ok(Step {
-            observation,
-            reward,
-            done: self.done,
-            success: self.success,
-            info: StepInfo { effective, extra },
-        })
+        Ok(self
+            .episode
+            .step_result(observation, reward, effective, extra))
     }
 
     fn observation(&self) -> String {
@@ -772,7 +661,7 @@ impl Env for WebShopEnv {
     }
 
     fn available_actions(&self) -> Vec<String> {
-        if self.done {
+        if self.episode.is_done() {
             return Vec::new();
         }
         match self.page {
@@ -800,29 +689,13 @@ impl Env for WebShopEnv {
     }
 
     fn expert_action(&mut self) -> Option<String> {
-        if self.done {
+        if self.episode.is_done() {
             return None;
         }
         expert::next_action(self)
     }
 
-    fn steps(&self) -> usize {
-        self.steps
-    }
-
-    fn invalid_actions(&self) -> usize {
-        self.invalid
-    }
-
-    fn max_steps(&self) -> usize {
-        self.max_steps
-    }
-
-    fn is_done(&self) -> bool {
-        self.done
-    }
-
-    fn is_success(&self) -> bool {
-        self.success
+    fn episode(&self) -> Option<&Episode> {
+        Some(&self.episode)
     }
 }

@@ -39,10 +39,12 @@ pub struct LoadedData {
     pub goals: Vec<GoalTemplate>,
 }
 
-/// Which instructions to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which instructions to use (the `goals` parameter: `auto`, `human`, `synthetic`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum GoalSource {
     /// Human instructions if the file exists, else synthetic.
+    #[default]
     Auto,
     Human,
     Synthetic,

@@ -1,10 +1,18 @@
 //! The action grammar: `search[query]`, `click[target]` (WebShop's), plus
 //! `buy now` / `buy` as a shorthand for `click[buy now]`.
 
+use agentrl_env_core::action::{bracket_call, trimmed_action};
 use agentrl_env_core::ActionError;
 
 /// Longest accepted action text, in bytes.
 pub const MAX_ACTION_LEN: usize = 512;
+
+const EXPECTED: &str = "search[query] or click[target]";
+/// The bracket verbs, each with why an empty argument is refused.
+const VERBS: [(&str, &str); 2] = [
+    ("search", "empty search query"),
+    ("click", "nothing to click"),
+];
 
 /// A parsed action.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,105 +33,51 @@ pub fn normalize_target(s: &str) -> String {
 
 /// Parse one action text.
 pub fn parse(text: &str) -> Result<Action, ActionError> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err(ActionError::Empty);
-    }
-    if t.len() > MAX_ACTION_LEN {
-        return Err(ActionError::TooLong {
-            len: t.len(),
-            max: MAX_ACTION_LEN,
-        });
-    }
+    let t = trimmed_action(text, MAX_ACTION_LEN)?;
     let lower = t.to_lowercase();
     if lower == "buy" || lower == "buy now" {
         return Ok(Action::Click("buy now".into()));
     }
-    let Some(open) = t.find('[') else {
-        return Err(ActionError::Unknown {
-            action: t.to_string(),
-            expected: "search[query] or click[target]".into(),
-        });
-    };
-    let verb = t[..open].trim().to_lowercase();
-    let malformed = |reason: &str| ActionError::Malformed {
-        action: t.to_string(),
-        reason: reason.to_string(),
-    };
-    if !t.ends_with(']') {
-        return Err(malformed("missing closing ']'"));
-    }
-    let arg = t[open + 1..t.len() - 1].trim();
-    match verb.as_str() {
-        "search" => {
-            if arg.is_empty() {
-                Err(malformed("empty search query"))
-            } else {
-                Ok(Action::Search(arg.to_string()))
-            }
-        }
-        "click" => {
-            if arg.is_empty() {
-                Err(malformed("nothing to click"))
-            } else {
-                Ok(Action::Click(normalize_target(arg)))
-            }
-        }
-        _ => Err(ActionError::Unknown {
-            action: t.to_string(),
-            expected: "search[query] or click[target]".into(),
-        }),
+    let call = bracket_call(t)?.ok_or_else(|| ActionError::unknown(t, EXPECTED))?;
+    match call.verb_of(t, &VERBS, EXPECTED)? {
+        ("search", query) => Ok(Action::Search(query.to_string())),
+        (_, target) => Ok(Action::Click(normalize_target(target))),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_env_core::testing::refusal_of;
     use proptest::prelude::*;
 
     #[test]
     fn parses_webshop_grammar() {
+        use Action::{Click, Search};
+        let coffee = "dark roast coffee";
         assert_eq!(
-            parse("search[ dark roast coffee ]").unwrap(),
-            Action::Search("dark roast coffee".into())
+            parse(&format!("search[ {coffee} ]")),
+            Ok(Search(coffee.into()))
         );
-        assert_eq!(
-            parse("Click[Next >]").unwrap(),
-            Action::Click("next >".into())
-        );
-        assert_eq!(
-            parse("click[< Prev]").unwrap(),
-            Action::Click("< prev".into())
-        );
-        assert_eq!(
-            parse("click[Buy  Now]").unwrap(),
-            Action::Click("buy now".into())
-        );
-        assert_eq!(parse("buy").unwrap(), Action::Click("buy now".into()));
+        assert_eq!(parse("Click[Next >]"), Ok(Click("next >".into())));
+        assert_eq!(parse("click[< Prev]"), Ok(Click("< prev".into())));
+        assert_eq!(parse("click[Buy  Now]"), Ok(Click("buy now".into())));
+        assert_eq!(parse("buy"), Ok(Click("buy now".into())));
         // Brackets inside a query are kept.
-        assert_eq!(
-            parse("search[size [large]]").unwrap(),
-            Action::Search("size [large]".into())
-        );
+        let large = "size [large]";
+        assert_eq!(parse(&format!("search[{large}]")), Ok(Search(large.into())));
     }
 
     #[test]
     fn rejects_malformed_actions_with_typed_errors() {
         assert_eq!(parse("   "), Err(ActionError::Empty));
-        assert!(matches!(
-            parse("search[]"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(
-            parse("search[coffee"),
-            Err(ActionError::Malformed { .. })
-        ));
-        assert!(matches!(parse("jump[x]"), Err(ActionError::Unknown { .. })));
-        assert!(matches!(parse("hello"), Err(ActionError::Unknown { .. })));
-        assert!(matches!(
-            parse(&"x".repeat(600)),
-            Err(ActionError::TooLong { .. })
-        ));
+        for text in ["search[]", "search[coffee"] {
+            assert_eq!(refusal_of(parse(text)), Some("Malformed"), "{text}");
+        }
+        for text in ["jump[x]", "hello"] {
+            assert_eq!(refusal_of(parse(text)), Some("Unknown"), "{text}");
+        }
+        assert_eq!(refusal_of(parse(&"x".repeat(600))), Some("TooLong"));
     }
 
     proptest! {

@@ -3,17 +3,14 @@
 
 use std::time::Instant;
 
+use agentrl_env_core::testing::{percentile, run_expert};
 use agentrl_env_core::{Env, EnvParams, Split, TaskSpec};
-use agentrl_env_webshop::catalog::{generate, GenConfig};
+use agentrl_env_webshop::catalog::{generate, search_bodies, search_docs, GenConfig};
 use agentrl_env_webshop::WebShopEnv;
-use agentrl_search_index::{data_hash, DocRef, IndexLocation, SearchIndex};
+use agentrl_search_index::{data_hash, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
 use rand::SeedableRng;
 use serde_json::json;
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
 
 #[test]
 #[ignore]
@@ -24,15 +21,8 @@ fn bench_search_latency_on_100k_products() {
         family: 4,
     });
     let gen = t.elapsed().as_secs_f64();
-    let bodies: Vec<String> = products.iter().map(|p| p.search_body()).collect();
-    let docs: Vec<DocRef<'_>> = products
-        .iter()
-        .zip(&bodies)
-        .map(|(p, b)| DocRef {
-            title: &p.title,
-            body: b,
-        })
-        .collect();
+    let bodies = search_bodies(&products);
+    let docs = search_docs(&products, &bodies);
     let dir = tempfile::tempdir().unwrap();
     let loc = IndexLocation::Dir(dir.path().to_path_buf());
     let t = Instant::now();
@@ -74,12 +64,9 @@ fn bench_expert_and_random_success_and_steps_per_second() {
             let mut e =
                 WebShopEnv::new(&TaskSpec::new("webshop", Split::Val, difficulty, seed), &p)
                     .unwrap();
-            while !e.is_done() {
-                let a = e.expert_action().unwrap();
-                reward += e.step(&a).unwrap().reward;
-                steps += 1;
-            }
-            ok += usize::from(e.is_success());
+            let run = run_expert(&mut e);
+            (reward, steps) = (reward + run.reward, steps + run.actions.len());
+            ok += usize::from(run.success);
         }
         let dt = t.elapsed().as_secs_f64();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);

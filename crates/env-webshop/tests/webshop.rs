@@ -1,4 +1,4 @@
-use agentrl_env_core::{ActionError, Env, EnvParams, Split, StepError, TaskSpec};
+use agentrl_env_core::{testing, Env, EnvParams, Split, StepError, TaskSpec};
 use agentrl_env_webshop::{descriptor, WebShopEnv};
 use proptest::prelude::*;
 use serde_json::json;
@@ -27,15 +27,9 @@ fn env(difficulty: &str, seed: u64, p: &EnvParams) -> WebShopEnv {
 
 /// Runs the expert to the end; returns (success, reward, steps).
 fn run_expert(e: &mut WebShopEnv) -> (bool, f64, usize) {
-    let mut reward = 0.0;
-    while !e.is_done() {
-        let a = e.expert_action().expect("expert has a move");
-        let s = e
-            .step(&a)
-            .unwrap_or_else(|err| panic!("expert action {a} rejected: {err}"));
-        reward += s.reward;
-    }
-    (e.is_success(), reward, e.steps())
+    let run = testing::run_expert(e);
+    assert!(e.is_done(), "the expert ran out of moves");
+    (run.success, run.reward, run.steps)
 }
 
 fn expert_success_rate(difficulty: &str, size: u64, n: u64) -> f64 {
@@ -128,31 +122,18 @@ fn reset_restores_the_initial_state() {
 fn invalid_actions_are_typed_counted_and_change_nothing() {
     let p = params(500);
     let mut e = env("easy", 1, &p);
-    let obs = e.observation();
-    assert!(matches!(
-        e.step("click[buy now]"),
-        Err(StepError::InvalidAction(ActionError::NotPossible { .. }))
-    ));
-    assert!(matches!(
-        e.step("dance"),
-        Err(StepError::InvalidAction(ActionError::Unknown { .. }))
-    ));
-    assert!(matches!(
-        e.step(""),
-        Err(StepError::InvalidAction(ActionError::Empty))
-    ));
-    assert_eq!(e.invalid_actions(), 3);
-    assert_eq!(e.steps(), 0);
-    assert_eq!(e.observation(), obs);
+    let refused = [
+        ("click[buy now]", "NotPossible"),
+        ("dance", "Unknown"),
+        ("", "Empty"),
+    ];
+    testing::assert_refused_unchanged(&mut e, &refused);
     e.step("search[coffee]").unwrap();
-    assert!(matches!(
-        e.step("search[tea]"),
-        Err(StepError::InvalidAction(ActionError::NotPossible { .. }))
-    ));
-    assert!(matches!(
-        e.step("click[no such product]"),
-        Err(StepError::InvalidAction(ActionError::Unknown { .. }))
-    ));
+    let refused = [
+        ("search[tea]", "NotPossible"),
+        ("click[no such product]", "Unknown"),
+    ];
+    testing::assert_refused_unchanged(&mut e, &refused);
     // The env stays usable.
     let (success, _, _) = run_expert(&mut e);
     assert!(success);
@@ -244,10 +225,8 @@ fn buying_the_wrong_option_gives_partial_reward() {
 fn step_budget_ends_the_episode() {
     let mut p = params(500);
     p.insert("max_steps".into(), json!(2));
-    let mut e = env("easy", 0, &p);
-    e.step("search[coffee]").unwrap();
-    let s = e.step("click[back to search]").unwrap();
-    assert!(s.done && !s.success);
+    let actions = ["search[coffee]", "click[back to search]"];
+    testing::assert_budget_ends_episode(&mut env("easy", 0, &p), &actions);
 }
 
 #[test]

@@ -13,11 +13,12 @@
 //! Search results are deterministic: the writer is single-threaded and never
 //! merges segments, and hits are ordered by score then ordinal.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
-use agentrl_env_core::stable_hash;
+use agentrl_env_core::{stable_hash, ActionError, EnvError, SharedCache};
+use serde::Deserialize;
 use tantivy::collector::TopDocs;
 use tantivy::columnar::Column;
 use tantivy::merge_policy::NoMergePolicy;
@@ -56,6 +57,23 @@ pub enum IndexError {
     Corrupt { path: String, reason: String },
 }
 
+impl IndexError {
+    /// This error as the refusal of the search action `action`: the step is
+    /// refused (and counted as invalid) rather than shown as "no results".
+    pub fn into_refusal(self, action: &str) -> ActionError {
+        ActionError::not_possible(action, format!("search failed: {self}"))
+    }
+
+    /// This error as the data error of environment `env`.
+    pub fn into_env_error(self, env: &str) -> EnvError {
+        EnvError::Data {
+            env: env.to_string(),
+            path: "search index".to_string(),
+            reason: self.to_string(),
+        }
+    }
+}
+
 /// One document to index: a title (boosted) and a body.
 #[derive(Debug, Clone, Copy)]
 pub struct DocRef<'a> {
@@ -70,8 +88,10 @@ pub struct Hit {
     pub score: f32,
 }
 
-/// Where an index lives.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where an index lives. As an env parameter (`cache_dir`) it is a string,
+/// read by [`IndexLocation::from_param`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "String")]
 pub enum IndexLocation {
     /// Built in memory each time (tests, tiny collections).
     Memory,
@@ -99,6 +119,12 @@ impl IndexLocation {
             "memory" | "none" | "" => IndexLocation::Memory,
             dir => IndexLocation::Dir(PathBuf::from(dir)),
         }
+    }
+}
+
+impl From<String> for IndexLocation {
+    fn from(value: String) -> Self {
+        IndexLocation::from_param(&value)
     }
 }
 
@@ -250,6 +276,17 @@ impl SearchIndex {
             .iter()
             .map(|s| s.fast_fields().u64("ord"))
             .collect::<Result<Vec<_>, _>>()?;
+        // Every document must carry its ordinal, so that a search can always
+        // name the documents it finds.
+        if ordinals
+            .iter()
+            .any(|c| c.get_cardinality() != tantivy::columnar::Cardinality::Full)
+        {
+            return Err(IndexError::Corrupt {
+                path: path.to_string(),
+                reason: "a document has no ordinal".into(),
+            });
+        }
         let analyzer = index.tokenizer_for_field(fields.body)?;
         Ok(SearchIndex {
             hash,
@@ -339,6 +376,15 @@ impl SearchIndex {
         Ok(hits)
     }
 
+    /// The ordinals of the best `limit` documents for `query`, best first.
+    pub fn top_docs(&self, query: &str, limit: usize) -> Result<Vec<usize>, IndexError> {
+        Ok(self
+            .search(query, 0, limit)?
+            .into_iter()
+            .map(|h| h.doc)
+            .collect())
+    }
+
     /// Number of documents matching at least one query term.
     pub fn count(&self, query: &str) -> Result<usize, IndexError> {
         let terms = self.terms(query);
@@ -405,32 +451,16 @@ fn write_docs(index: &Index, fields: &Fields, docs: &[DocRef<'_>]) -> Result<(),
     Ok(())
 }
 
-type SharedMap = Mutex<BTreeMap<u64, Arc<SearchIndex>>>;
-
-/// Process-wide indexes by data hash. Global state, and the only global state
-/// of the retrieval envs: every env over the same catalog must share one
-/// index (and its memory maps) instead of re-opening it per task.
-fn shared_map() -> &'static SharedMap {
-    static MAP: OnceLock<SharedMap> = OnceLock::new();
-    MAP.get_or_init(|| Mutex::new(BTreeMap::new()))
-}
-
 /// The process-wide index for `docs` (hash [`data_hash`]), built or opened
-/// once at `location` and then shared.
+/// once at `location` and then shared: every env over the same catalog must
+/// share one index (and its memory maps) instead of re-opening it per task.
 pub fn shared_index(
     docs: &[DocRef<'_>],
     hash: u64,
     location: &IndexLocation,
 ) -> Result<Arc<SearchIndex>, IndexError> {
-    // Holding the lock while building means concurrent creators of the same
-    // catalog wait for one build instead of each building it.
-    let mut map = shared_map().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(index) = map.get(&hash) {
-        return Ok(Arc::clone(index));
-    }
-    let index = Arc::new(SearchIndex::open_or_build(docs, hash, location)?);
-    map.insert(hash, Arc::clone(&index));
-    Ok(index)
+    static INDEXES: SharedCache<u64, SearchIndex> = SharedCache::new();
+    INDEXES.get_or_try_build(hash, || SearchIndex::open_or_build(docs, hash, location))
 }
 
 #[cfg(test)]
