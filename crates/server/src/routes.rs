@@ -16,9 +16,10 @@ use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 
@@ -73,9 +74,13 @@ fn session_routes() -> Router<Shared> {
         .route("/step", post(step))
         .route("/step_batch", post(step_batch))
         .route("/close", post(close))
-        .route("/observation", get(observation))
-        .route("/available_actions", get(available_actions))
-        .route("/instructions", get(instructions))
+        // A bare JSON string, as AgentGym's `/observation` answers.
+        .route("/observation", read_route(|env| env.observation()))
+        .route(
+            "/available_actions",
+            read_route(|env| env.available_actions()),
+        )
+        .route("/instructions", read_route(|env| env.instructions()))
         .route("/expert_action", get(expert_action))
 }
 
@@ -601,41 +606,16 @@ async fn close(
 
 // ---------------------------------------------------------------- GET ?id=
 
-/// Reads from the session's env (a read does not restart its idle timer).
-async fn read_session<T>(
-    st: &AppState,
-    path: Option<&str>,
-    id: SessionId,
-    read: impl FnOnce(&dyn Env) -> T,
-) -> Result<Json<T>, ApiError> {
-    let session = st.session(id, path, None)?;
-    let guard = session.state.lock().await;
-    Ok(Json(read(guard.env.as_ref())))
-}
-
-/// A bare JSON string, as AgentGym's `/observation` answers.
-async fn observation(
-    State(st): State<Shared>,
-    EnvSegment(path): EnvSegment,
-    IdParam(id): IdParam,
-) -> Result<Json<String>, ApiError> {
-    read_session(&st, path.as_deref(), id, |env| env.observation()).await
-}
-
-async fn available_actions(
-    State(st): State<Shared>,
-    EnvSegment(path): EnvSegment,
-    IdParam(id): IdParam,
-) -> Result<Json<Vec<String>>, ApiError> {
-    read_session(&st, path.as_deref(), id, |env| env.available_actions()).await
-}
-
-async fn instructions(
-    State(st): State<Shared>,
-    EnvSegment(path): EnvSegment,
-    IdParam(id): IdParam,
-) -> Result<Json<String>, ApiError> {
-    read_session(&st, path.as_deref(), id, |env| env.instructions()).await
+/// `GET ?id=` answering what `read` reads from the session's env (a read
+/// does not restart the session's idle timer).
+fn read_route<T: Serialize + Send + 'static>(read: fn(&dyn Env) -> T) -> MethodRouter<Shared> {
+    get(
+        move |State(st): State<Shared>, EnvSegment(path): EnvSegment, IdParam(id): IdParam| async move {
+            let session = st.session(id, path.as_deref(), None)?;
+            let guard = session.state.lock().await;
+            Ok::<_, ApiError>(Json(read(guard.env.as_ref())))
+        },
+    )
 }
 
 /// The expert may search (BFS, value iteration): run it off the async workers.
