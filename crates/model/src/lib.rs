@@ -5,7 +5,9 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod decode;
 pub mod error;
+mod kernels;
 pub mod ops;
 pub mod optim;
 pub mod policy;
@@ -17,6 +19,7 @@ pub use candle_core;
 /// candle's NN helpers (VarMap), re-exported for the same reason.
 pub use candle_nn;
 pub use config::{ModelConfig, RopeParameters};
+pub use decode::SequenceCache;
 pub use error::ModelError;
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use policy::{PolicyModel, SequenceLogprobs};

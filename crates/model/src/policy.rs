@@ -10,10 +10,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::checkpoint::{read_tensors, write_tensors, CONFIG_FILE, WEIGHTS_FILE};
-use crate::qwen2::{
-    param_specs, LayerKvCache, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT,
-};
-use crate::sampling::{sample_row, Generation, SamplingParams};
+use crate::decode::SequenceCache;
+use crate::qwen2::{param_specs, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT};
+use crate::sampling::{Generation, SamplingParams};
 use crate::{ModelConfig, ModelError};
 
 /// Seed of the fresh value head added to a checkpoint that has none.
@@ -376,108 +375,71 @@ impl PolicyModel {
 
     /// Samples continuations of ragged `prompts` in one batch with a KV cache.
     ///
-    /// Prompts are left-padded; padded keys are masked out and every sequence
-    /// gets its own positions, so each result equals generating that prompt
-    /// alone. Sampling uses `rng` in a fixed order (sequence by sequence, step
-    /// by step). The returned log-probs are under the untempered policy
-    /// (log-softmax of the raw logits), whatever `temperature`/`top_k`/`top_p`
-    /// were. No autograd graph is built.
+    /// Each result equals generating that prompt alone (sequences are packed,
+    /// not padded, and attend only to their own keys). Sampling uses `rng` in
+    /// a fixed order (sequence by sequence, step by step); a sequence leaves
+    /// the batch when it emits a stop token or reaches `max_new_tokens`. The
+    /// returned log-probs are under the untempered policy (log-softmax of the
+    /// raw logits), whatever `temperature`/`top_k`/`top_p` were. No autograd
+    /// graph is built.
     pub fn generate(
         &self,
         prompts: &[Vec<u32>],
         params: &SamplingParams,
         rng: &mut ChaCha8Rng,
     ) -> Result<Vec<Generation>, ModelError> {
+        let mut caches: Vec<SequenceCache> = prompts.iter().map(|_| self.new_cache()).collect();
+        self.generate_cached(&mut caches, prompts, params, rng)
+    }
+
+    /// An empty per-sequence KV cache for [`PolicyModel::generate_cached`].
+    pub fn new_cache(&self) -> SequenceCache {
+        SequenceCache::new(&self.config)
+    }
+
+    /// [`PolicyModel::generate`] that keeps each sequence's keys and values
+    /// in `caches[i]` between calls, so a multi-turn caller encodes only what
+    /// a turn adds.
+    ///
+    /// `contexts[i]` is the whole sequence so far (e.g. the dialogue with the
+    /// newest observation). The cache reuses the positions it already holds
+    /// for the longest common prefix of its [`SequenceCache::tokens`] and the
+    /// context, encodes the rest, samples, and afterwards stands for the
+    /// context followed by the generated tokens. The tokens and log-probs are
+    /// those of [`PolicyModel::generate`] on the same contexts (up to float
+    /// rounding: the cached keys were computed in other chunks), and with the
+    /// same `rng` the same draws are made. A cache holds keys of the weights
+    /// it was filled with: clear it after an optimizer step.
+    pub fn generate_cached(
+        &self,
+        caches: &mut [SequenceCache],
+        contexts: &[Vec<u32>],
+        params: &SamplingParams,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Vec<Generation>, ModelError> {
         params.validate()?;
-        self.check_ids(prompts)?;
-        if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        self.check_ids(contexts)?;
+        if caches.len() != contexts.len() {
+            return Err(ModelError::InvalidInput(format!(
+                "{} caches for {} contexts",
+                caches.len(),
+                contexts.len()
+            )));
+        }
+        if let Some(i) = contexts.iter().position(Vec::is_empty) {
             return Err(ModelError::InvalidInput(format!("prompt {i} is empty")));
         }
-        let mut gens: Vec<Generation> = prompts
-            .iter()
-            .map(|_| Generation {
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                stopped: false,
-            })
-            .collect();
-        if prompts.is_empty() || params.max_new_tokens == 0 {
-            return Ok(gens);
-        }
-        let b = prompts.len();
-        let p = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        // The last sampled token is never fed back, so the cache needs p + max_new - 1 slots.
-        let capacity = p + params.max_new_tokens - 1;
-        if capacity > self.infer.rotary().max_positions() {
+        let longest = contexts.iter().map(Vec::len).max().unwrap_or(0);
+        // The last sampled token is never fed back, so positions up to
+        // context + max_new - 1 are encoded.
+        let positions = longest + params.max_new_tokens.saturating_sub(1);
+        if positions > self.infer.rotary().max_positions() {
             return Err(ModelError::InvalidInput(format!(
-                "prompt length {p} + max_new_tokens {} exceeds max_position_embeddings {}",
+                "prompt length {longest} + max_new_tokens {} exceeds max_position_embeddings {}",
                 params.max_new_tokens,
                 self.infer.rotary().max_positions()
             )));
         }
-        let pads: Vec<usize> = prompts.iter().map(|s| p - s.len()).collect();
-
-        // Prefill: [B, P] left-padded ids with per-sequence positions.
-        let mut ids = vec![0u32; b * p];
-        let mut pos = vec![0u32; b * p];
-        for (i, s) in prompts.iter().enumerate() {
-            ids[i * p + pads[i]..(i + 1) * p].copy_from_slice(s);
-            for q in 0..p {
-                pos[i * p + q] = q.saturating_sub(pads[i]) as u32;
-            }
-        }
-        let mut caches = (0..self.infer.num_layers())
-            .map(|_| LayerKvCache::new(&self.config, b, capacity, self.dtype, &self.device))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let ids_t = Tensor::from_vec(ids, (b, p), &self.device)?;
-        let pos_t = Tensor::from_vec(pos, (b, p), &self.device)?;
-        let rope = self.infer.rotary().tables_for(&pos_t)?;
-        let h = self
-            .infer
-            .forward_hidden(&ids_t, &rope, &pads, Some(&mut caches))?;
-        let mut logits = self.last_logits(&h)?;
-
-        let mut done = vec![false; b];
-        for step in 0..params.max_new_tokens {
-            let mut next = vec![0u32; b];
-            for i in 0..b {
-                if done[i] {
-                    continue;
-                }
-                let (tok, lp) = sample_row(&logits[i], params, rng);
-                gens[i].tokens.push(tok);
-                gens[i].logprobs.push(lp);
-                next[i] = tok;
-                if params.stop_tokens.contains(&tok) {
-                    gens[i].stopped = true;
-                    done[i] = true;
-                }
-            }
-            if step + 1 == params.max_new_tokens || done.iter().all(|&d| d) {
-                break;
-            }
-            // Decode one token: keys are the cache plus this token, P + step + 1.
-            let pos: Vec<u32> = (0..b).map(|i| (p + step - pads[i]) as u32).collect();
-            let ids_t = Tensor::from_vec(next, (b, 1), &self.device)?;
-            let pos_t = Tensor::from_vec(pos, (b, 1), &self.device)?;
-            let rope = self.infer.rotary().tables_for(&pos_t)?;
-            let h = self
-                .infer
-                .forward_hidden(&ids_t, &rope, &pads, Some(&mut caches))?;
-            logits = self.last_logits(&h)?;
-        }
-        Ok(gens)
-    }
-
-    /// Logits of the last position of `h: [B, T, d]`, as host rows of f32.
-    fn last_logits(&self, h: &Tensor) -> Result<Vec<Vec<f32>>, ModelError> {
-        let t = h.dim(1)?;
-        let last = h.narrow(1, t - 1, 1)?.squeeze(1)?; // [B, d]
-        Ok(self
-            .infer
-            .logits(&last)?
-            .to_dtype(DType::F32)?
-            .to_device(&Device::Cpu)?
-            .to_vec2()?)
+        crate::decode::generate(&self.infer, &self.config, caches, contexts, params, rng)
     }
 }

@@ -717,6 +717,43 @@ impl Model {
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }
+
+    /// Whether the attention projections carry biases.
+    pub(crate) fn qkv_bias(&self) -> bool {
+        self.layers.first().is_some_and(|l| l.attn.q_b.is_some())
+    }
+
+    /// The tensors the hand-written inference forward reads
+    /// ([`crate::decode`]), in its order: embedding, final norm, LM head,
+    /// rotary cos and sin, then per layer q, k, v, o, gate, up, down, the two
+    /// norms and (when present) the q, k, v biases.
+    pub(crate) fn inference_tensors(&self) -> Vec<&Tensor> {
+        let mut v = vec![
+            &self.embed,
+            &self.norm.weight,
+            &self.lm_head,
+            &self.rotary.cos,
+            &self.rotary.sin,
+        ];
+        for l in &self.layers {
+            let a = &l.attn;
+            v.extend([
+                &a.q_w,
+                &a.k_w,
+                &a.v_w,
+                &a.o_w,
+                &l.mlp.gate,
+                &l.mlp.up,
+                &l.mlp.down,
+                &l.input_ln.weight,
+                &l.post_ln.weight,
+            ]);
+            if let (Some(q), Some(k), Some(b)) = (&a.q_b, &a.k_b, &a.v_b) {
+                v.extend([q, k, b]);
+            }
+        }
+        v
+    }
 }
 
 impl Module for Model {
