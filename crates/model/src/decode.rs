@@ -10,10 +10,11 @@
 //! attention runs per row over that row's own cache, so sequences of any
 //! lengths share a step.
 
-use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand_chacha::ChaCha8Rng;
 
-use crate::kernels::{axpy, dot, matmul_nt, par_chunks_mut, rms_norm_rows, silu};
+use crate::host::with_slices;
+use crate::kernels::{axpy, dot, par_chunks_mut, rms_norm_rows, silu, Mm};
 use crate::qwen2::Model;
 use crate::sampling::{sample_row, Generation, SamplingParams};
 use crate::{ModelConfig, ModelError};
@@ -185,26 +186,17 @@ fn with_view<R>(
 ) -> Result<R, ModelError> {
     let tensors = model
         .inference_tensors()
-        .iter()
-        .map(|t| host_f32(t))
+        .into_iter()
+        .map(host_f32)
         .collect::<candle_core::Result<Vec<_>>>()?;
-    let guards: Vec<_> = tensors.iter().map(|t| t.storage_and_layout()).collect();
-    let mut slices = Vec::with_capacity(guards.len());
-    for (storage, layout) in &guards {
-        let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
-            ModelError::InvalidInput("inference weights must be contiguous".into())
-        })?;
-        match &**storage {
-            Storage::Cpu(CpuStorage::F32(v)) => slices.push(&v[start..end]),
-            _ => {
-                return Err(ModelError::InvalidInput(
-                    "inference weights must be f32 on the CPU".into(),
-                ))
-            }
-        }
-    }
-    let view = ModelView::from_slices(Dims::of(cfg), model.qkv_bias(), &slices)?;
-    f(&view)
+    let refs: Vec<&Tensor> = tensors.iter().collect();
+    with_slices::<f32, _>(&refs, "inference weights", |slices| {
+        f(&ModelView::from_slices(
+            Dims::of(cfg),
+            model.qkv_bias(),
+            slices,
+        )?)
+    })?
 }
 
 impl<'a> ModelView<'a> {
@@ -345,9 +337,9 @@ fn linear_rows(y: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, n_in: usi
             for r in y.chunks_exact_mut(n_out) {
                 r.copy_from_slice(b);
             }
-            matmul_nt(y, x, w, rows, n_out, n_in, true);
+            Mm::nt(rows, n_out, n_in).add().run(y, x, w);
         }
-        None => matmul_nt(y, x, w, rows, n_out, n_in, false),
+        None => Mm::nt(rows, n_out, n_in).run(y, x, w),
     }
 }
 
@@ -375,7 +367,7 @@ fn forward(
     for (li, layer) in w.layers.iter().enumerate() {
         // Attention block: h += o(attend(rope(q), rope(k), v)) of norm(h).
         let xn = sized(&mut s.xn, n * d);
-        rms_norm_rows(xn, h, layer.input_ln, d, dims.eps);
+        rms_norm_rows(xn, h, layer.input_ln, d, dims.eps, None);
         let q = sized(&mut s.q, n * q_dim);
         let k = sized(&mut s.k, n * kv_dim);
         let v = sized(&mut s.v, n * kv_dim);
@@ -414,31 +406,31 @@ fn forward(
                 dims,
             );
         });
-        matmul_nt(h, att, layer.o_w, n, d, q_dim, true);
+        Mm::nt(n, d, q_dim).add().run(h, att, layer.o_w);
 
         // MLP block: h += down(silu(gate(x)) · up(x)) of x = norm(h).
         let xn = sized(&mut s.xn, n * d);
-        rms_norm_rows(xn, h, layer.post_ln, d, dims.eps);
+        rms_norm_rows(xn, h, layer.post_ln, d, dims.eps, None);
         let g = sized(&mut s.gate, n * ffn);
         let u = sized(&mut s.up, n * ffn);
-        matmul_nt(g, xn, layer.gate, n, ffn, d, false);
-        matmul_nt(u, xn, layer.up, n, ffn, d, false);
+        Mm::nt(n, ffn, d).run(g, xn, layer.gate);
+        Mm::nt(n, ffn, d).run(u, xn, layer.up);
         let u_ro: &[f32] = u;
         par_chunks_mut(g, ffn, n * ffn * 8, |r, gr| {
             for (a, b) in gr.iter_mut().zip(&u_ro[r * ffn..(r + 1) * ffn]) {
                 *a = silu(*a) * b;
             }
         });
-        matmul_nt(h, g, layer.down, n, d, ffn, true);
+        Mm::nt(n, d, ffn).add().run(h, g, layer.down);
     }
     // Final norm and LM head, only for the rows whose next token is sampled.
     let picked: Vec<usize> = (0..n).filter(|&r| emit[r]).collect();
     let last = sized(&mut s.last, picked.len() * d);
     for (lr, &r) in last.chunks_exact_mut(d).zip(&picked) {
-        rms_norm_rows(lr, &h[r * d..(r + 1) * d], w.norm, d, dims.eps);
+        rms_norm_rows(lr, &h[r * d..(r + 1) * d], w.norm, d, dims.eps, None);
     }
     let logits = sized(&mut s.logits, picked.len() * dims.vocab);
-    matmul_nt(logits, last, w.lm_head, picked.len(), dims.vocab, d, false);
+    Mm::nt(picked.len(), dims.vocab, d).run(logits, last, w.lm_head);
 }
 
 /// Samples a continuation of each `contexts[i]`, reusing and extending

@@ -3,10 +3,14 @@
 //! checkpoint I/O, differentiable per-token log-probs, batched KV-cache
 //! sampling, and an AdamW whose state can be saved for exact resume.
 
+mod attention;
+mod block;
 pub mod checkpoint;
 pub mod config;
 pub mod decode;
 pub mod error;
+mod head;
+mod host;
 mod kernels;
 pub mod ops;
 pub mod optim;

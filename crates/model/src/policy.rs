@@ -31,6 +31,9 @@ pub struct SequenceLogprobs {
     pub mask: Tensor,
 }
 
+/// Per-token log-probs `[B, T-1]`, entropies `[B, T-1]` and values `[B, T]`.
+type Outputs = (Tensor, Tensor, Option<Tensor>);
+
 /// The policy: a Qwen2/Llama transformer whose parameters live in `varmap`
 /// under their Hugging Face names, plus an optional scalar value head.
 pub struct PolicyModel {
@@ -46,6 +49,8 @@ pub struct PolicyModel {
     infer: Model,
     dtype: DType,
     with_value_head: bool,
+    /// Whether [`PolicyModel::sequence_logprobs`] may use the fused layer ops.
+    fused_training: bool,
 }
 
 impl std::fmt::Debug for PolicyModel {
@@ -161,6 +166,7 @@ impl PolicyModel {
             infer,
             dtype,
             with_value_head,
+            fused_training: true,
         })
     }
 
@@ -273,6 +279,14 @@ impl PolicyModel {
         self.with_value_head
     }
 
+    /// Chooses the training forward of [`PolicyModel::sequence_logprobs`]:
+    /// the fused layer ops with hand-written backward passes (the default;
+    /// used on CPU in f32/f64) or candle's composite ops (the reference the
+    /// fused path is tested against; used anyway on other devices/dtypes).
+    pub fn set_fused_training(&mut self, on: bool) {
+        self.fused_training = on;
+    }
+
     /// The graph-building transformer (for callers that need hidden states).
     pub fn model(&self) -> &Model {
         &self.model
@@ -341,13 +355,60 @@ impl PolicyModel {
                 self.model.rotary().max_positions()
             )));
         }
-        let mut ids = vec![0u32; b * t];
         let mut mask = vec![0f32; b * (t - 1)];
         for (i, s) in seqs.iter().enumerate() {
-            ids[i * t..i * t + s.len()].copy_from_slice(s);
             for j in 0..s.len().saturating_sub(1) {
                 mask[i * (t - 1) + j] = 1.0;
             }
+        }
+        let mask = Tensor::from_vec(mask, (b, t - 1), &self.device)?.to_dtype(self.dtype)?;
+        let (logprobs, entropy, values) = if self.fused_training && self.model.supports_fused() {
+            self.fused_outputs(seqs, t)?
+        } else {
+            self.composite_outputs(seqs, t)?
+        };
+        Ok(SequenceLogprobs {
+            logprobs,
+            entropy,
+            values,
+            mask,
+        })
+    }
+
+    /// Log-probs, entropies `[B, T-1]` and values `[B, T]` of the fused path:
+    /// packed tokens through the fused layer ops, scattered back to the padded layout.
+    fn fused_outputs(&self, seqs: &[Vec<u32>], t: usize) -> Result<Outputs, ModelError> {
+        let b = seqs.len();
+        let (out, hn, packing) = self.model.fused_logprobs(seqs)?;
+        // grad: get (narrow + squeeze) passes the gradient to its plane.
+        let (logprobs, entropy) = (out.get(0)?, out.get(1)?);
+        let values = match self.model.values(&hn)? {
+            Some(v) => {
+                // [N] → [B, T]: row b·T + p reads packed row offsets[b] + p, or
+                // the appended zero past the sequence's end.
+                let n = packing.rows();
+                let mut map = vec![n as u32; b * t];
+                for (i, s) in seqs.iter().enumerate() {
+                    for p in 0..s.len() {
+                        map[i * t + p] = (packing.offsets[i] + p) as u32;
+                    }
+                }
+                let map = Tensor::from_vec(map, b * t, &self.device)?;
+                let padded = Tensor::cat(&[&v, &v.zeros_like()?.narrow(0, 0, 1)?], 0)?;
+                // grad: cat and index_select (backward: index_add) differentiate.
+                Some(padded.index_select(&map, 0)?.reshape((b, t))?)
+            }
+            None => None,
+        };
+        Ok((logprobs, entropy, values))
+    }
+
+    /// The same outputs from candle's composite ops on a right-padded batch.
+    fn composite_outputs(&self, seqs: &[Vec<u32>], t: usize) -> Result<Outputs, ModelError> {
+        let b = seqs.len();
+        let mut ids = vec![0u32; b * t];
+        for (i, s) in seqs.iter().enumerate() {
+            ids[i * t..i * t + s.len()].copy_from_slice(s);
         }
         let ids = Tensor::from_vec(ids, (b, t), &self.device)?;
         // Right padding needs no key mask: causal attention keeps real tokens
@@ -364,13 +425,7 @@ impl PolicyModel {
         let logprobs = logp.gather(&targets, 2)?.squeeze(2)?;
         // grad: exp, mul and sum differentiate; entropy = -Σ softmax · log_softmax.
         let entropy = (logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?;
-        let mask = Tensor::from_vec(mask, (b, t - 1), &self.device)?.to_dtype(self.dtype)?;
-        Ok(SequenceLogprobs {
-            logprobs,
-            entropy,
-            values,
-            mask,
-        })
+        Ok((logprobs, entropy, values))
     }
 
     /// Samples continuations of ragged `prompts` in one batch with a KV cache.
