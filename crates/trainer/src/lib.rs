@@ -7,6 +7,7 @@ pub mod bootstrap;
 pub mod config;
 pub mod evaluate;
 pub mod policy_dir;
+pub mod ppo;
 pub mod run_dir;
 pub mod sft;
 pub mod trainer;
@@ -39,4 +40,6 @@ pub enum TrainError {
     RunDir(#[from] run_dir::RunDirError),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
 }
