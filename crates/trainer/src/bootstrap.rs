@@ -8,9 +8,10 @@ use std::path::Path;
 use agentrl_env_core::{Env, EnvError, EnvParams, Split, TaskSpec};
 use agentrl_model::tokenizer::ChatTokenizer;
 use agentrl_model::{ModelConfig, PolicyModel};
-use agentrl_rollout::{expert_trajectory, ChatCodec, RolloutConfig, SYSTEM_PROMPT};
+use agentrl_rollout::{
+    expert_demonstrations, ChatCodec, ExpertActor, RolloutConfig, RolloutError, SYSTEM_PROMPT,
+};
 use candle_core::Device;
-use rand::SeedableRng;
 
 use crate::config::TrainConfig;
 use crate::evaluate::EnvMaker;
@@ -48,16 +49,17 @@ pub fn environment_corpus(
     rollout: &RolloutConfig,
     actions_per_turn: usize,
     episodes: usize,
-) -> Result<Vec<String>, EnvError> {
+) -> Result<Vec<String>, BootstrapError> {
     let codec = RecordingCodec {
         texts: RefCell::new(vec![SYSTEM_PROMPT.to_string()]),
     };
     for d in difficulties {
         for seed in 0..episodes as u64 {
             let spec = TaskSpec::new(env, Split::Train, *d, seed);
+            // One episode at a time: the corpus keeps each episode's texts together.
             let e: Box<dyn Env> = make(&spec, params)?;
-            let mut unused = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-            expert_trajectory(e, 0, &codec, rollout, actions_per_turn, 0.0, &mut unused);
+            let mut expert = ExpertActor::new(actions_per_turn, 0.0);
+            expert_demonstrations(&mut expert, &codec, vec![e], &[0], rollout)?;
             // The messages an invalid action produces.
             let mut e = make(&spec, params)?;
             e.reset();
@@ -88,6 +90,8 @@ pub fn environment_corpus(
 pub enum BootstrapError {
     #[error(transparent)]
     Env(#[from] EnvError),
+    #[error(transparent)]
+    Rollout(#[from] RolloutError),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("model: {0}")]
