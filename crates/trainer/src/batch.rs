@@ -1,7 +1,121 @@
-//! Per-token training targets for a batch of trajectories, aligned with the
-//! model's next-token log-probs: position `t` of a row scores token `t + 1`.
+//! The PPO batch of one RL step, built once: the kept trajectories, their
+//! loss masks and the no-grad scores the targets and the update need.
+//!
+//! Every row here is in the *shifted* frame of next-token log-probs: entry
+//! `t` of a row scores token `t + 1` of the trajectory (the token predicted
+//! from the prefix ending at `t`), which is also where the critic's value
+//! `V(prefix_t)` lives.
 
+use agentrl_model::PolicyModel;
+use agentrl_rollout::Trajectory;
 use candle_core::{Device, Tensor};
+
+use crate::TrainError;
+
+/// What the update trains on.
+pub struct PpoBatch {
+    /// The kept trajectories (moved in, never copied).
+    pub trajs: Vec<Trajectory>,
+    /// Loss-mask rows: 1 on the tokens the policy generated.
+    pub masks: Vec<Vec<f32>>,
+    /// Log-probs under the policy that sampled, scored before the first
+    /// optimizer step. `None` when the update is one pass over fresh samples
+    /// and nothing else needs them: that pass's own detached log-probs are
+    /// then exactly the old ones.
+    pub old_logprobs: Option<Vec<Vec<f32>>>,
+    /// Value-head outputs before the update (GAE's critic).
+    pub old_values: Option<Vec<Vec<f32>>>,
+    /// Log-probs under the frozen reference policy (KL loss or KL in the reward).
+    pub ref_logprobs: Option<Vec<Vec<f32>>>,
+}
+
+/// Which no-grad passes a batch needs.
+pub struct Scoring<'a> {
+    /// Score the old log-probs (and, with a value head, the old values).
+    pub old: bool,
+    /// Score the reference log-probs with this model.
+    pub reference: Option<&'a PolicyModel>,
+    /// Sequences per forward pass.
+    pub chunk: usize,
+}
+
+impl PpoBatch {
+    /// Build the batch: masks once, then the requested no-grad passes.
+    pub fn build(
+        trajs: Vec<Trajectory>,
+        model: &PolicyModel,
+        scoring: &Scoring<'_>,
+    ) -> Result<Self, TrainError> {
+        let masks = trajs.iter().map(shifted_mask).collect();
+        let (old_logprobs, old_values) = if scoring.old {
+            let rows = score_rows(model, &trajs, scoring.chunk)?;
+            (Some(rows.logprobs), rows.values)
+        } else {
+            (None, None)
+        };
+        let ref_logprobs = match scoring.reference {
+            Some(r) => Some(score_rows(r, &trajs, scoring.chunk)?.logprobs),
+            None => None,
+        };
+        Ok(Self {
+            trajs,
+            masks,
+            old_logprobs,
+            old_values,
+            ref_logprobs,
+        })
+    }
+
+    /// Per-token k1 estimate `log π_old − log π_ref` (for KL in the reward);
+    /// `None` unless both log-prob rows were scored.
+    pub fn reference_kl(&self) -> Option<Vec<Vec<f32>>> {
+        let (old, reference) = (self.old_logprobs.as_ref()?, self.ref_logprobs.as_ref()?);
+        Some(
+            old.iter()
+                .zip(reference)
+                .map(|(o, r)| o.iter().zip(r).map(|(o, r)| o - r).collect())
+                .collect(),
+        )
+    }
+}
+
+/// Log-prob rows and, with a value head, value rows of some trajectories.
+struct ScoredRows {
+    logprobs: Vec<Vec<f32>>,
+    values: Option<Vec<Vec<f32>>>,
+}
+
+/// No-grad pass of `model` over `trajs` in chunks of `chunk` sequences, each
+/// row trimmed to its trajectory's length.
+fn score_rows(
+    model: &PolicyModel,
+    trajs: &[Trajectory],
+    chunk: usize,
+) -> Result<ScoredRows, TrainError> {
+    let mut logprobs = Vec::with_capacity(trajs.len());
+    let mut values = Vec::new();
+    for part in trajs.chunks(chunk.max(1)) {
+        let seqs: Vec<Vec<u32>> = part.iter().map(|t| t.tokens.clone()).collect();
+        let out = model.sequence_logprobs(&seqs)?;
+        let trimmed = |rows: Vec<Vec<f32>>| -> Vec<Vec<f32>> {
+            rows.into_iter()
+                .zip(part)
+                .map(|(row, t)| row[..t.tokens.len() - 1].to_vec())
+                .collect()
+        };
+        logprobs.extend(trimmed(out.logprobs.detach().to_vec2::<f32>()?));
+        if let Some(v) = out.values {
+            values.extend(trimmed(v.detach().to_vec2::<f32>()?));
+        }
+    }
+    let values = (!values.is_empty()).then_some(values);
+    Ok(ScoredRows { logprobs, values })
+}
+
+/// A trajectory's loss mask in the shifted frame.
+pub fn shifted_mask(t: &Trajectory) -> Vec<f32> {
+    t.loss_mask.iter().skip(1).map(|&m| m as f32).collect()
+}
 
 /// Right-pad ragged rows into a `[rows, width]` f32 tensor.
 pub fn padded(rows: &[Vec<f32>], width: usize, device: &Device) -> candle_core::Result<Tensor> {

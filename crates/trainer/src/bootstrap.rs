@@ -14,7 +14,7 @@ use agentrl_tokenizer::ChatTokenizer;
 use candle_core::Device;
 use rand::SeedableRng;
 
-use crate::config::{ModelSection, TrainConfig};
+use crate::config::TrainConfig;
 use crate::evaluate::EnvMaker;
 
 /// A codec that records every text it is asked to encode: running expert
@@ -85,20 +85,6 @@ pub fn environment_corpus(
     Ok(texts)
 }
 
-/// The tiny model's shape from the `[model]` section.
-pub fn tiny_config(m: &ModelSection, vocab_size: usize) -> ModelConfig {
-    let mut c = ModelConfig::new_qwen2(
-        vocab_size,
-        m.hidden_size,
-        m.num_hidden_layers,
-        m.num_attention_heads,
-        m.num_key_value_heads,
-        m.intermediate_size,
-    );
-    c.max_position_embeddings = m.max_position_embeddings;
-    c
-}
-
 /// Error making the starting policy.
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
@@ -142,9 +128,14 @@ pub fn starting_policy(
         cfg.sft.actions_per_turn,
         48,
     )?;
-    let tok = ChatTokenizer::train_bpe(&corpus, cfg.model.vocab_size)
+    let tok = ChatTokenizer::train_bpe(&corpus, cfg.model.config.vocab_size)
         .map_err(|e| BootstrapError::Tokenizer(e.to_string()))?;
-    let mcfg = tiny_config(&cfg.model, tok.vocab_size());
+    // `[model] vocab_size` is what the tokenizer was asked for; the model
+    // gets the size it actually has.
+    let mcfg = ModelConfig {
+        vocab_size: tok.vocab_size(),
+        ..cfg.model.config.clone()
+    };
     let model = PolicyModel::new_random(&mcfg, with_value_head, cfg.model.init_seed, device)
         .map_err(|e| BootstrapError::Model(e.to_string()))?;
     Ok((tok, model))

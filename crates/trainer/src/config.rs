@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use agentrl_algos::{AdvEstimator, KlKind, LossAgg};
+use agentrl_model::ModelConfig;
 use agentrl_rollout::RolloutConfig;
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +24,8 @@ pub enum ConfigError {
     NotATable { key: String, section: String },
     #[error("invalid config: {0}")]
     Invalid(String),
+    #[error("cannot render the config as TOML: {0}")]
+    Render(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,35 +56,107 @@ fn default_name() -> String {
 }
 
 /// Which model: a Hugging Face directory, or a tiny one created on the spot.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+///
+/// In TOML the section is flat: `path`, `init_seed`, and any key of the
+/// model's own `config.json` ([`ModelConfig`]: `hidden_size`,
+/// `num_hidden_layers`, `rope_theta`, `tie_word_embeddings`, …) over the
+/// tiny default. A key that is not a [`ModelConfig`] field is an error.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "ModelTable")]
 pub struct ModelSection {
     /// A HF checkpoint directory; empty = create a tiny model and tokenizer.
     pub path: String,
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_key_value_heads: usize,
-    pub intermediate_size: usize,
-    pub max_position_embeddings: usize,
     /// Seed of the tiny model's initial weights.
     pub init_seed: u64,
+    /// The tiny model's architecture. Its `vocab_size` is the size the
+    /// tokenizer is trained to; the model gets the tokenizer's actual size.
+    pub config: ModelConfig,
+}
+
+/// The tiny model of the default run: d 128, 2 layers, 4 query / 2 key-value
+/// heads, ffn 384, a 512-token vocabulary, 2048 positions.
+pub fn default_tiny_model() -> ModelConfig {
+    ModelConfig::new_qwen2(512, 128, 2, 4, 2, 384)
 }
 
 impl Default for ModelSection {
     fn default() -> Self {
         Self {
             path: String::new(),
-            vocab_size: 512,
-            hidden_size: 128,
-            num_hidden_layers: 2,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            intermediate_size: 384,
-            max_position_embeddings: 2048,
             init_seed: 0,
+            config: default_tiny_model(),
         }
+    }
+}
+
+/// `[model]` as written: the two trainer keys and the model's own keys.
+#[derive(Deserialize)]
+struct ModelTable {
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    init_seed: u64,
+    #[serde(flatten)]
+    config: toml::Table,
+}
+
+impl TryFrom<ModelTable> for ModelSection {
+    type Error = String;
+    fn try_from(t: ModelTable) -> Result<Self, String> {
+        Ok(Self {
+            path: t.path,
+            init_seed: t.init_seed,
+            config: model_config_over_default(t.config)?,
+        })
+    }
+}
+
+/// The tiny default with `keys` written over it, each checked on its own so
+/// that an error names the key.
+fn model_config_over_default(keys: toml::Table) -> Result<ModelConfig, String> {
+    let default = default_tiny_model();
+    let mut merged = match serde_json::to_value(&default).map_err(|e| e.to_string())? {
+        serde_json::Value::Object(m) => m,
+        other => return Err(format!("model: default config is not a table: {other}")),
+    };
+    // The tiny default states θ twice (top level and `rope_parameters`, which
+    // wins); a θ given alone must not be shadowed by the default's.
+    if keys.contains_key("rope_theta") && !keys.contains_key("rope_parameters") {
+        merged.remove("rope_parameters");
+    }
+    for (key, value) in keys {
+        let value = serde_json::to_value(&value).map_err(|e| format!("model.{key}: {e}"))?;
+        let mut trial = merged.clone();
+        trial.insert(key.clone(), value.clone());
+        let parsed: ModelConfig = serde_json::from_value(serde_json::Value::Object(trial))
+            .map_err(|e| format!("model.{key}: {e}"))?;
+        // ModelConfig keeps keys it does not know in `extra` (to round-trip
+        // HF files); in a config file such a key is a typo.
+        if parsed.extra.contains_key(&key) && !default.extra.contains_key(&key) {
+            return Err(format!(
+                "unknown key model.{key}: not a field of the model's config"
+            ));
+        }
+        merged.insert(key, value);
+    }
+    serde_json::from_value(serde_json::Value::Object(merged)).map_err(|e| format!("model: {e}"))
+}
+
+impl Serialize for ModelSection {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Flat<'a> {
+            path: &'a str,
+            init_seed: u64,
+            #[serde(flatten)]
+            config: &'a ModelConfig,
+        }
+        Flat {
+            path: &self.path,
+            init_seed: self.init_seed,
+            config: &self.config,
+        }
+        .serialize(s)
     }
 }
 
@@ -88,7 +164,7 @@ impl Default for ModelSection {
 #[serde(deny_unknown_fields, default)]
 pub struct AlgorithmSection {
     /// `gae` | `grpo` | `rloo` | `reinforce_plus_plus` | `gigpo`
-    pub adv_estimator: String,
+    pub adv_estimator: AdvEstimator,
     pub gamma: f32,
     pub lam: f32,
     /// false = Dr.GRPO (no division by the group std).
@@ -108,7 +184,7 @@ pub struct AlgorithmSection {
 impl Default for AlgorithmSection {
     fn default() -> Self {
         Self {
-            adv_estimator: "grpo".into(),
+            adv_estimator: AdvEstimator::Grpo,
             gamma: 1.0,
             lam: 1.0,
             norm_adv_by_std_in_grpo: true,
@@ -135,10 +211,10 @@ pub struct ActorSection {
     pub use_kl_loss: bool,
     pub kl_loss_coef: f32,
     /// `kl` (k1) | `mse` (k2) | `low_var_kl` (k3)
-    pub kl_loss_type: String,
+    pub kl_loss_type: KlKind,
     pub entropy_coeff: f32,
     /// `token-mean` | `seq-mean-token-sum` | `seq-mean-token-mean`
-    pub loss_agg_mode: String,
+    pub loss_agg_mode: LossAgg,
     pub grad_clip: f64,
     /// RL steps over which the learning rate ramps linearly from lr/warmup to
     /// lr (verl's `lr_warmup_steps`). A fresh Adam's first steps are
@@ -167,12 +243,12 @@ impl Default for ActorSection {
             clip_ratio_c: 3.0,
             use_kl_loss: false,
             kl_loss_coef: 0.0,
-            kl_loss_type: "low_var_kl".into(),
+            kl_loss_type: KlKind::LowVarKl,
             // verl's default. With Adam even a tiny bonus moves weights at full
             // speed when the policy loss carries no signal, driving the policy to
             // uniform: enable it deliberately.
             entropy_coeff: 0.0,
-            loss_agg_mode: "token-mean".into(),
+            loss_agg_mode: LossAgg::TokenMean,
             grad_clip: 1.0,
             lr_warmup_steps: 0,
             adam_eps: 1e-8,
@@ -181,9 +257,12 @@ impl Default for ActorSection {
     }
 }
 
+/// The value head (GAE only).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CriticSection {
+    /// Learning rate of the value head's own AdamW (the actor's
+    /// `lr_warmup_steps` ramp applies to it too).
     pub lr: f64,
     pub cliprange_value: f32,
     pub value_loss_coef: f32,
@@ -311,31 +390,13 @@ impl TrainConfig {
         Self::from_toml(&text, overrides)
     }
 
-    pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    /// The resolved config as TOML (what `config.toml` of a run holds).
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string_pretty(self).map_err(|e| ConfigError::Render(e.to_string()))
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |k: &str, why: &str| Err(ConfigError::Invalid(format!("{k}: {why}")));
-        if !["gae", "grpo", "rloo", "reinforce_plus_plus", "gigpo"]
-            .contains(&self.algorithm.adv_estimator.as_str())
-        {
-            return bad(
-                "algorithm.adv_estimator",
-                "expected gae, grpo, rloo, reinforce_plus_plus or gigpo",
-            );
-        }
-        if !["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
-            .contains(&self.actor.loss_agg_mode.as_str())
-        {
-            return bad(
-                "actor.loss_agg_mode",
-                "expected token-mean, seq-mean-token-sum or seq-mean-token-mean",
-            );
-        }
-        if !["kl", "mse", "low_var_kl"].contains(&self.actor.kl_loss_type.as_str()) {
-            return bad("actor.kl_loss_type", "expected kl, mse or low_var_kl");
-        }
         if self.rollout.n == 0 || self.rollout.env_groups == 0 {
             return bad("rollout.n / rollout.env_groups", "must be at least 1");
         }
@@ -365,6 +426,9 @@ impl TrainConfig {
         if self.actor.lr <= 0.0 || !self.actor.lr.is_finite() {
             return bad("actor.lr", "must be a positive number");
         }
+        if self.critic.lr <= 0.0 || !self.critic.lr.is_finite() {
+            return bad("critic.lr", "must be a positive number");
+        }
         if self.env.endpoint.is_empty() {
             // Remote servers may host environments we do not ship (SciWorld, WebArena).
             if let Err(e) = agentrl_envs::find(&self.env.name) {
@@ -374,16 +438,12 @@ impl TrainConfig {
         if self.trainer.val_tasks == 0 {
             return bad("trainer.val_tasks", "must be at least 1");
         }
-        if self.model.path.is_empty()
-            && !self
-                .model
-                .num_attention_heads
-                .is_multiple_of(self.model.num_key_value_heads.max(1))
-        {
-            return bad(
-                "model.num_key_value_heads",
-                "must divide model.num_attention_heads",
-            );
+        if self.model.path.is_empty() {
+            // The tiny model is created from this config: check it now, not
+            // after the tokenizer has been trained.
+            if let Err(why) = self.model.config.validate() {
+                return bad("model", &why);
+            }
         }
         Ok(())
     }
@@ -432,7 +492,7 @@ mod tests {
     #[test]
     fn embedded_default_parses() {
         let c = TrainConfig::load(None, &[]).unwrap();
-        assert_eq!(c.algorithm.adv_estimator, "grpo");
+        assert_eq!(c.algorithm.adv_estimator, AdvEstimator::Grpo);
     }
 
     #[test]
@@ -480,6 +540,74 @@ mod tests {
     }
 
     #[test]
+    fn a_wrong_enum_value_names_the_key_and_the_allowed_values() {
+        for (o, key, allowed) in [
+            (
+                "algorithm.adv_estimator=ppo2",
+                "algorithm.adv_estimator",
+                "reinforce_plus_plus",
+            ),
+            (
+                "actor.loss_agg_mode=token_mean",
+                "actor.loss_agg_mode",
+                "seq-mean-token-sum",
+            ),
+            ("actor.kl_loss_type=k9", "actor.kl_loss_type", "low_var_kl"),
+        ] {
+            let e = TrainConfig::load(None, &[o.into()])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains(allowed), "{o}: {e}");
+        }
+        let c = TrainConfig::load(
+            None,
+            &[
+                "actor.kl_loss_type=k1".into(),
+                "actor.loss_agg_mode=seq-mean-token-mean".into(),
+                "algorithm.adv_estimator=gigpo".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.actor.kl_loss_type, KlKind::Kl);
+        assert_eq!(c.actor.loss_agg_mode, LossAgg::SeqMeanTokenMean);
+        assert_eq!(c.algorithm.adv_estimator, AdvEstimator::Gigpo);
+    }
+
+    #[test]
+    fn model_section_is_the_models_own_config_over_the_tiny_default() {
+        let c = TrainConfig::load(None, &[]).unwrap();
+        assert_eq!(c.model, ModelSection::default());
+        let c = TrainConfig::load(
+            None,
+            &[
+                "model.hidden_size=64".into(),
+                "model.num_hidden_layers=1".into(),
+                "model.rope_theta=500000.0".into(),
+                "model.tie_word_embeddings=false".into(),
+                "model.init_seed=3".into(),
+            ],
+        )
+        .unwrap();
+        let m = &c.model.config;
+        assert_eq!((m.hidden_size, m.num_hidden_layers), (64, 1));
+        assert_eq!(m.num_attention_heads, 4, "the rest stays the default");
+        assert_eq!(m.rope_theta(), 500000.0, "a θ given alone is the one used");
+        assert!(!m.tie_word_embeddings);
+        assert_eq!(c.model.init_seed, 3);
+        for (o, key) in [
+            ("model.hiden_size=3", "hiden_size"),
+            ("model.hidden_size=wide", "hidden_size"),
+            ("model.init_seed=-1", "init_seed"),
+            ("model.num_key_value_heads=3", "num_key_value_heads"),
+        ] {
+            let e = TrainConfig::load(None, &[o.into()])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{o}: {e}");
+        }
+    }
+
+    #[test]
     fn unknown_env_is_named() {
         let e = TrainConfig::load(None, &["env.name=nope".into()])
             .unwrap_err()
@@ -499,7 +627,7 @@ mod tests {
     #[test]
     fn resolved_config_round_trips() {
         let c = TrainConfig::load(None, &[]).unwrap();
-        let again = TrainConfig::from_toml(&c.to_toml(), &[]).unwrap();
+        let again = TrainConfig::from_toml(&c.to_toml().unwrap(), &[]).unwrap();
         assert_eq!(c, again);
     }
 }

@@ -8,6 +8,7 @@ pub mod config;
 pub mod evaluate;
 pub mod local_policy;
 pub mod policy_dir;
+pub mod ppo;
 pub mod run_dir;
 pub mod sft;
 pub mod trainer;
@@ -41,4 +42,6 @@ pub enum TrainError {
     RunDir(#[from] run_dir::RunDirError),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
 }

@@ -5,7 +5,8 @@
 //! RUN_DIR/config.toml            resolved config
 //! RUN_DIR/metrics.jsonl          one JSON object per RL step ("kind":"train") and evaluation ("kind":"eval")
 //! RUN_DIR/trajectories.jsonl     sampled trajectories
-//! RUN_DIR/checkpoints/step-N/    model (HF layout) + tokenizer + optimizer.safetensors + trainer_state.json
+//! RUN_DIR/checkpoints/step-N/    model (HF layout) + tokenizer + optimizer.safetensors
+//!                                (+ critic_optimizer.safetensors with a value head) + trainer_state.json
 //! RUN_DIR/checkpoints/latest     name of the newest complete checkpoint
 //! RUN_DIR/summary.json           before/after success on held-out seeds
 //! ```
@@ -89,6 +90,31 @@ impl RunDir {
         self.append_line("metrics.jsonl", value)
     }
 
+    /// Append `record` to `metrics.jsonl` as one JSON object with `fields`
+    /// added (its `"kind"`, …). A record that does not serialise to an
+    /// object is an error, never an empty line.
+    pub fn log_record(
+        &self,
+        record: &impl Serialize,
+        fields: &[(&str, serde_json::Value)],
+    ) -> Result<(), RunDirError> {
+        let p = self.path.join("metrics.jsonl");
+        let mut line = match serde_json::to_value(record) {
+            Ok(serde_json::Value::Object(o)) => o,
+            Ok(other) => {
+                return Err(err(
+                    &p,
+                    format!("a metrics record is not an object: {other}"),
+                ))
+            }
+            Err(e) => return Err(err(&p, format!("cannot serialise a metrics record: {e}"))),
+        };
+        for (key, value) in fields {
+            line.insert(key.to_string(), value.clone());
+        }
+        self.append_line("metrics.jsonl", &serde_json::Value::Object(line))
+    }
+
     pub fn log_trajectory(&self, value: &serde_json::Value) -> Result<(), RunDirError> {
         self.append_line("trajectories.jsonl", value)
     }
@@ -156,9 +182,11 @@ impl RunDir {
         serde_json::from_str(&text).map_err(|e| err(&p, e))
     }
 
-    pub fn write_summary(&self, value: &serde_json::Value) -> Result<(), RunDirError> {
+    pub fn write_summary(&self, summary: &impl Serialize) -> Result<(), RunDirError> {
         let p = self.path.join("summary.json");
-        let text = serde_json::to_string_pretty(value).map_err(|e| err(&p, e))?;
+        // Through a `Value` so the keys come out sorted, as they always have.
+        let value = serde_json::to_value(summary).map_err(|e| err(&p, e))?;
+        let text = serde_json::to_string_pretty(&value).map_err(|e| err(&p, e))?;
         fs::write(&p, text + "\n").map_err(|e| err(&p, e))
     }
 }
@@ -190,6 +218,25 @@ mod tests {
             })
             .collect();
         assert_eq!(steps, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_metrics_record_that_is_not_an_object_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path()).unwrap();
+        let e = run.log_record(&5, &[]).unwrap_err().to_string();
+        assert!(e.contains("metrics.jsonl"), "{e}");
+        // A map with non-string keys cannot be a JSON object.
+        let bad: std::collections::BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        assert!(run.log_record(&bad, &[]).is_err());
+        assert!(
+            !dir.path().join("metrics.jsonl").exists(),
+            "nothing written"
+        );
+        run.log_record(&serde_json::json!({"a": 1}), &[("kind", "train".into())])
+            .unwrap();
+        let line = fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+        assert_eq!(line, "{\"a\":1,\"kind\":\"train\"}\n");
     }
 
     #[test]

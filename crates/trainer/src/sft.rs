@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::batch::padded;
+use crate::batch::{padded, shifted_mask};
 use crate::config::SftSection;
 use crate::evaluate::EnvMaker;
 use crate::TrainError;
@@ -59,10 +59,7 @@ pub fn nll(model: &PolicyModel, trajs: &[&Trajectory]) -> Result<candle_core::Te
     let seqs: Vec<Vec<u32>> = trajs.iter().map(|t| t.tokens.clone()).collect();
     let out = model.sequence_logprobs(&seqs)?;
     let width = out.logprobs.dim(1)?;
-    let masks: Vec<Vec<f32>> = trajs
-        .iter()
-        .map(|t| t.loss_mask.iter().skip(1).map(|&m| m as f32).collect())
-        .collect();
+    let masks: Vec<Vec<f32>> = trajs.iter().map(|t| shifted_mask(t)).collect();
     let mask = padded(&masks, width, &model.device)?;
     let total = (out.logprobs * &mask)?.sum_all()?;
     let count = mask.sum_all()?.to_scalar::<f32>()?.max(1.0);

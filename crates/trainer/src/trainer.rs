@@ -16,21 +16,21 @@ use std::time::Instant;
 
 use agentrl_algos as algos;
 use agentrl_env_core::{stable_hash, Env, EnvError, EnvParams, Split, TaskSpec, SPLIT_STRIDE};
-use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, PolicyModel};
+use agentrl_model::{AdamW, AdamWConfig, PolicyModel};
 use agentrl_rollout::{run_rollouts, Trajectory};
 use agentrl_tokenizer::ChatTokenizer;
-use candle_core::Device;
-use rand::seq::SliceRandom;
+use candle_core::{Device, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::advantages::{self, shifted_masks};
-use crate::batch::padded;
+use crate::advantages;
+use crate::batch::{PpoBatch, Scoring};
 use crate::bootstrap::starting_policy;
 use crate::config::TrainConfig;
 use crate::evaluate::{evaluate, EnvMaker, EvalStats};
 use crate::local_policy::LocalPolicy;
+use crate::ppo::{ppo_update, split_value_head, Optimizers, StepLr, UpdateStats};
 use crate::run_dir::{RunDir, TrainerState};
 use crate::{sft, TrainError};
 
@@ -73,15 +73,11 @@ pub struct StepMetrics {
     pub in_group_std_before: f32,
     pub in_group_std_after: f32,
     pub kept_groups: usize,
-    pub entropy: f64,
-    pub kl: f64,
-    pub approx_kl: f64,
-    pub clip_fraction: f64,
-    pub grad_norm: f64,
     /// The actor's learning rate this step.
     pub lr: f64,
-    pub pg_loss: f64,
-    pub value_loss: f64,
+    /// The update's figures (all zero when the step took no update).
+    #[serde(flatten)]
+    pub update: UpdateStats,
     pub turns: f64,
     pub generated_tokens: f64,
     pub invalid_action_rate: f64,
@@ -93,9 +89,6 @@ pub struct StepMetrics {
 /// This step's environments and the group of each.
 type StepTasks = (Vec<Box<dyn Env>>, Vec<usize>);
 
-/// Per-trajectory log-prob rows and, with a critic, value rows.
-type ScoredRows = (Vec<Vec<f32>>, Option<Vec<Vec<f32>>>);
-
 /// A training run in progress.
 pub struct Trainer {
     pub cfg: TrainConfig,
@@ -103,27 +96,28 @@ pub struct Trainer {
     pub tokenizer: ChatTokenizer,
     pub model: PolicyModel,
     reference: Option<PolicyModel>,
-    opt: AdamW,
+    opts: Optimizers,
     pub state: TrainerState,
     device: Device,
 }
 
 fn uses_critic(cfg: &TrainConfig) -> bool {
-    cfg.algorithm.adv_estimator == "gae"
+    cfg.algorithm.adv_estimator.needs_critic()
 }
 
 fn needs_reference(cfg: &TrainConfig) -> bool {
-    (cfg.actor.use_kl_loss && cfg.actor.kl_loss_coef > 0.0)
-        || (cfg.algorithm.use_kl_in_reward && cfg.algorithm.kl_coef > 0.0)
+    (cfg.actor.use_kl_loss && cfg.actor.kl_loss_coef > 0.0) || kl_in_reward(cfg)
 }
 
-fn kl_kind(name: &str) -> Result<algos::KlKind, TrainError> {
-    Ok(name.parse()?)
+/// KL to the reference is taken off the reward.
+fn kl_in_reward(cfg: &TrainConfig) -> bool {
+    cfg.algorithm.use_kl_in_reward && cfg.algorithm.kl_coef > 0.0
 }
 
-fn loss_agg(name: &str) -> Result<algos::LossAgg, TrainError> {
-    Ok(name.parse()?)
-}
+/// The actor's AdamW state in a checkpoint directory.
+const ACTOR_OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// The value head's AdamW state (runs with a critic).
+const CRITIC_OPTIMIZER_FILE: &str = "critic_optimizer.safetensors";
 
 /// Environments in-process from the registry, or through an env server.
 pub fn env_maker(cfg: &TrainConfig) -> Box<EnvMaker<'static>> {
@@ -141,15 +135,22 @@ pub fn env_maker(cfg: &TrainConfig) -> Box<EnvMaker<'static>> {
     }
 }
 
-/// The actor's learning rate at RL step `step` (1-based): a linear ramp over
-/// `lr_warmup_steps`, then constant. A pure function of the step, so a
-/// resumed run continues the same schedule.
-pub fn rl_learning_rate(cfg: &TrainConfig, step: usize) -> f64 {
+/// The learning rates at RL step `step` (1-based): `actor.lr` and
+/// `critic.lr`, each on a linear ramp over `actor.lr_warmup_steps`, then
+/// constant. A pure function of the step, so a resumed run continues the
+/// same schedule.
+pub fn rl_learning_rates(cfg: &TrainConfig, step: usize) -> StepLr {
     let warmup = cfg.actor.lr_warmup_steps;
-    if warmup == 0 || step >= warmup {
-        cfg.actor.lr
-    } else {
-        cfg.actor.lr * step.max(1) as f64 / warmup as f64
+    let ramp = |lr: f64| {
+        if warmup == 0 || step >= warmup {
+            lr
+        } else {
+            lr * step.max(1) as f64 / warmup as f64
+        }
+    };
+    StepLr {
+        actor: ramp(cfg.actor.lr),
+        critic: ramp(cfg.critic.lr),
     }
 }
 
@@ -174,26 +175,26 @@ impl Trainer {
         // Wall time of the whole run: tokenizer, model, warm start, evaluations, RL.
         let started = Instant::now();
         let run = RunDir::create(run_path)?;
-        run.write_config(&cfg.to_toml())?;
+        run.write_config(&cfg.to_toml()?)?;
         let device = Device::Cpu;
         let make = env_maker(&cfg);
         progress.message("creating tokenizer and model");
         let (tokenizer, model) = starting_policy(&cfg, make.as_ref(), uses_critic(&cfg), &device)?;
-        let opt = Self::optimizer(&cfg, &model)?;
+        let opts = Self::optimizers(&cfg, &model)?;
         let mut t = Trainer {
             cfg,
             run,
             tokenizer,
             model,
             reference: None,
-            opt,
+            opts,
             state: TrainerState::default(),
             device,
         };
         if t.cfg.sft.demos > 0 && t.cfg.sft.epochs > 0 {
             t.warm_start(progress)?;
             if !t.cfg.actor.keep_sft_optimizer {
-                t.opt = Self::optimizer(&t.cfg, &t.model)?;
+                t.opts = Self::optimizers(&t.cfg, &t.model)?;
             }
         }
         progress.message("evaluating the starting policy on held-out validation seeds");
@@ -224,10 +225,10 @@ impl Trainer {
         let tokenizer =
             ChatTokenizer::load(&ckpt).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
         let model = PolicyModel::load(&ckpt, uses_critic(&cfg), &device)?;
-        let mut opt = Self::optimizer(&cfg, &model)?;
-        let opt_path = ckpt.join("optimizer.safetensors");
-        if opt_path.exists() {
-            opt.load_state(&opt_path)?;
+        let mut opts = Self::optimizers(&cfg, &model)?;
+        opts.actor.load_state(&ckpt.join(ACTOR_OPTIMIZER_FILE))?;
+        if let Some(critic) = &mut opts.critic {
+            critic.load_state(&ckpt.join(CRITIC_OPTIMIZER_FILE))?;
         }
         let state = RunDir::read_state(&ckpt)?;
         run.truncate_logs_after(state.step)?;
@@ -242,22 +243,34 @@ impl Trainer {
             tokenizer,
             model,
             reference,
-            opt,
+            opts,
             state,
             device,
         })
     }
 
-    fn optimizer(cfg: &TrainConfig, model: &PolicyModel) -> Result<AdamW, TrainError> {
-        Ok(AdamW::new(
-            model.trainable_vars()?,
-            AdamWConfig {
-                lr: cfg.actor.lr,
-                weight_decay: cfg.actor.weight_decay,
-                eps: cfg.actor.adam_eps,
-                ..AdamWConfig::default()
+    /// A fresh AdamW for the actor (every weight but the value head's) at
+    /// `actor.lr`, and with a value head one for it at `critic.lr`.
+    fn optimizers(cfg: &TrainConfig, model: &PolicyModel) -> Result<Optimizers, TrainError> {
+        let adamw = |vars: Vec<Var>, lr: f64| {
+            AdamW::new(
+                vars,
+                AdamWConfig {
+                    lr,
+                    weight_decay: cfg.actor.weight_decay,
+                    eps: cfg.actor.adam_eps,
+                    ..AdamWConfig::default()
+                },
+            )
+        };
+        let (head, rest) = split_value_head(model)?;
+        Ok(Optimizers {
+            actor: adamw(rest, cfg.actor.lr)?,
+            critic: match head.is_empty() {
+                true => None,
+                false => Some(adamw(head, cfg.critic.lr)?),
             },
-        )?)
+        })
     }
 
     fn warm_start(&mut self, progress: &mut dyn Progress) -> Result<(), TrainError> {
@@ -292,7 +305,7 @@ impl Trainer {
         progress.phase("sft", batches);
         let losses = sft::train(
             &self.model,
-            &mut self.opt,
+            &mut self.opts.actor,
             &demos,
             &self.cfg.sft,
             self.cfg.actor.grad_clip,
@@ -326,13 +339,14 @@ impl Trainer {
             c.trainer.val_temperature,
             c.trainer.seed ^ 0x5eed_0fa1,
         )?;
-        let mut line = serde_json::to_value(&stats).unwrap_or(json!({}));
-        if let Some(o) = line.as_object_mut() {
-            o.insert("kind".into(), json!("eval"));
-            o.insert("phase".into(), json!(phase));
-            o.insert("step".into(), json!(step));
-        }
-        self.run.log_metrics(&line)?;
+        self.run.log_record(
+            &stats,
+            &[
+                ("kind", json!("eval")),
+                ("phase", json!(phase)),
+                ("step", json!(step)),
+            ],
+        )?;
         if let Some(t) = trajs.first() {
             self.log_trajectory(step, phase, t)?;
         }
@@ -340,7 +354,10 @@ impl Trainer {
     }
 
     fn log_trajectory(&self, step: usize, phase: &str, t: &Trajectory) -> Result<(), TrainError> {
-        let text = self.tokenizer.decode(&t.tokens, false).unwrap_or_default();
+        let text = self
+            .tokenizer
+            .decode(&t.tokens, false)
+            .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
         self.run.log_trajectory(&json!({
             "step": step, "phase": phase, "task": t.spec.to_string(), "success": t.success,
             "score": t.score(), "turns": t.turns.iter().map(|x| json!({"reply": x.reply, "actions": x.actions, "reward": x.reward()})).collect::<Vec<_>>(),
@@ -357,7 +374,12 @@ impl Trainer {
         self.tokenizer
             .save(&dir)
             .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        self.opt.save_state(&dir.join("optimizer.safetensors"))?;
+        self.opts
+            .actor
+            .save_state(&dir.join(ACTOR_OPTIMIZER_FILE))?;
+        if let Some(critic) = &self.opts.critic {
+            critic.save_state(&dir.join(CRITIC_OPTIMIZER_FILE))?;
+        }
         RunDir::write_state(&dir, &self.state)?;
         self.run.set_latest(self.state.step)?;
         Ok(())
@@ -374,13 +396,7 @@ impl Trainer {
         while self.state.step < total {
             let step = self.state.step + 1;
             let m = self.rl_step(step)?;
-            self.run.log_metrics(&{
-                let mut v = serde_json::to_value(&m).unwrap_or(json!({}));
-                if let Some(o) = v.as_object_mut() {
-                    o.insert("kind".into(), json!("train"));
-                }
-                v
-            })?;
+            self.run.log_record(&m, &[("kind", json!("train"))])?;
             self.state.step = step;
             if m.in_group_std_before == 0.0 {
                 progress.message(&format!(
@@ -416,7 +432,9 @@ impl Trainer {
         };
         self.state.wall_seconds = wall_before + session.elapsed().as_secs_f64();
         self.save_checkpoint()?;
-        let before = self.state.before.clone().unwrap_or_default();
+        let before = self.state.before.clone().ok_or_else(|| {
+            TrainError::Checkpoint("the trainer state has no 'before' evaluation".into())
+        })?;
         let summary = Summary {
             env: self.cfg.env.name.clone(),
             difficulty: self.cfg.env.difficulty.clone(),
@@ -426,8 +444,7 @@ impl Trainer {
             after,
             run_dir: self.run.path.clone(),
         };
-        self.run
-            .write_summary(&serde_json::to_value(&summary).unwrap_or(json!({})))?;
+        self.run.write_summary(&summary)?;
         Ok(summary)
     }
 
@@ -452,7 +469,7 @@ impl Trainer {
         Ok((envs, groups))
     }
 
-    /// One RL step: rollouts, filter, advantages, PPO update.
+    /// One RL step: rollouts, filter, then the update on the kept groups.
     pub fn rl_step(&mut self, step: usize) -> Result<StepMetrics, TrainError> {
         let seed = self.cfg.trainer.seed;
         let mut rng = step_rng(seed, step, "rollout");
@@ -477,19 +494,86 @@ impl Trainer {
         // StarPO-S: keep the groups whose raw rewards disagree most.
         let raw: Vec<f32> = trajs.iter().map(Trajectory::raw_score).collect();
         let filter = algos::top_std_groups(&raw, &groups, self.cfg.rollout.rollout_filter_ratio)?;
+        let lr = rl_learning_rates(&self.cfg, step);
+        let mut m = StepMetrics::of_rollouts(step, &trajs, &filter);
+        m.rollout_seconds = rollout_seconds;
+        m.lr = lr.actor;
         let kept: Vec<Trajectory> = trajs
-            .iter()
+            .into_iter()
             .zip(&filter.kept_mask)
-            .filter(|(_, &k)| k)
-            .map(|(t, _)| t.clone())
+            .filter_map(|(t, &keep)| keep.then_some(t))
             .collect();
+        let t1 = Instant::now();
+        m.update = self.update(kept, step, lr)?;
+        m.update_seconds = t1.elapsed().as_secs_f64();
+        Ok(m)
+    }
 
-        let stats = crate::evaluate::EvalStats::of(&trajs);
+    /// The update of step `step` on `trajs` at learning rates `lr`: the batch
+    /// (masks and no-grad scores), the targets, then the PPO epochs. Returns
+    /// zeros without touching the weights when there is nothing to learn.
+    pub fn update(
+        &mut self,
+        trajs: Vec<Trajectory>,
+        step: usize,
+        lr: StepLr,
+    ) -> Result<UpdateStats, TrainError> {
+        if trajs.is_empty() {
+            return Ok(UpdateStats::default());
+        }
+        let c = &self.cfg;
+        let critic = uses_critic(c);
+        // With one update on fresh samples the current policy *is* the
+        // sampling policy, so its detached log-probs serve as the old ones;
+        // otherwise (and for KL in the reward) they are scored first.
+        let single_update =
+            c.actor.ppo_epochs == 1 && trajs.len() <= c.actor.ppo_mini_batch_size.max(1);
+        let scoring = Scoring {
+            old: !single_update || critic || kl_in_reward(c),
+            reference: self.reference.as_ref(),
+            chunk: c.actor.ppo_mini_batch_size.max(1),
+        };
+        let batch = PpoBatch::build(trajs, &self.model, &scoring)?;
+        let reference_kl = if kl_in_reward(c) {
+            Some(batch.reference_kl().ok_or_else(|| {
+                TrainError::Checkpoint(
+                    "KL in the reward needs the reference policy (checkpoint step-0)".into(),
+                )
+            })?)
+        } else {
+            None
+        };
+        let targets = advantages::compute(
+            &c.algorithm,
+            &batch.trajs,
+            &batch.masks,
+            batch.old_values.as_deref(),
+            reference_kl.as_deref(),
+        )?;
+        // No advantage anywhere (every kept group had equal returns) and no
+        // other loss: an optimizer step would only apply Adam's normalised
+        // noise (or the entropy bonus at full speed), so skip it.
+        let signal = targets.advantages.iter().flatten().any(|&a| a != 0.0);
+        let other_loss = critic || (c.actor.use_kl_loss && c.actor.kl_loss_coef > 0.0);
+        if !signal && !other_loss {
+            return Ok(UpdateStats::default());
+        }
+        self.opts.set_lr(lr);
+        let mut rng = step_rng(c.trainer.seed, step, "minibatch");
+        ppo_update(&self.model, &mut self.opts, &batch, &targets, c, &mut rng)
+    }
+}
+
+impl StepMetrics {
+    /// The rollout half of a step's figures: outcomes of every trajectory
+    /// and what the group filter kept.
+    fn of_rollouts(step: usize, trajs: &[Trajectory], filter: &algos::GroupFilterResult) -> Self {
+        let stats = EvalStats::of(trajs);
         let scores: Vec<f64> = trajs.iter().map(|t| t.score() as f64).collect();
         let mean = scores.iter().sum::<f64>() / scores.len().max(1) as f64;
         let var =
             scores.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / scores.len().max(1) as f64;
-        let mut m = StepMetrics {
+        StepMetrics {
             step,
             success: stats.success_rate,
             reward_mean: mean,
@@ -501,182 +585,7 @@ impl Trainer {
             generated_tokens: stats.mean_generated_tokens,
             invalid_action_rate: stats.invalid_action_rate,
             format_error_rate: stats.format_error_rate,
-            rollout_seconds,
-            lr: rl_learning_rate(&self.cfg, step),
             ..Default::default()
-        };
-        let t1 = Instant::now();
-        self.update(&kept, step, &mut m)?;
-        m.update_seconds = t1.elapsed().as_secs_f64();
-        Ok(m)
-    }
-
-    /// No-grad pass: log-probs (and values) of each trajectory under the
-    /// current policy, in the shifted frame, trimmed to each row's length.
-    fn score_rows(
-        &self,
-        model: &PolicyModel,
-        trajs: &[Trajectory],
-    ) -> Result<ScoredRows, TrainError> {
-        let mut lps = Vec::new();
-        let mut vals = Vec::new();
-        let mb = self.cfg.actor.ppo_mini_batch_size.max(1);
-        for chunk in trajs.chunks(mb) {
-            let seqs: Vec<Vec<u32>> = chunk.iter().map(|t| t.tokens.clone()).collect();
-            let out = model.sequence_logprobs(&seqs)?;
-            let lp = out.logprobs.detach().to_vec2::<f32>()?;
-            for (row, t) in lp.into_iter().zip(chunk) {
-                lps.push(row[..t.tokens.len() - 1].to_vec());
-            }
-            if let Some(v) = out.values {
-                let v = v.detach().to_vec2::<f32>()?;
-                for (row, t) in v.into_iter().zip(chunk) {
-                    vals.push(row[..t.tokens.len() - 1].to_vec());
-                }
-            }
         }
-        let vals = if vals.is_empty() { None } else { Some(vals) };
-        Ok((lps, vals))
-    }
-
-    /// One PPO update (all epochs and mini-batches) on `trajs`, with
-    /// advantages from their scores; writes the update's figures into `m`.
-    pub fn update(
-        &mut self,
-        trajs: &[Trajectory],
-        step: usize,
-        m: &mut StepMetrics,
-    ) -> Result<(), TrainError> {
-        if trajs.is_empty() {
-            return Ok(());
-        }
-        let c = self.cfg.clone();
-        let mb = c.actor.ppo_mini_batch_size.max(1);
-        let single_update = c.actor.ppo_epochs == 1 && trajs.len() <= mb;
-        // Old log-probs: with one update on fresh samples the current policy
-        // *is* the sampling policy, so its detached log-probs serve; otherwise
-        // score everything once before the first update.
-        let (old_lp, old_values) = if single_update && !uses_critic(&c) {
-            (None, None)
-        } else {
-            let (lp, v) = self.score_rows(&self.model, trajs)?;
-            (Some(lp), v)
-        };
-        let ref_lp = match (
-            &self.reference,
-            c.algorithm.use_kl_in_reward || c.actor.use_kl_loss,
-        ) {
-            (Some(r), true) => Some(self.score_rows(r, trajs)?.0),
-            _ => None,
-        };
-        let mut trajs_for_adv: Vec<Trajectory> = trajs.to_vec();
-        if let (true, Some(refs), Some(olds)) = (c.algorithm.use_kl_in_reward, &ref_lp, &old_lp) {
-            // KL in the reward: subtract β·k1 summed over each turn's tokens from that turn's reward.
-            for ((t, r), o) in trajs_for_adv.iter_mut().zip(refs).zip(olds) {
-                for turn in t.turns.iter_mut() {
-                    let kl: f32 = (turn.start.max(1)..turn.end)
-                        .map(|i| o[i - 1] - r[i - 1])
-                        .sum();
-                    turn.penalty -= c.algorithm.kl_coef * kl;
-                }
-            }
-        }
-        let targets = advantages::compute(&c.algorithm, &trajs_for_adv, old_values.as_deref())?;
-        // No advantage anywhere (every kept group had equal returns) and no
-        // other loss: an optimizer step would only apply Adam's normalised
-        // noise (or the entropy bonus at full speed), so skip it.
-        let signal = targets.advantages.iter().flatten().any(|&a| a != 0.0);
-        let other_loss = uses_critic(&c) || (c.actor.use_kl_loss && c.actor.kl_loss_coef > 0.0);
-        if !signal && !other_loss {
-            return Ok(());
-        }
-        self.opt.set_lr(rl_learning_rate(&c, step));
-        let masks = shifted_masks(trajs);
-        let agg = loss_agg(&c.actor.loss_agg_mode)?;
-        let kl_type = kl_kind(&c.actor.kl_loss_type)?;
-        let vars = self.model.trainable_vars()?;
-        let mut rng = step_rng(c.trainer.seed, step, "minibatch");
-        let mut order: Vec<usize> = (0..trajs.len()).collect();
-        let (mut n, mut ent, mut kl_sum, mut akl, mut clip, mut gn, mut pg, mut vl) =
-            (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-        for _ in 0..c.actor.ppo_epochs {
-            order.shuffle(&mut rng);
-            for chunk in order.chunks(mb) {
-                let seqs: Vec<Vec<u32>> = chunk.iter().map(|&i| trajs[i].tokens.clone()).collect();
-                let out = self.model.sequence_logprobs(&seqs)?;
-                let w = out.logprobs.dim(1)?;
-                let rows = |src: &Vec<Vec<f32>>| -> Vec<Vec<f32>> {
-                    chunk.iter().map(|&i| src[i].clone()).collect()
-                };
-                let dev = &self.device;
-                let mask = padded(&rows(&masks), w, dev)?;
-                let adv = padded(&rows(&targets.advantages), w, dev)?;
-                let old = match &old_lp {
-                    Some(o) => padded(&rows(o), w, dev)?,
-                    None => out.logprobs.detach(),
-                };
-                let pl = algos::ppo_policy_loss(
-                    &out.logprobs,
-                    &old,
-                    &adv,
-                    &mask,
-                    &algos::PpoClip {
-                        clip_ratio_low: c.actor.clip_ratio_low,
-                        clip_ratio_high: c.actor.clip_ratio_high,
-                        clip_ratio_c: (c.actor.clip_ratio_c > 1.0).then_some(c.actor.clip_ratio_c),
-                    },
-                    agg,
-                )?;
-                let mut loss = pl.loss.clone();
-                let entropy = algos::aggregate(&out.entropy, &mask, agg)?;
-                if c.actor.entropy_coeff != 0.0 {
-                    loss = (loss - (&entropy * c.actor.entropy_coeff as f64)?)?;
-                }
-                if let (Some(r), true) =
-                    (&ref_lp, c.actor.use_kl_loss && c.actor.kl_loss_coef > 0.0)
-                {
-                    let reft = padded(&rows(r), w, dev)?;
-                    let kl = algos::aggregate(
-                        &algos::kl_penalty(&out.logprobs, &reft, kl_type)?,
-                        &mask,
-                        agg,
-                    )?;
-                    kl_sum += kl.to_scalar::<f32>()? as f64;
-                    loss = (loss + (kl * c.actor.kl_loss_coef as f64)?)?;
-                }
-                if let (Some(values), Some(returns), Some(oldv)) =
-                    (&out.values, &targets.returns, &old_values)
-                {
-                    let v = values.narrow(1, 0, w)?;
-                    let vloss = algos::value_loss(
-                        &v,
-                        &padded(&rows(oldv), w, dev)?,
-                        &padded(&rows(returns), w, dev)?,
-                        &mask,
-                        c.critic.cliprange_value,
-                        agg,
-                    )?
-                    .loss;
-                    vl += vloss.to_scalar::<f32>()? as f64;
-                    loss = (loss + (vloss * c.critic.value_loss_coef as f64)?)?;
-                }
-                let mut grads = loss.backward()?;
-                gn += clip_grad_norm(&mut grads, &vars, c.actor.grad_clip)?;
-                self.opt.step(&grads)?;
-                n += 1.0;
-                ent += entropy.to_scalar::<f32>()? as f64;
-                pg += pl.loss.to_scalar::<f32>()? as f64;
-                akl += pl.approx_kl as f64;
-                clip += pl.clip_fraction as f64;
-            }
-        }
-        m.entropy = ent / n;
-        m.kl = kl_sum / n;
-        m.approx_kl = akl / n;
-        m.clip_fraction = clip / n;
-        m.grad_norm = gn / n;
-        m.pg_loss = pg / n;
-        m.value_loss = vl / n;
-        Ok(())
     }
 }

@@ -2,11 +2,12 @@
 //! update, replies that scored above their group's mean are more likely and
 //! those below are less likely. Checks the sign of the loss, the alignment of
 //! advantages with the shifted log-prob frame, and the loss mask, end to end
-//! through the trainer.
+//! through the trainer. And `critic.lr` is the value head's learning rate.
 
 use agentrl_env_core::{Split, TaskSpec};
 use agentrl_rollout::{run_rollouts, Trajectory};
-use agentrl_trainer::{LocalPolicy, Silent, StepMetrics, TrainConfig, Trainer};
+use agentrl_trainer::trainer::rl_learning_rates;
+use agentrl_trainer::{LocalPolicy, Silent, TrainConfig, Trainer};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -56,11 +57,18 @@ fn policy_logprob(t: &Trainer, trajs: &[Trajectory]) -> Vec<f32> {
         .collect()
 }
 
-#[test]
-fn update_raises_above_mean_replies_and_lowers_the_rest() {
+/// A trainer on `CONFIG` with `overrides`, in a fresh directory.
+fn start(overrides: &[&str]) -> (tempfile::TempDir, Trainer) {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = TrainConfig::from_toml(CONFIG, &[]).unwrap();
-    let mut t = Trainer::start(cfg, &dir.path().join("run"), &mut Silent).unwrap();
+    let overrides: Vec<String> = overrides.iter().map(|o| o.to_string()).collect();
+    let cfg = TrainConfig::from_toml(CONFIG, &overrides).unwrap();
+    let t = Trainer::start(cfg, &dir.path().join("run"), &mut Silent).unwrap();
+    (dir, t)
+}
+
+/// Two groups of 8 bandit rollouts where, whatever was played, every other
+/// sample of each group "succeeds".
+fn rollouts(t: &Trainer) -> Vec<Trajectory> {
     let mut envs = Vec::new();
     let mut groups = Vec::new();
     for g in 0..2 {
@@ -83,22 +91,88 @@ fn update_raises_above_mean_replies_and_lowers_the_rest() {
         )
         .unwrap()
     };
-    // Arbitrary outcomes: every other sample of each group "succeeds".
     for (i, x) in trajs.iter_mut().enumerate() {
         let last = x.turns.last_mut().expect("every rollout has a turn");
         last.env_reward = if i % 2 == 0 { 1.0 } else { 0.0 };
         last.penalty = 0.0;
     }
+    trajs
+}
+
+#[test]
+fn update_raises_above_mean_replies_and_lowers_the_rest() {
+    let (_dir, mut t) = start(&[]);
+    let trajs = rollouts(&t);
     let before = policy_logprob(&t, &trajs);
-    let mut m = StepMetrics::default();
-    t.update(&trajs, 1, &mut m).unwrap();
+    let lr = rl_learning_rates(&t.cfg, 1);
+    let stats = t.update(trajs.clone(), 1, lr).unwrap();
     let after = policy_logprob(&t, &trajs);
     let delta: Vec<f32> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     let up: f32 = delta.iter().step_by(2).sum::<f32>() / 8.0;
     let down: f32 = delta.iter().skip(1).step_by(2).sum::<f32>() / 8.0;
-    assert!(m.grad_norm > 0.0, "the update had no gradient");
+    assert!(stats.grad_norm > 0.0, "the update had no gradient");
     assert!(
         up > 0.0 && down < 0.0,
         "mean change of log-prob: above-mean replies {up}, below-mean {down}"
+    );
+}
+
+/// Every weight, flattened, split into (value head, the rest).
+fn weights(t: &Trainer) -> (Vec<f32>, Vec<f32>) {
+    let mut head = Vec::new();
+    let mut rest = Vec::new();
+    for (name, var) in t.model.named_vars().unwrap() {
+        let flat = var
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        match name.starts_with("value_head.") {
+            true => head.extend(flat),
+            false => rest.extend(flat),
+        }
+    }
+    (head, rest)
+}
+
+/// Largest change of any weight.
+fn moved(before: &[f32], after: &[f32]) -> f32 {
+    before
+        .iter()
+        .zip(after)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn critic_lr_sets_the_value_heads_step_and_nothing_else() {
+    // One GAE update at two critic learning rates 10^4 apart, from the same
+    // weights on the same rollouts: Adam's first step moves a weight by about
+    // its learning rate, so the value head moves ~10^4 times further, and
+    // the actor's weights move exactly alike.
+    let run = |critic_lr: &str| {
+        let (_dir, mut t) = start(&["algorithm.adv_estimator=gae", critic_lr]);
+        let trajs = rollouts(&t);
+        let (head, rest) = weights(&t);
+        t.update(trajs, 1, rl_learning_rates(&t.cfg, 1)).unwrap();
+        let (head_after, rest_after) = weights(&t);
+        let actor_moved = moved(&rest, &rest_after);
+        (moved(&head, &head_after), rest_after, actor_moved)
+    };
+    let (slow_head, slow_rest, slow_actor) = run("critic.lr=1e-6");
+    let (fast_head, fast_rest, fast_actor) = run("critic.lr=1e-2");
+    assert!(
+        slow_head > 0.0 && slow_actor > 0.0,
+        "{slow_head} {slow_actor}"
+    );
+    assert!(
+        fast_head > 1000.0 * slow_head,
+        "value head moved {fast_head} at lr 1e-2, {slow_head} at 1e-6"
+    );
+    assert_eq!(fast_actor, slow_actor);
+    assert_eq!(
+        fast_rest, slow_rest,
+        "the actor's step does not depend on critic.lr"
     );
 }

@@ -100,7 +100,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         };
         let cfg = TrainConfig::load(config.as_deref(), &overrides)?;
         if args.print_config {
-            print!("{}", cfg.to_toml());
+            print!("{}", cfg.to_toml()?);
             return Ok(());
         }
         let out = args.out.clone().unwrap_or_else(|| {

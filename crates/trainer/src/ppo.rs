@@ -1,0 +1,251 @@
+//! The PPO update of one RL step: epochs over shuffled mini-batches of a
+//! [`PpoBatch`], each taking one optimizer step on the clipped policy loss
+//! plus the entropy bonus, KL loss and value loss the config turns on.
+
+use agentrl_algos as algos;
+use agentrl_model::{clip_grad_norm, AdamW, PolicyModel};
+use candle_core::{Tensor, Var};
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use crate::advantages::Targets;
+use crate::batch::{padded, PpoBatch};
+use crate::config::TrainConfig;
+use crate::TrainError;
+
+/// The optimizers of RL: the actor's over the transformer, and with a critic
+/// a second one over the value head at `critic.lr`.
+pub struct Optimizers {
+    pub actor: AdamW,
+    pub critic: Option<AdamW>,
+}
+
+impl Optimizers {
+    /// Set this step's learning rates.
+    pub fn set_lr(&mut self, lr: StepLr) {
+        self.actor.set_lr(lr.actor);
+        if let Some(c) = &mut self.critic {
+            c.set_lr(lr.critic);
+        }
+    }
+
+    fn step(&mut self, grads: &candle_core::backprop::GradStore) -> Result<(), TrainError> {
+        self.actor.step(grads)?;
+        if let Some(c) = &mut self.critic {
+            c.step(grads)?;
+        }
+        Ok(())
+    }
+}
+
+/// The learning rates of one RL step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepLr {
+    pub actor: f64,
+    pub critic: f64,
+}
+
+/// Figures of one update, per mini-batch or (from [`UpdateTotals::mean`])
+/// averaged over all of them. Written to `metrics.jsonl` with the step's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct UpdateStats {
+    /// Entropy of the policy on its own tokens.
+    pub entropy: f64,
+    /// The KL loss term (0 without `use_kl_loss`).
+    pub kl: f64,
+    /// Mean `log π_old − log π` over policy tokens.
+    pub approx_kl: f64,
+    /// Share of policy tokens where the ratio clip was active.
+    pub clip_fraction: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    pub pg_loss: f64,
+    /// The value loss term (0 without a critic).
+    pub value_loss: f64,
+}
+
+/// Running sums of [`UpdateStats`] over mini-batches.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UpdateTotals {
+    minibatches: usize,
+    sum: UpdateStats,
+}
+
+impl UpdateTotals {
+    /// Count one mini-batch.
+    pub fn add(&mut self, s: &UpdateStats) {
+        self.minibatches += 1;
+        let t = &mut self.sum;
+        t.entropy += s.entropy;
+        t.kl += s.kl;
+        t.approx_kl += s.approx_kl;
+        t.clip_fraction += s.clip_fraction;
+        t.grad_norm += s.grad_norm;
+        t.pg_loss += s.pg_loss;
+        t.value_loss += s.value_loss;
+    }
+
+    /// The mean over the mini-batches counted (all zero when none was).
+    pub fn mean(&self) -> UpdateStats {
+        if self.minibatches == 0 {
+            return UpdateStats::default();
+        }
+        let n = self.minibatches as f64;
+        let s = &self.sum;
+        UpdateStats {
+            entropy: s.entropy / n,
+            kl: s.kl / n,
+            approx_kl: s.approx_kl / n,
+            clip_fraction: s.clip_fraction / n,
+            grad_norm: s.grad_norm / n,
+            pg_loss: s.pg_loss / n,
+            value_loss: s.value_loss / n,
+        }
+    }
+}
+
+/// Every PPO epoch over `batch` in mini-batches of `actor.ppo_mini_batch_size`,
+/// shuffled by `rng`; one optimizer step per mini-batch.
+pub fn ppo_update(
+    model: &PolicyModel,
+    opts: &mut Optimizers,
+    batch: &PpoBatch,
+    targets: &Targets,
+    cfg: &TrainConfig,
+    rng: &mut ChaCha8Rng,
+) -> Result<UpdateStats, TrainError> {
+    let vars = model.trainable_vars()?;
+    let mut order: Vec<usize> = (0..batch.trajs.len()).collect();
+    let mut totals = UpdateTotals::default();
+    for _ in 0..cfg.actor.ppo_epochs {
+        order.shuffle(rng);
+        for chunk in order.chunks(cfg.actor.ppo_mini_batch_size.max(1)) {
+            let (loss, mut stats) = minibatch_loss(model, batch, targets, cfg, chunk)?;
+            let mut grads = loss.backward()?;
+            stats.grad_norm = clip_grad_norm(&mut grads, &vars, cfg.actor.grad_clip)?;
+            opts.step(&grads)?;
+            totals.add(&stats);
+        }
+    }
+    Ok(totals.mean())
+}
+
+/// The loss of the mini-batch `rows` of `batch` (differentiable) and its
+/// figures (all but the gradient norm).
+fn minibatch_loss(
+    model: &PolicyModel,
+    batch: &PpoBatch,
+    targets: &Targets,
+    cfg: &TrainConfig,
+    rows: &[usize],
+) -> Result<(Tensor, UpdateStats), TrainError> {
+    let (actor, critic) = (&cfg.actor, &cfg.critic);
+    let agg = actor.loss_agg_mode;
+    let seqs: Vec<Vec<u32>> = rows
+        .iter()
+        .map(|&i| batch.trajs[i].tokens.clone())
+        .collect();
+    let out = model.sequence_logprobs(&seqs)?;
+    let width = out.logprobs.dim(1)?;
+    let tensor = |src: &[Vec<f32>]| -> candle_core::Result<Tensor> {
+        let picked: Vec<Vec<f32>> = rows.iter().map(|&i| src[i].clone()).collect();
+        padded(&picked, width, &model.device)
+    };
+    let mask = tensor(&batch.masks)?;
+    let old = match &batch.old_logprobs {
+        Some(o) => tensor(o)?,
+        None => out.logprobs.detach(),
+    };
+    let policy = algos::ppo_policy_loss(
+        &out.logprobs,
+        &old,
+        &tensor(&targets.advantages)?,
+        &mask,
+        &algos::PpoClip {
+            clip_ratio_low: actor.clip_ratio_low,
+            clip_ratio_high: actor.clip_ratio_high,
+            clip_ratio_c: (actor.clip_ratio_c > 1.0).then_some(actor.clip_ratio_c),
+        },
+        agg,
+    )?;
+    let mut stats = UpdateStats {
+        pg_loss: scalar(&policy.loss)?,
+        approx_kl: policy.approx_kl as f64,
+        clip_fraction: policy.clip_fraction as f64,
+        ..UpdateStats::default()
+    };
+    let mut loss = policy.loss.clone();
+    let entropy = algos::aggregate(&out.entropy, &mask, agg)?;
+    stats.entropy = scalar(&entropy)?;
+    if actor.entropy_coeff != 0.0 {
+        loss = (loss - (&entropy * actor.entropy_coeff as f64)?)?;
+    }
+    if let (Some(r), true) = (
+        &batch.ref_logprobs,
+        actor.use_kl_loss && actor.kl_loss_coef > 0.0,
+    ) {
+        let per_token = algos::kl_penalty(&out.logprobs, &tensor(r)?, actor.kl_loss_type)?;
+        let kl = algos::aggregate(&per_token, &mask, agg)?;
+        stats.kl = scalar(&kl)?;
+        loss = (loss + (kl * actor.kl_loss_coef as f64)?)?;
+    }
+    if let (Some(values), Some(returns), Some(old_values)) =
+        (&out.values, &targets.returns, &batch.old_values)
+    {
+        let value = algos::value_loss(
+            &values.narrow(1, 0, width)?,
+            &tensor(old_values)?,
+            &tensor(returns)?,
+            &mask,
+            critic.cliprange_value,
+            agg,
+        )?
+        .loss;
+        stats.value_loss = scalar(&value)?;
+        loss = (loss + (value * critic.value_loss_coef as f64)?)?;
+    }
+    Ok((loss, stats))
+}
+
+fn scalar(t: &Tensor) -> candle_core::Result<f64> {
+    Ok(t.to_scalar::<f32>()? as f64)
+}
+
+/// The variables of the value head and of everything else, by name.
+pub fn split_value_head(model: &PolicyModel) -> Result<(Vec<Var>, Vec<Var>), TrainError> {
+    use agentrl_model::qwen2::{VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT};
+    let (head, rest): (Vec<_>, Vec<_>) = model
+        .named_vars()?
+        .into_iter()
+        .partition(|(name, _)| name == VALUE_HEAD_WEIGHT || name == VALUE_HEAD_BIAS);
+    let vars = |v: Vec<(String, Var)>| v.into_iter().map(|(_, v)| v).collect();
+    Ok((vars(head), vars(rest)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_average_each_figure_over_minibatches() {
+        let mut t = UpdateTotals::default();
+        assert_eq!(t.mean(), UpdateStats::default());
+        t.add(&UpdateStats {
+            entropy: 1.0,
+            grad_norm: 2.0,
+            value_loss: 4.0,
+            ..UpdateStats::default()
+        });
+        t.add(&UpdateStats {
+            entropy: 3.0,
+            pg_loss: -1.0,
+            ..UpdateStats::default()
+        });
+        let m = t.mean();
+        assert_eq!(
+            (m.entropy, m.grad_norm, m.value_loss, m.pg_loss, m.kl),
+            (2.0, 1.0, 2.0, -0.5, 0.0)
+        );
+    }
+}
