@@ -13,10 +13,44 @@
 //! ([`LossAgg`]). Every function states its formula in its doc comment and
 //! validates its inputs instead of panicking.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
+
+/// `as_str`, `Display` and `FromStr` of a config enum from one table of
+/// `Variant => "name" | "alias"…` (the serde attributes spell the same
+/// names; a test checks they agree).
+macro_rules! config_names {
+    ($ty:ident, $key:literal, $expected:literal,
+     { $($variant:ident => $name:literal $(| $alias:literal)*),+ $(,)? }) => {
+        impl $ty {
+            /// The config string (verl name).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = $crate::AlgoError;
+            fn from_str(s: &str) -> $crate::Result<Self> {
+                match s {
+                    $($name $(| $alias)* => Ok($ty::$variant),)+
+                    _ => Err($crate::AlgoError::UnknownName {
+                        kind: $key,
+                        name: s.to_string(),
+                        expected: $expected,
+                    }),
+                }
+            }
+        }
+    };
+}
 
 pub mod advantage;
 pub mod error;
@@ -64,17 +98,6 @@ impl AdvEstimator {
         AdvEstimator::Gigpo,
     ];
 
-    /// The config string (verl name).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AdvEstimator::Gae => "gae",
-            AdvEstimator::Grpo => "grpo",
-            AdvEstimator::Rloo => "rloo",
-            AdvEstimator::ReinforcePlusPlus => "reinforce_plus_plus",
-            AdvEstimator::Gigpo => "gigpo",
-        }
-    }
-
     /// True if the estimator needs a value head (critic).
     pub fn needs_critic(self) -> bool {
         matches!(self, AdvEstimator::Gae)
@@ -89,62 +112,64 @@ impl AdvEstimator {
     }
 }
 
-impl fmt::Display for AdvEstimator {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for AdvEstimator {
-    type Err = AlgoError;
-    fn from_str(s: &str) -> Result<Self> {
-        AdvEstimator::ALL
-            .into_iter()
-            .find(|e| e.as_str() == s)
-            .ok_or_else(|| AlgoError::UnknownName {
-                kind: "adv_estimator",
-                name: s.to_string(),
-                expected: "gae, grpo, rloo, reinforce_plus_plus, gigpo",
-            })
-    }
-}
+config_names!(AdvEstimator, "adv_estimator", "gae, grpo, rloo, reinforce_plus_plus, gigpo", {
+    Gae => "gae",
+    Grpo => "grpo",
+    Rloo => "rloo",
+    ReinforcePlusPlus => "reinforce_plus_plus",
+    Gigpo => "gigpo",
+});
 
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod testing;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// `name` parses to `value`, and serde reads it and writes `written`.
+    fn same_name<T>(name: &str, written: &str, value: T)
+    where
+        T: std::str::FromStr
+            + Serialize
+            + serde::de::DeserializeOwned
+            + PartialEq
+            + std::fmt::Debug,
+        T::Err: std::fmt::Debug,
+    {
+        assert_eq!(name.parse::<T>().unwrap(), value);
+        let json = format!("\"{name}\"");
+        assert_eq!(serde_json::from_str::<T>(&json).unwrap(), value, "{name}");
+        assert_eq!(
+            serde_json::to_string(&value).unwrap(),
+            format!("\"{written}\"")
+        );
+    }
+
     #[test]
-    fn config_names_round_trip_through_fromstr_and_serde() {
+    fn config_names_agree_between_fromstr_and_serde() {
         for e in AdvEstimator::ALL {
-            assert_eq!(e.as_str().parse::<AdvEstimator>().unwrap(), e);
-            let json = serde_json::to_string(&e).unwrap();
-            assert_eq!(json, format!("\"{}\"", e.as_str()));
-            assert_eq!(serde_json::from_str::<AdvEstimator>(&json).unwrap(), e);
+            same_name(e.as_str(), e.as_str(), e);
         }
         assert!("ppo".parse::<AdvEstimator>().is_err());
-        for (name, kind) in [
-            ("kl", KlKind::Kl),
-            ("mse", KlKind::Mse),
-            ("low_var_kl", KlKind::LowVarKl),
+        for (name, written, kind) in [
+            ("kl", "kl", KlKind::Kl),
+            ("k1", "kl", KlKind::Kl),
+            ("mse", "mse", KlKind::Mse),
+            ("k2", "mse", KlKind::Mse),
+            ("low_var_kl", "low_var_kl", KlKind::LowVarKl),
+            ("k3", "low_var_kl", KlKind::LowVarKl),
         ] {
-            assert_eq!(name.parse::<KlKind>().unwrap(), kind);
-            assert_eq!(serde_json::to_string(&kind).unwrap(), format!("\"{name}\""));
+            same_name(name, written, kind);
         }
-        assert_eq!("k1".parse::<KlKind>().unwrap(), KlKind::Kl);
-        assert_eq!(
-            serde_json::from_str::<KlKind>("\"k3\"").unwrap(),
-            KlKind::LowVarKl
-        );
-        for (name, agg) in [
-            ("token-mean", LossAgg::TokenMean),
-            ("seq-mean-token-sum", LossAgg::SeqMeanTokenSum),
-            ("seq-mean-token-mean", LossAgg::SeqMeanTokenMean),
+        for agg in [
+            LossAgg::TokenMean,
+            LossAgg::SeqMeanTokenSum,
+            LossAgg::SeqMeanTokenMean,
         ] {
-            assert_eq!(name.parse::<LossAgg>().unwrap(), agg);
-            assert_eq!(serde_json::to_string(&agg).unwrap(), format!("\"{name}\""));
+            same_name(agg.as_str(), agg.as_str(), agg);
         }
         assert!("token_mean".parse::<LossAgg>().is_err());
     }

@@ -4,9 +4,6 @@
 //! (`exp`, `mul`, `maximum`/`minimum` — which is what `clamp` is —,
 //! `where_cond`, `sum`, `div`), so gradients flow to `logprobs` / `values`.
 
-use std::fmt;
-use std::str::FromStr;
-
 use candle_core::{DType, Device, Tensor, D};
 use serde::{Deserialize, Serialize};
 
@@ -34,38 +31,11 @@ pub enum LossAgg {
     SeqMeanTokenMean,
 }
 
-impl LossAgg {
-    /// The config string (verl name).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LossAgg::TokenMean => "token-mean",
-            LossAgg::SeqMeanTokenSum => "seq-mean-token-sum",
-            LossAgg::SeqMeanTokenMean => "seq-mean-token-mean",
-        }
-    }
-}
-
-impl fmt::Display for LossAgg {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for LossAgg {
-    type Err = AlgoError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "token-mean" => Ok(LossAgg::TokenMean),
-            "seq-mean-token-sum" => Ok(LossAgg::SeqMeanTokenSum),
-            "seq-mean-token-mean" => Ok(LossAgg::SeqMeanTokenMean),
-            _ => Err(AlgoError::UnknownName {
-                kind: "loss_agg_mode",
-                name: s.to_string(),
-                expected: "token-mean, seq-mean-token-sum, seq-mean-token-mean",
-            }),
-        }
-    }
-}
+config_names!(LossAgg, "loss_agg_mode", "token-mean, seq-mean-token-sum, seq-mean-token-mean", {
+    TokenMean => "token-mean",
+    SeqMeanTokenSum => "seq-mean-token-sum",
+    SeqMeanTokenMean => "seq-mean-token-mean",
+});
 
 /// KL estimator between the policy and a frozen reference, per token
 /// (Schulman, "Approximating KL divergence"; verl `kl_loss_type`).
@@ -83,38 +53,11 @@ pub enum KlKind {
     LowVarKl,
 }
 
-impl KlKind {
-    /// The config string (verl name).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KlKind::Kl => "kl",
-            KlKind::Mse => "mse",
-            KlKind::LowVarKl => "low_var_kl",
-        }
-    }
-}
-
-impl fmt::Display for KlKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for KlKind {
-    type Err = AlgoError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "kl" | "k1" => Ok(KlKind::Kl),
-            "mse" | "k2" => Ok(KlKind::Mse),
-            "low_var_kl" | "k3" => Ok(KlKind::LowVarKl),
-            _ => Err(AlgoError::UnknownName {
-                kind: "kl_loss_type",
-                name: s.to_string(),
-                expected: "kl (k1), mse (k2), low_var_kl (k3)",
-            }),
-        }
-    }
-}
+config_names!(KlKind, "kl_loss_type", "kl (k1), mse (k2), low_var_kl (k3)", {
+    Kl => "kl" | "k1",
+    Mse => "mse" | "k2",
+    LowVarKl => "low_var_kl" | "k3",
+});
 
 fn check_same_2d(what: &str, a: &Tensor, b: &Tensor) -> Result<(usize, usize)> {
     let (ba, ta) = a.dims2()?;

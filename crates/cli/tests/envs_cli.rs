@@ -143,10 +143,11 @@ fn eval_expert_solves_every_easy_sokoban_room() {
     let v = eval_json(&["--policy", "expert", "--env", "sokoban", "--n", "50"]);
     assert_eq!(v["n"], 50);
     assert_eq!(v["success_rate"], 1.0);
-    // Every solved room pays +10 + 1 for its box, minus 0.1 a step.
-    let expected = 11.0 - 0.1 * v["mean_steps"].as_f64().unwrap();
+    // Every solved room pays +10 + 1 for its box, minus 0.1 a step (summed
+    // in f32 per episode, as trajectories keep rewards).
+    let expected = 11.0 - 0.1 * v["mean_env_steps"].as_f64().unwrap();
     assert!(
-        (v["mean_reward"].as_f64().unwrap() - expected).abs() < 1e-6,
+        (v["mean_reward"].as_f64().unwrap() - expected).abs() < 1e-4,
         "{v}"
     );
 }

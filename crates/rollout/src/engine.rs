@@ -1,17 +1,19 @@
-//! The rollout engine: B tasks × G samples in lock-step turns.
+//! The rollout engine: the one episode loop every player goes through.
 //!
-//! Per turn: one batched `generate` over every unfinished trajectory, then each
-//! environment steps through the actions its reply names. Finished
-//! trajectories leave the batch.
+//! Per turn: one batched [`Actor::act`] over every unfinished episode (a
+//! model generates all its replies in one pass; a scripted player plays its
+//! moves through its [`Seat`]), then each reply is read, its actions applied
+//! and the next observation appended. Finished episodes leave the batch.
 
-use agentrl_env_core::{Env, StepError};
-use rand::Rng;
+use agentrl_env_core::{Env, StepError, TaskSpec};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::actor::{ExpertActor, PolicyActor};
 use crate::codec::{ChatCodec, CodecError};
 use crate::format::ReplyFormat;
-use crate::policy::{Policy, PolicyError, SamplingParams};
+use crate::policy::{Generation, Policy, PolicyError, SamplingParams};
 use crate::trajectory::{Trajectory, Turn};
 
 /// RAGEN's system prompt.
@@ -69,7 +71,34 @@ impl Default for RolloutConfig {
     }
 }
 
-/// A rollout failed (the policy or the tokenizer failed; environments never
+impl RolloutConfig {
+    /// Play by a scripted actor (expert, random) with no budget of the
+    /// engine's own: the environment's step limit ends an episode, and a
+    /// scripted actor gives up after 4·max_steps + 16 turns. Tasks are
+    /// played 64 at a time.
+    pub fn scripted() -> Self {
+        Self {
+            n: 1,
+            env_groups: 64,
+            max_turns: usize::MAX,
+            max_actions: usize::MAX,
+            ..Self::default()
+        }
+    }
+
+    /// What a model samples its replies with; `stop` ends a reply.
+    pub fn sampling(&self, stop: u32) -> SamplingParams {
+        SamplingParams {
+            max_new_tokens: self.response_length,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            stop_tokens: vec![stop],
+        }
+    }
+}
+
+/// A rollout failed (the actor or the tokenizer failed; environments never
 /// fail a rollout).
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {
@@ -77,39 +106,193 @@ pub enum RolloutError {
     Policy(#[from] PolicyError),
     #[error(transparent)]
     Codec(#[from] CodecError),
-    #[error("policy returned {got} generations for {expected} prompts")]
+    #[error("actor returned {got} replies for {expected} episodes")]
     BatchMismatch { expected: usize, got: usize },
+    #[error("a model's reply needs a conversation: play it with a codec")]
+    NoConversation,
+    #[error("task {spec}: {reason}")]
+    Task { spec: String, reason: String },
+    #[error("episode {episode} played before the actor began its batch ({streams} episodes)")]
+    NotBegun { episode: usize, streams: usize },
 }
 
-/// A conversation under construction: tokens, loss mask, sampling log-probs.
+/// Who plays the episodes the engine drives: an LLM policy ([`PolicyActor`]),
+/// the environment's expert ([`ExpertActor`]) or a random player
+/// ([`crate::RandomActor`]).
+pub trait Actor {
+    /// A new set of episodes begins; `specs[i]` is the task of episode `i`
+    /// (the [`Seat::episode`] index).
+    fn begin(&mut self, specs: &[&TaskSpec]) -> Result<(), RolloutError> {
+        let _ = specs;
+        Ok(())
+    }
+
+    /// One reply for each seat, in order: this turn of every unfinished
+    /// episode. `rng` is the batch's sampling stream.
+    fn act(
+        &mut self,
+        seats: &mut [Seat<'_>],
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Vec<Reply>, RolloutError>;
+}
+
+/// An actor's reply for one episode's turn.
+pub enum Reply {
+    /// Tokens a model generated: the engine decodes them, reads the actions
+    /// with the reply format and plays them.
+    Generated(Generation),
+    /// A scripted player already played its moves through [`Seat::play`];
+    /// the engine writes them as a reply in the format. No move at all ends
+    /// the episode.
+    Played,
+}
+
+/// What became of one action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Play {
+    /// A valid step; `done` if it ended the episode.
+    Stepped { done: bool },
+    /// The environment rejected the action (counted, penalised; play goes on).
+    Invalid,
+    /// Nothing happened: the episode is over or its action budget is spent.
+    Over,
+}
+
+/// One unfinished episode at its current turn, as an actor sees it.
+pub struct Seat<'s> {
+    episode: usize,
+    prompt: &'s [u32],
+    turns_played: usize,
+    env: &'s mut dyn Env,
+    turn: &'s mut Turn,
+    actions_left: &'s mut usize,
+    error: &'s mut Option<String>,
+}
+
+impl Seat<'_> {
+    /// Index of the episode in the batch (as in [`Actor::begin`]).
+    pub fn episode(&self) -> usize {
+        self.episode
+    }
+
+    /// The conversation so far: the prompt a model continues (empty when
+    /// the engine plays without a conversation).
+    pub fn prompt(&self) -> &[u32] {
+        self.prompt
+    }
+
+    /// The environment, to read (observation, valid actions, limits).
+    pub fn env(&self) -> &dyn Env {
+        &*self.env
+    }
+
+    /// The environment's expert move from the current state.
+    pub fn expert_action(&mut self) -> Option<String> {
+        self.env.expert_action()
+    }
+
+    /// Turns this episode has played before this one.
+    pub fn turns_played(&self) -> usize {
+        self.turns_played
+    }
+
+    /// Actions played this turn (valid or not).
+    pub fn actions_this_turn(&self) -> usize {
+        self.turn.actions.len()
+    }
+
+    /// Actions left in the episode's budget.
+    pub fn actions_left(&self) -> usize {
+        *self.actions_left
+    }
+
+    /// Play one action: a valid one adds its reward to the turn, an invalid
+    /// one is counted (and the turn penalised); both use up the budget.
+    pub fn play(&mut self, action: String) -> Play {
+        if *self.actions_left == 0 {
+            return Play::Over;
+        }
+        *self.actions_left -= 1;
+        match self.env.step(&action) {
+            Ok(step) => {
+                self.turn.env_reward += step.reward as f32;
+                self.turn.actions.push(action);
+                Play::Stepped { done: step.done }
+            }
+            Err(StepError::InvalidAction(e)) => {
+                self.turn.invalid_actions += 1;
+                self.turn.actions.push(action);
+                *self.error = Some(e.to_string());
+                Play::Invalid
+            }
+            Err(StepError::EpisodeOver) => Play::Over,
+        }
+    }
+}
+
+/// A conversation under construction: tokens and loss mask.
+#[derive(Default)]
 struct Conversation {
     tokens: Vec<u32>,
     mask: Vec<u8>,
-    logprobs: Vec<f32>,
 }
 
 impl Conversation {
     fn push_context(&mut self, ids: &[u32]) {
         self.tokens.extend_from_slice(ids);
         self.mask.extend(std::iter::repeat_n(0, ids.len()));
-        self.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
     }
-    fn push_policy(&mut self, ids: &[u32], logprobs: &[f32]) {
+    fn push_policy(&mut self, ids: &[u32]) {
         self.tokens.extend_from_slice(ids);
         self.mask.extend(std::iter::repeat_n(1, ids.len()));
-        self.logprobs.extend_from_slice(logprobs);
     }
 }
 
-/// One trajectory being played.
-struct Episode {
-    env: Box<dyn Env>,
+/// One episode being played.
+struct Episode<'e> {
+    env: &'e mut dyn Env,
     group: usize,
     conv: Conversation,
     turns: Vec<Turn>,
+    /// The turn in play (between the actor's reply and its record).
+    turn: Turn,
+    /// What the environment said about this turn's last invalid action or
+    /// unreadable reply, shown to the player next turn.
+    error: Option<String>,
     actions_left: usize,
     finished: bool,
     truncated: bool,
+}
+
+impl<'e> Episode<'e> {
+    fn seat(&mut self, episode: usize) -> Seat<'_> {
+        Seat {
+            episode,
+            prompt: &self.conv.tokens,
+            turns_played: self.turns.len(),
+            env: &mut *self.env,
+            turn: &mut self.turn,
+            actions_left: &mut self.actions_left,
+            error: &mut self.error,
+        }
+    }
+
+    /// Open a turn: its record starts at the end of the conversation, in the
+    /// state the environment is in now.
+    fn open_turn(&mut self) {
+        self.turn = Turn {
+            start: self.conv.tokens.len(),
+            end: self.conv.tokens.len(),
+            reply: String::new(),
+            actions: vec![],
+            env_reward: 0.0,
+            penalty: 0.0,
+            format_error: false,
+            invalid_actions: 0,
+            state_key: self.env.state_key(),
+        };
+        self.error = None;
+    }
 }
 
 /// The text of the user message that opens turn `turn` (1-based).
@@ -146,127 +329,117 @@ fn user_message(
     s
 }
 
-/// Apply one reply to its environment; returns the turn record and an error
-/// text to show the policy next turn, if any.
-fn apply_reply(
-    ep: &mut Episode,
-    cfg: &RolloutConfig,
-    reply: String,
-    start: usize,
-    end: usize,
-) -> (Turn, Option<String>) {
-    let state_key = ep.env.state_key();
-    let parsed = cfg.format.parse(&reply, cfg.max_actions_per_turn);
-    let mut turn = Turn {
-        start,
-        end,
-        reply,
-        actions: vec![],
-        env_reward: 0.0,
-        penalty: 0.0,
-        format_error: false,
-        invalid_actions: 0,
-        state_key,
-    };
-    let mut error = None;
-    match parsed {
-        Err(e) => {
-            turn.format_error = true;
-            turn.penalty = cfg.format_penalty;
-            error = Some(e.to_string());
-        }
-        Ok(actions) => {
-            for action in actions.into_iter().take(ep.actions_left) {
-                ep.actions_left -= 1;
-                match ep.env.step(&action) {
-                    Ok(step) => {
-                        turn.env_reward += step.reward as f32;
-                        turn.actions.push(action);
-                        if step.done {
-                            break;
-                        }
-                    }
-                    Err(StepError::InvalidAction(e)) => {
-                        turn.invalid_actions += 1;
-                        turn.actions.push(action);
-                        error = Some(e.to_string());
-                    }
-                    Err(StepError::EpisodeOver) => break,
-                }
-            }
-            if turn.invalid_actions > 0 {
-                turn.penalty = cfg.format_penalty;
-            }
-        }
-    }
-    (turn, error)
-}
-
-fn finish(ep: Episode) -> Trajectory {
-    Trajectory {
-        spec: ep.env.spec().clone(),
-        group: ep.group,
-        tokens: ep.conv.tokens,
-        loss_mask: ep.conv.mask,
-        sample_logprobs: ep.conv.logprobs,
-        turns: ep.turns,
-        success: ep.env.is_success(),
-        env_done: ep.env.is_done(),
-        truncated: ep.truncated,
-        env_steps: ep.env.steps(),
-    }
-}
-
-fn start_episode(
-    env: Box<dyn Env>,
+fn start_episode<'e>(
+    env: &'e mut dyn Env,
     group: usize,
-    codec: &dyn ChatCodec,
+    codec: Option<&dyn ChatCodec>,
     cfg: &RolloutConfig,
-) -> Result<Episode, CodecError> {
-    let mut env = env;
+) -> Result<Episode<'e>, CodecError> {
     env.reset();
-    let mut conv = Conversation {
-        tokens: vec![],
-        mask: vec![],
-        logprobs: vec![],
-    };
-    conv.push_context(&codec.message("system", SYSTEM_PROMPT)?);
-    let first = user_message(env.as_ref(), cfg, 1, cfg.max_actions, None, None);
-    conv.push_context(&codec.message("user", &first)?);
-    conv.push_context(&codec.assistant_header_for("assistant")?);
-    // A first prompt that leaves no room for a reply ends before it starts.
-    let too_long = conv.tokens.len() + cfg.response_length > cfg.max_context_tokens;
+    let mut conv = Conversation::default();
+    let mut too_long = false;
+    if let Some(codec) = codec {
+        conv.push_context(&codec.message("system", SYSTEM_PROMPT)?);
+        let first = user_message(&*env, cfg, 1, cfg.max_actions, None, None);
+        conv.push_context(&codec.message("user", &first)?);
+        conv.push_context(&codec.assistant_header_for("assistant")?);
+        // A first prompt that leaves no room for a reply ends before it starts.
+        too_long = conv.tokens.len() + cfg.response_length > cfg.max_context_tokens;
+    }
     Ok(Episode {
         env,
         group,
         conv,
         turns: vec![],
+        turn: Turn::default(),
+        error: None,
         actions_left: cfg.max_actions,
         finished: too_long,
         truncated: too_long,
     })
 }
 
-/// After a turn: end the episode or append the next observation.
-fn advance(
-    ep: &mut Episode,
+/// Read a model's reply: append its tokens, decode, parse, play its actions.
+fn apply_generated(
+    ep: &mut Episode<'_>,
+    index: usize,
+    gen: Generation,
     codec: &dyn ChatCodec,
     cfg: &RolloutConfig,
-    error: Option<String>,
+) -> Result<(), CodecError> {
+    ep.conv.push_policy(&gen.tokens);
+    ep.turn.end = ep.conv.tokens.len();
+    if gen.tokens.last() != Some(&codec.im_end()) {
+        // Cut off by the token budget: close the message so the next one is
+        // well formed; the closing token is not the policy's.
+        ep.conv.push_context(&[codec.im_end()]);
+    }
+    let reply_ids: Vec<u32> = gen
+        .tokens
+        .into_iter()
+        .filter(|&t| t != codec.im_end())
+        .collect();
+    let reply = codec.decode(&reply_ids)?;
+    match cfg.format.parse(&reply, cfg.max_actions_per_turn) {
+        Err(e) => {
+            ep.turn.format_error = true;
+            ep.error = Some(e.to_string());
+        }
+        Ok(actions) => {
+            let mut seat = ep.seat(index);
+            for action in actions {
+                match seat.play(action) {
+                    Play::Stepped { done: false } | Play::Invalid => {}
+                    Play::Stepped { done: true } | Play::Over => break,
+                }
+            }
+        }
+    }
+    ep.turn.reply = reply;
+    Ok(())
+}
+
+/// Write the moves a scripted player made as its reply in the format (with
+/// no conversation there is no reply to write: its actions say it all).
+fn apply_played(
+    ep: &mut Episode<'_>,
+    codec: Option<&dyn ChatCodec>,
+    cfg: &RolloutConfig,
+) -> Result<(), CodecError> {
+    let Some(codec) = codec else {
+        return Ok(());
+    };
+    let reply = cfg.format.render("", &ep.turn.actions);
+    let mut ids = codec.encode(&reply)?;
+    ids.push(codec.im_end());
+    ep.conv.push_policy(&ids);
+    ep.turn.end = ep.conv.tokens.len();
+    ep.turn.reply = reply;
+    Ok(())
+}
+
+/// After a turn: end the episode or append the next observation.
+fn advance(
+    ep: &mut Episode<'_>,
+    codec: Option<&dyn ChatCodec>,
+    cfg: &RolloutConfig,
 ) -> Result<(), CodecError> {
     let turn_no = ep.turns.len();
     if ep.env.is_done() || ep.actions_left == 0 || turn_no >= cfg.max_turns {
         ep.finished = true;
         return Ok(());
     }
+    let Some(codec) = codec else {
+        return Ok(());
+    };
     let mut next = codec.encode("\n")?;
     let msg = user_message(
-        ep.env.as_ref(),
+        &*ep.env,
         cfg,
         turn_no + 1,
         ep.actions_left,
         ep.turns.last(),
-        error.as_deref(),
+        ep.error.as_deref(),
     );
     next.extend(codec.message("user", &msg)?);
     next.extend(codec.assistant_header_for("assistant")?);
@@ -279,136 +452,109 @@ fn advance(
     Ok(())
 }
 
-/// Play every environment to the end with the policy, in lock-step turns.
+fn finish(ep: Episode<'_>) -> Trajectory {
+    Trajectory {
+        spec: ep.env.spec().clone(),
+        group: ep.group,
+        tokens: ep.conv.tokens,
+        loss_mask: ep.conv.mask,
+        turns: ep.turns,
+        success: ep.env.is_success(),
+        env_done: ep.env.is_done(),
+        truncated: ep.truncated,
+        env_steps: ep.env.steps(),
+    }
+}
+
+/// Play every environment to the end with `actor`, in lock-step turns.
 ///
 /// `envs[i]` belongs to group `groups[i]`; environments are reset first.
-pub fn run_rollouts(
-    policy: &mut dyn Policy,
-    codec: &dyn ChatCodec,
-    envs: Vec<Box<dyn Env>>,
+/// With a `codec` each episode is a conversation (the tokens a model reads
+/// and trains on); without one nothing is rendered, which only scripted
+/// actors can play (evaluation and benchmarks of experts and random play).
+pub fn play_episodes(
+    actor: &mut dyn Actor,
+    codec: Option<&dyn ChatCodec>,
+    envs: &mut [Box<dyn Env>],
     groups: &[usize],
     cfg: &RolloutConfig,
     rng: &mut ChaCha8Rng,
 ) -> Result<Vec<Trajectory>, RolloutError> {
-    let mut eps: Vec<Episode> = envs
-        .into_iter()
+    let specs: Vec<&TaskSpec> = envs.iter().map(|e| e.spec()).collect();
+    actor.begin(&specs)?;
+    let mut eps: Vec<Episode<'_>> = envs
+        .iter_mut()
         .zip(groups.iter().copied())
-        .map(|(env, g)| start_episode(env, g, codec, cfg))
+        .map(|(env, g)| start_episode(env.as_mut(), g, codec, cfg))
         .collect::<Result<_, _>>()?;
-    let params = SamplingParams {
-        max_new_tokens: cfg.response_length,
-        temperature: cfg.temperature,
-        top_p: cfg.top_p,
-        top_k: cfg.top_k,
-        stop_tokens: vec![codec.im_end()],
-    };
     loop {
         let active: Vec<usize> = (0..eps.len()).filter(|&i| !eps[i].finished).collect();
         if active.is_empty() {
             break;
         }
-        let prompts: Vec<Vec<u32>> = active.iter().map(|&i| eps[i].conv.tokens.clone()).collect();
-        let gens = policy.generate(&prompts, &params, rng)?;
-        if gens.len() != prompts.len() {
+        let replies = {
+            let mut seats: Vec<Seat<'_>> = Vec::with_capacity(active.len());
+            for (i, ep) in eps.iter_mut().enumerate().filter(|(_, e)| !e.finished) {
+                ep.open_turn();
+                seats.push(ep.seat(i));
+            }
+            actor.act(&mut seats, rng)?
+        };
+        if replies.len() != active.len() {
             return Err(RolloutError::BatchMismatch {
-                expected: prompts.len(),
-                got: gens.len(),
+                expected: active.len(),
+                got: replies.len(),
             });
         }
-        for (&i, gen) in active.iter().zip(gens) {
+        for (&i, reply) in active.iter().zip(replies) {
             let ep = &mut eps[i];
-            let start = ep.conv.tokens.len();
-            ep.conv.push_policy(&gen.tokens, &gen.logprobs);
-            let end = ep.conv.tokens.len();
-            if gen.tokens.last() != Some(&codec.im_end()) {
-                // Cut off by the token budget: close the message so the next
-                // one is well formed; the closing token is not the policy's.
-                ep.conv.push_context(&[codec.im_end()]);
+            match reply {
+                Reply::Generated(gen) => {
+                    let codec = codec.ok_or(RolloutError::NoConversation)?;
+                    apply_generated(ep, i, gen, codec, cfg)?;
+                }
+                Reply::Played if ep.turn.actions.is_empty() => {
+                    // A scripted player with no move: the episode ends here.
+                    ep.finished = true;
+                    continue;
+                }
+                Reply::Played => apply_played(ep, codec, cfg)?,
             }
-            let reply_ids: Vec<u32> = gen
-                .tokens
-                .iter()
-                .copied()
-                .filter(|&t| t != codec.im_end())
-                .collect();
-            let reply = codec.decode(&reply_ids)?;
-            let (turn, error) = apply_reply(ep, cfg, reply, start, end);
+            if ep.turn.format_error || ep.turn.invalid_actions > 0 {
+                ep.turn.penalty = cfg.format_penalty;
+            }
+            let turn = std::mem::take(&mut ep.turn);
             ep.turns.push(turn);
-            advance(ep, codec, cfg, error)?;
+            advance(ep, codec, cfg)?;
         }
     }
     Ok(eps.into_iter().map(finish).collect())
 }
 
-/// Play one environment with its expert solver, rendering the expert's
-/// actions as replies in the configured format: a demonstration for SFT,
-/// tokenised exactly as a rollout would be.
-///
-/// With `noise > 0` each action is, with that probability, drawn uniformly
-/// from the env's available actions instead (an ε-greedy expert; the expert
-/// replans from wherever that leads). Imitating it gives a policy that knows
-/// the expert's move but does not reliably take it: a modest prior for RL.
-pub fn expert_trajectory(
-    env: Box<dyn Env>,
-    group: usize,
+/// Play every environment to the end with a model `policy` (see
+/// [`play_episodes`]), sampling with the config's settings.
+pub fn run_rollouts(
+    policy: &mut dyn Policy,
     codec: &dyn ChatCodec,
+    mut envs: Vec<Box<dyn Env>>,
+    groups: &[usize],
     cfg: &RolloutConfig,
-    actions_per_turn: usize,
-    noise: f64,
-    rng: &mut impl Rng,
-) -> Result<Trajectory, RolloutError> {
-    let mut ep = start_episode(env, group, codec, cfg)?;
-    while !ep.finished {
-        let mut actions = Vec::new();
-        // Plan ahead on a scratch copy is not possible through the trait, so
-        // the expert's actions are taken one by one and grouped per turn.
-        let mut turn = Turn {
-            start: ep.conv.tokens.len(),
-            end: 0,
-            reply: String::new(),
-            actions: vec![],
-            env_reward: 0.0,
-            penalty: 0.0,
-            format_error: false,
-            invalid_actions: 0,
-            state_key: ep.env.state_key(),
-        };
-        while actions.len() < actions_per_turn.max(1) && ep.actions_left > 0 && !ep.env.is_done() {
-            let Some(expert) = ep.env.expert_action() else {
-                break;
-            };
-            let a = if noise > 0.0 && rng.random::<f64>() < noise {
-                let valid = ep.env.available_actions();
-                if valid.is_empty() {
-                    expert
-                } else {
-                    valid[rng.random_range(0..valid.len())].clone()
-                }
-            } else {
-                expert
-            };
-            match ep.env.step(&a) {
-                Ok(step) => {
-                    turn.env_reward += step.reward as f32;
-                    ep.actions_left -= 1;
-                    actions.push(a);
-                }
-                Err(_) => break,
-            }
-        }
-        if actions.is_empty() {
-            break;
-        }
-        let reply = cfg.format.render("", &actions);
-        let mut ids = codec.encode(&reply)?;
-        ids.push(codec.im_end());
-        let zeros = vec![0.0; ids.len()];
-        ep.conv.push_policy(&ids, &zeros);
-        turn.end = ep.conv.tokens.len();
-        turn.reply = reply;
-        turn.actions = actions;
-        ep.turns.push(turn);
-        advance(&mut ep, codec, cfg, None)?;
-    }
-    Ok(finish(ep))
+    rng: &mut ChaCha8Rng,
+) -> Result<Vec<Trajectory>, RolloutError> {
+    let mut actor = PolicyActor::new(policy, cfg.sampling(codec.im_end()));
+    play_episodes(&mut actor, Some(codec), &mut envs, groups, cfg, rng)
+}
+
+/// Expert demonstrations: `envs` played by their expert solvers (see
+/// [`ExpertActor`]), tokenised exactly as a rollout would be.
+pub fn expert_demonstrations(
+    expert: &mut ExpertActor,
+    codec: &dyn ChatCodec,
+    mut envs: Vec<Box<dyn Env>>,
+    groups: &[usize],
+    cfg: &RolloutConfig,
+) -> Result<Vec<Trajectory>, RolloutError> {
+    // Scripted actors draw from their own per-episode streams.
+    let mut unused = ChaCha8Rng::seed_from_u64(0);
+    play_episodes(expert, Some(codec), &mut envs, groups, cfg, &mut unused)
 }

@@ -4,18 +4,29 @@
 //!   loss mask is exact);
 //! - [`format`]: reply formats and their parsers;
 //! - [`policy`]: the `Policy` seam and its plain-data sampling types (the
-//!   local model implements it in `agentrl-trainer`);
-//! - [`engine`]: B×G trajectories in lock-step turns, and expert demonstrations;
-//! - [`trajectory`]: what a finished episode holds.
+//!   local model implements it in `agentrl-trainer`, an inference server can
+//!   too);
+//! - [`engine`]: the one episode loop: B×G episodes in lock-step turns,
+//!   played by an [`Actor`];
+//! - [`actor`]: the actors: a model policy, the expert, random play;
+//! - [`trajectory`]: what a finished episode holds;
+//! - [`stats`]: figures over finished episodes.
 
+pub mod actor;
 pub mod codec;
 pub mod engine;
 pub mod format;
 pub mod policy;
+pub mod stats;
 pub mod trajectory;
 
+pub use actor::{Expert, ExpertActor, PolicyActor, Random, RandomActor, Scripted, ScriptedPlayer};
 pub use codec::{ChatCodec, CodecError};
-pub use engine::{expert_trajectory, run_rollouts, RolloutConfig, RolloutError, SYSTEM_PROMPT};
+pub use engine::{
+    expert_demonstrations, play_episodes, run_rollouts, Actor, Play, Reply, RolloutConfig,
+    RolloutError, Seat, SYSTEM_PROMPT,
+};
 pub use format::{FormatError, ReplyFormat};
 pub use policy::{Generation, Policy, PolicyError, SamplingParams};
+pub use stats::{EpisodeTally, EvalStats};
 pub use trajectory::{Trajectory, Turn};

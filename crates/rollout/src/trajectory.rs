@@ -5,12 +5,13 @@ use agentrl_env_core::TaskSpec;
 use serde::{Deserialize, Serialize};
 
 /// One policy turn: its reply and what the environment made of it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Turn {
     /// Token range `[start, end)` of the policy's reply in `Trajectory::tokens`
     /// (includes its end-of-turn token when it generated one).
     pub start: usize,
     pub end: usize,
+    /// The reply's text (for a scripted player, its moves in the reply format).
     pub reply: String,
     /// Actions read from the reply (empty when the format was wrong).
     pub actions: Vec<String>,
@@ -43,8 +44,6 @@ pub struct Trajectory {
     pub tokens: Vec<u32>,
     /// 1 exactly on tokens the policy generated (including its `<|im_end|>`).
     pub loss_mask: Vec<u8>,
-    /// Log-prob of each generated token when it was sampled (0 elsewhere).
-    pub sample_logprobs: Vec<f32>,
     pub turns: Vec<Turn>,
     pub success: bool,
     /// The environment ended the episode (vs. turn/action/context budget).

@@ -3,8 +3,9 @@
 
 use agentrl_env_core::{ActionError, Env, Split, Step, StepError, StepInfo, TaskSpec};
 use agentrl_rollout::{
-    expert_trajectory, run_rollouts, ChatCodec, CodecError, Generation, Policy, PolicyError,
-    ReplyFormat, RolloutConfig, RolloutError, SamplingParams,
+    expert_demonstrations, play_episodes, run_rollouts, Actor, ChatCodec, CodecError, ExpertActor,
+    Generation, Policy, PolicyActor, PolicyError, RandomActor, ReplyFormat, RolloutConfig,
+    RolloutError, SamplingParams, Trajectory,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -38,11 +39,13 @@ impl ChatCodec for CharCodec {
 }
 
 /// Walk right from 0 to 3: "R" moves (+1 at the goal), "L" is invalid.
+/// A walled corridor lists no valid action and has no expert move.
 struct Corridor {
     spec: TaskSpec,
     pos: u32,
     steps: usize,
     invalid: usize,
+    walled: bool,
 }
 
 impl Env for Corridor {
@@ -87,13 +90,16 @@ impl Env for Corridor {
         format!("at {}", self.pos)
     }
     fn available_actions(&self) -> Vec<String> {
-        vec!["R".into()]
+        match self.walled {
+            true => vec![],
+            false => vec!["R".into()],
+        }
     }
     fn state_key(&self) -> u64 {
         self.pos as u64
     }
     fn expert_action(&mut self) -> Option<String> {
-        (!self.is_done()).then(|| "R".to_string())
+        (!self.is_done() && !self.walled).then(|| "R".to_string())
     }
     fn steps(&self) -> usize {
         self.steps
@@ -118,6 +124,7 @@ fn corridor() -> Box<dyn Env> {
         pos: 0,
         steps: 0,
         invalid: 0,
+        walled: false,
     })
 }
 
@@ -163,36 +170,31 @@ fn cfg() -> RolloutConfig {
     }
 }
 
-#[test]
-fn loss_mask_covers_exactly_the_policy_replies() {
+/// The two replies that walk the corridor: two steps, then one.
+const WALK: [&str; 2] = [
+    "<think></think><answer>R || R</answer>",
+    "<think></think><answer>R</answer>",
+];
+
+/// One corridor episode played by a scripted policy replying `replies`.
+fn play(replies: &[&'static str], c: &RolloutConfig) -> Trajectory {
     let mut policy = Scripted {
-        replies: vec![
-            "<think></think><answer>R || R</answer>",
-            "<think></think><answer>R</answer>",
-        ],
+        replies: replies.to_vec(),
         calls: 0,
     };
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let trajs = run_rollouts(
-        &mut policy,
-        &CharCodec,
-        vec![corridor()],
-        &[0],
-        &cfg(),
-        &mut rng,
-    )
-    .unwrap();
-    let t = &trajs[0];
+    run_rollouts(&mut policy, &CharCodec, vec![corridor()], &[0], c, &mut rng)
+        .unwrap()
+        .remove(0)
+}
+
+#[test]
+fn loss_mask_covers_exactly_the_policy_replies() {
+    let t = play(&WALK, &cfg());
     assert!(t.success);
     assert_eq!(t.turns.len(), 2);
     // Policy tokens are exactly the two replies with their end-of-turn token.
-    let replies_len: usize = [
-        "<think></think><answer>R || R</answer>",
-        "<think></think><answer>R</answer>",
-    ]
-    .iter()
-    .map(|r| r.chars().count() + 1)
-    .sum();
+    let replies_len: usize = WALK.iter().map(|r| r.chars().count() + 1).sum();
     assert_eq!(t.generated_tokens(), replies_len);
     for turn in &t.turns {
         assert!(t.loss_mask[turn.start..turn.end].iter().all(|&m| m == 1));
@@ -202,29 +204,11 @@ fn loss_mask_covers_exactly_the_policy_replies() {
     let masked: usize = t.loss_mask.iter().map(|&m| m as usize).sum();
     assert_eq!(masked, replies_len);
     assert_eq!(t.tokens.len(), t.loss_mask.len());
-    assert_eq!(t.tokens.len(), t.sample_logprobs.len());
 }
 
 #[test]
 fn outcome_reward_lands_on_last_policy_token() {
-    let mut policy = Scripted {
-        replies: vec![
-            "<think></think><answer>R || R</answer>",
-            "<think></think><answer>R</answer>",
-        ],
-        calls: 0,
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let t = run_rollouts(
-        &mut policy,
-        &CharCodec,
-        vec![corridor()],
-        &[0],
-        &cfg(),
-        &mut rng,
-    )
-    .unwrap()
-    .remove(0);
+    let t = play(&WALK, &cfg());
     let r = t.token_rewards(false);
     let last_policy = t.loss_mask.iter().rposition(|&m| m == 1).unwrap();
     assert_eq!(r[last_policy], 1.0);
@@ -240,21 +224,7 @@ fn outcome_reward_lands_on_last_policy_token() {
 
 #[test]
 fn unparseable_reply_costs_format_penalty_and_is_a_noop() {
-    let mut policy = Scripted {
-        replies: vec!["R R R"],
-        calls: 0,
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let t = run_rollouts(
-        &mut policy,
-        &CharCodec,
-        vec![corridor()],
-        &[0],
-        &cfg(),
-        &mut rng,
-    )
-    .unwrap()
-    .remove(0);
+    let t = play(&["R R R"], &cfg());
     assert_eq!(t.turns.len(), 5, "runs to the turn limit");
     assert!(t.turns.iter().all(|x| x.format_error && x.penalty == -0.1));
     assert_eq!(t.env_steps, 0);
@@ -264,21 +234,7 @@ fn unparseable_reply_costs_format_penalty_and_is_a_noop() {
 
 #[test]
 fn invalid_action_is_penalised_and_counted() {
-    let mut policy = Scripted {
-        replies: vec!["<think></think><answer>L || R</answer>"],
-        calls: 0,
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let t = run_rollouts(
-        &mut policy,
-        &CharCodec,
-        vec![corridor()],
-        &[0],
-        &cfg(),
-        &mut rng,
-    )
-    .unwrap()
-    .remove(0);
+    let t = play(&["<think></think><answer>L || R</answer>"], &cfg());
     assert_eq!(t.turns[0].invalid_actions, 1);
     assert_eq!(t.turns[0].penalty, -0.1);
     assert_eq!(t.invalid_actions(), 3);
@@ -291,21 +247,7 @@ fn action_budget_ends_the_trajectory() {
         max_actions: 1,
         ..cfg()
     };
-    let mut policy = Scripted {
-        replies: vec!["<think></think><answer>R || R</answer>"],
-        calls: 0,
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let t = run_rollouts(
-        &mut policy,
-        &CharCodec,
-        vec![corridor()],
-        &[0],
-        &c,
-        &mut rng,
-    )
-    .unwrap()
-    .remove(0);
+    let t = play(&[WALK[0]], &c);
     assert_eq!(t.env_steps, 1);
     assert_eq!(t.turns.len(), 1);
     assert!(!t.success);
@@ -318,21 +260,7 @@ fn context_limit_truncates() {
         max_actions_per_turn: 1,
         ..cfg()
     };
-    let mut policy = Scripted {
-        replies: vec!["<think></think><answer>R</answer>"],
-        calls: 0,
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let t = run_rollouts(
-        &mut policy,
-        &CharCodec,
-        vec![corridor()],
-        &[0],
-        &c,
-        &mut rng,
-    )
-    .unwrap()
-    .remove(0);
+    let t = play(&[WALK[1]], &c);
     assert!(t.truncated);
     assert!(t.turns.len() < 3, "stopped before the corridor's end");
     assert!(t.tokens.len() <= 400);
@@ -341,54 +269,27 @@ fn context_limit_truncates() {
         max_context_tokens: 50,
         ..cfg()
     };
-    let t = run_rollouts(
-        &mut policy,
-        &CharCodec,
-        vec![corridor()],
-        &[0],
-        &c,
-        &mut rng,
-    )
-    .unwrap()
-    .remove(0);
+    let t = play(&[WALK[1]], &c);
     assert!(t.truncated && t.turns.is_empty());
+}
+
+/// The expert's demonstration of one corridor, `per_turn` moves a turn.
+fn demo(per_turn: usize, c: &RolloutConfig) -> Trajectory {
+    let mut expert = ExpertActor::new(per_turn, 0.0);
+    expert_demonstrations(&mut expert, &CharCodec, vec![corridor()], &[0], c)
+        .unwrap()
+        .remove(0)
 }
 
 #[test]
 fn expert_demo_matches_rollout_layout() {
     let c = cfg();
-    let demo = expert_trajectory(
-        corridor(),
-        0,
-        &CharCodec,
-        &c,
-        2,
-        0.0,
-        &mut ChaCha8Rng::seed_from_u64(0),
-    )
-    .unwrap();
+    let demo = demo(2, &c);
     assert!(demo.success);
     assert_eq!(demo.turns.len(), 2);
     assert_eq!(demo.turns[0].actions, vec!["R", "R"]);
     // The same replies through the engine give the same tokens and mask.
-    let mut policy = Scripted {
-        replies: vec![
-            "<think></think><answer>R || R</answer>",
-            "<think></think><answer>R</answer>",
-        ],
-        calls: 0,
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let t = run_rollouts(
-        &mut policy,
-        &CharCodec,
-        vec![corridor()],
-        &[0],
-        &c,
-        &mut rng,
-    )
-    .unwrap()
-    .remove(0);
+    let t = play(&WALK, &c);
     assert_eq!(demo.tokens, t.tokens);
     assert_eq!(demo.loss_mask, t.loss_mask);
     assert_eq!(
@@ -440,4 +341,93 @@ fn a_tokenizer_error_fails_the_rollout_instead_of_playing_empty_text() {
         "{err}"
     );
     assert!(err.to_string().contains("test codec refuses"), "{err}");
+}
+
+/// Play `envs` with a scripted `actor` and no conversation.
+fn play_scripted(actor: &mut dyn Actor, mut envs: Vec<Box<dyn Env>>) -> Vec<Trajectory> {
+    let groups: Vec<usize> = (0..envs.len()).collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    play_episodes(
+        actor,
+        None,
+        &mut envs,
+        &groups,
+        &RolloutConfig::scripted(),
+        &mut rng,
+    )
+    .unwrap()
+}
+
+#[test]
+fn scripted_play_needs_no_conversation() {
+    let t = play_scripted(&mut ExpertActor::new(1, 0.0), vec![corridor()]).remove(0);
+    assert!(t.success);
+    assert_eq!((t.turns.len(), t.env_steps), (3, 3));
+    assert!(t.tokens.is_empty() && t.loss_mask.is_empty());
+    assert_eq!(t.score(), 1.0);
+    let r = play_scripted(&mut RandomActor::new(0), vec![corridor()]).remove(0);
+    assert!(r.success, "the corridor's only valid move is R");
+}
+
+#[test]
+fn a_scripted_player_with_no_move_ends_its_episode() {
+    let walled = || -> Box<dyn Env> {
+        Box::new(Corridor {
+            spec: TaskSpec::new("corridor", Split::Train, "easy", 0),
+            pos: 0,
+            steps: 0,
+            invalid: 0,
+            walled: true,
+        })
+    };
+    let players: [&mut dyn Actor; 2] = [&mut RandomActor::new(0), &mut ExpertActor::new(1, 0.0)];
+    for actor in players {
+        let t = play_scripted(actor, vec![walled()]).remove(0);
+        assert!(t.turns.is_empty() && t.env_steps == 0 && !t.success);
+    }
+}
+
+#[test]
+fn random_play_is_a_pure_function_of_seed_and_task() {
+    let specs = |n: u64| -> Vec<Box<dyn Env>> {
+        (0..n)
+            .map(|s| {
+                agentrl_envs::make_env(
+                    &TaskSpec::new("frozenlake", Split::Val, "easy", s),
+                    &Default::default(),
+                )
+                .unwrap()
+            })
+            .collect()
+    };
+    let actions = |trajs: &[Trajectory]| -> Vec<Vec<String>> {
+        trajs
+            .iter()
+            .map(|t| t.turns.iter().flat_map(|x| x.actions.clone()).collect())
+            .collect()
+    };
+    let all = actions(&play_scripted(&mut RandomActor::new(5), specs(4)));
+    assert_eq!(
+        all,
+        actions(&play_scripted(&mut RandomActor::new(5), specs(4)))
+    );
+    // A task plays the same whatever else shares its batch.
+    let alone = actions(&play_scripted(&mut RandomActor::new(5), specs(1)));
+    assert_eq!(alone[0], all[0]);
+    assert_ne!(
+        all,
+        actions(&play_scripted(&mut RandomActor::new(6), specs(4)))
+    );
+}
+
+#[test]
+fn a_models_reply_without_a_conversation_is_an_error() {
+    let mut policy = Scripted {
+        replies: vec![WALK[1]],
+        calls: 0,
+    };
+    let mut actor = PolicyActor::new(&mut policy, cfg().sampling(IM_END));
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let e = play_episodes(&mut actor, None, &mut [corridor()], &[0], &cfg(), &mut rng);
+    assert!(matches!(e, Err(RolloutError::NoConversation)));
 }

@@ -8,11 +8,11 @@ use std::path::Path;
 use agentrl_env_core::{Env, EnvError, EnvParams, Split, TaskSpec};
 use agentrl_model::{ModelConfig, PolicyModel};
 use agentrl_rollout::{
-    expert_trajectory, ChatCodec, CodecError, RolloutConfig, RolloutError, SYSTEM_PROMPT,
+    expert_demonstrations, ChatCodec, CodecError, ExpertActor, RolloutConfig, RolloutError,
+    SYSTEM_PROMPT,
 };
 use agentrl_tokenizer::ChatTokenizer;
 use candle_core::Device;
-use rand::SeedableRng;
 
 use crate::config::TrainConfig;
 use crate::evaluate::EnvMaker;
@@ -57,9 +57,10 @@ pub fn environment_corpus(
     for d in difficulties {
         for seed in 0..episodes as u64 {
             let spec = TaskSpec::new(env, Split::Train, *d, seed);
+            // One episode at a time: the corpus keeps each episode's texts together.
             let e: Box<dyn Env> = make(&spec, params)?;
-            let mut unused = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-            expert_trajectory(e, 0, &codec, rollout, actions_per_turn, 0.0, &mut unused)?;
+            let mut expert = ExpertActor::new(actions_per_turn, 0.0);
+            expert_demonstrations(&mut expert, &codec, vec![e], &[0], rollout)?;
             // The messages an invalid action produces.
             let mut e = make(&spec, params)?;
             e.reset();

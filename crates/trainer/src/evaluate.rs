@@ -1,97 +1,62 @@
-//! Evaluation of a policy on fixed held-out tasks: success, reward, turns,
-//! tokens, invalid actions.
+//! Evaluation of an actor (a model, the expert, random play) on fixed
+//! held-out tasks: success, reward, turns, tokens, invalid actions.
+
+use std::ops::Range;
 
 use agentrl_env_core::{Env, EnvError, EnvParams, Split, TaskSpec};
-use agentrl_rollout::{run_rollouts, ChatCodec, Policy, RolloutConfig, RolloutError, Trajectory};
+pub use agentrl_rollout::EvalStats;
+use agentrl_rollout::{play_episodes, Actor, ChatCodec, RolloutConfig, RolloutError, Trajectory};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
-
-/// Aggregate figures over a set of trajectories.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct EvalStats {
-    pub n: usize,
-    pub success_rate: f64,
-    pub mean_reward: f64,
-    pub mean_turns: f64,
-    pub mean_env_steps: f64,
-    pub mean_generated_tokens: f64,
-    /// Invalid actions per policy turn.
-    pub invalid_action_rate: f64,
-    /// Unparseable replies per policy turn.
-    pub format_error_rate: f64,
-}
-
-impl EvalStats {
-    pub fn of(trajs: &[Trajectory]) -> Self {
-        let n = trajs.len();
-        if n == 0 {
-            return Self::default();
-        }
-        let nf = n as f64;
-        let turns: usize = trajs.iter().map(|t| t.turns.len()).sum();
-        let per_turn = |x: usize| {
-            if turns == 0 {
-                0.0
-            } else {
-                x as f64 / turns as f64
-            }
-        };
-        Self {
-            n,
-            success_rate: trajs.iter().filter(|t| t.success).count() as f64 / nf,
-            mean_reward: trajs.iter().map(|t| t.score() as f64).sum::<f64>() / nf,
-            mean_turns: turns as f64 / nf,
-            mean_env_steps: trajs.iter().map(|t| t.env_steps as f64).sum::<f64>() / nf,
-            mean_generated_tokens: trajs
-                .iter()
-                .map(|t| t.generated_tokens() as f64)
-                .sum::<f64>()
-                / nf,
-            invalid_action_rate: per_turn(trajs.iter().map(|t| t.invalid_actions()).sum()),
-            format_error_rate: per_turn(trajs.iter().map(|t| t.format_errors()).sum()),
-        }
-    }
-}
 
 /// Builds environments for specs (in-process or remote).
 pub type EnvMaker<'a> = dyn Fn(&TaskSpec, &EnvParams) -> Result<Box<dyn Env>, EnvError> + 'a;
 
-/// Play the tasks with seeds `seeds` of `split` once each, in batches of
-/// `rollout.n × rollout.env_groups`, with the given sampling temperature
-/// (0 = greedy).
-#[allow(clippy::too_many_arguments)]
+/// The tasks an evaluation plays, and how.
+pub struct EvalPlan<'a> {
+    /// Makes each task's environment.
+    pub make: &'a EnvMaker<'a>,
+    pub env: &'a str,
+    pub difficulty: &'a str,
+    pub params: &'a EnvParams,
+    pub split: Split,
+    /// Task indices inside the split, each played once.
+    pub seeds: Range<u64>,
+    /// Plays conversations in this codec (a model actor); `None` plays
+    /// without text (scripted actors).
+    pub codec: Option<&'a dyn ChatCodec>,
+    /// Turn budget and reply format; `n × env_groups` tasks play at once.
+    pub rollout: &'a RolloutConfig,
+    /// Seed of the sampling stream shared by each batch.
+    pub seed: u64,
+}
+
+/// Play every task of `plan` once with `actor`.
 pub fn evaluate(
-    policy: &mut dyn Policy,
-    codec: &dyn ChatCodec,
-    make: &EnvMaker<'_>,
-    env: &str,
-    difficulty: &str,
-    params: &EnvParams,
-    split: Split,
-    seeds: std::ops::Range<u64>,
-    rollout: &RolloutConfig,
-    temperature: f64,
-    seed: u64,
+    actor: &mut dyn Actor,
+    plan: &EvalPlan<'_>,
 ) -> Result<(EvalStats, Vec<Trajectory>), EvalError> {
-    let cfg = RolloutConfig {
-        temperature,
-        ..rollout.clone()
-    };
-    let batch = (rollout.n * rollout.env_groups).max(1);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let batch = (plan.rollout.n * plan.rollout.env_groups).max(1);
+    let mut rng = ChaCha8Rng::seed_from_u64(plan.seed);
     let mut all = Vec::new();
-    let mut start = seeds.start;
-    while start < seeds.end {
-        let end = start.saturating_add(batch as u64).min(seeds.end);
+    let mut start = plan.seeds.start;
+    while start < plan.seeds.end {
+        let end = start.saturating_add(batch as u64).min(plan.seeds.end);
         let mut envs = Vec::new();
         let mut groups = Vec::new();
         for s in start..end {
-            let spec = TaskSpec::new(env, split, difficulty, s);
-            envs.push(make(&spec, params)?);
-            groups.push((s - seeds.start) as usize);
+            let spec = TaskSpec::new(plan.env, plan.split, plan.difficulty, s);
+            envs.push((plan.make)(&spec, plan.params)?);
+            groups.push((s - plan.seeds.start) as usize);
         }
-        all.extend(run_rollouts(policy, codec, envs, &groups, &cfg, &mut rng)?);
+        all.extend(play_episodes(
+            actor,
+            plan.codec,
+            &mut envs,
+            &groups,
+            plan.rollout,
+            &mut rng,
+        )?);
         start = end;
     }
     Ok((EvalStats::of(&all), all))

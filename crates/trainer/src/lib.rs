@@ -14,7 +14,7 @@ pub mod sft;
 pub mod trainer;
 
 pub use config::{ConfigError, TrainConfig};
-pub use evaluate::{evaluate, EvalStats};
+pub use evaluate::{evaluate, EvalPlan, EvalStats};
 pub use local_policy::LocalPolicy;
 pub use policy_dir::TrainedPolicy;
 pub use trainer::{Progress, Silent, StepMetrics, Summary, Trainer};

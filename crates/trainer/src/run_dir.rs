@@ -26,8 +26,6 @@ pub struct TrainerState {
     pub step: usize,
     /// Validation before RL (after the warm start).
     pub before: Option<EvalStats>,
-    /// Validation of the freshly created model, before the warm start.
-    pub initial: Option<EvalStats>,
     /// Wall seconds spent in earlier sessions of this run.
     pub wall_seconds: f64,
 }

@@ -1,9 +1,9 @@
 //! Warm start: supervised next-token training on expert demonstrations,
 //! on the policy's own tokens only (the loss mask of a rollout).
 
-use agentrl_env_core::{stable_hash, EnvParams, Split, TaskSpec};
+use agentrl_env_core::{EnvParams, Split, TaskSpec};
 use agentrl_model::{clip_grad_norm, AdamW, PolicyModel};
-use agentrl_rollout::{expert_trajectory, ChatCodec, RolloutConfig, Trajectory};
+use agentrl_rollout::{expert_demonstrations, ChatCodec, ExpertActor, RolloutConfig, Trajectory};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -25,33 +25,23 @@ pub fn demonstrations(
     sft: &SftSection,
     first_seed: u64,
 ) -> Result<Vec<Trajectory>, TrainError> {
-    let mut demos = Vec::with_capacity(sft.demos);
+    let mut envs = Vec::with_capacity(sft.demos);
     for i in 0..sft.demos as u64 {
         let spec = TaskSpec::new(env, Split::Train, difficulty, first_seed + i);
-        let e = make(&spec, params)?;
-        let mut rng =
-            ChaCha8Rng::seed_from_u64(stable_hash(&[b"expert-noise", &spec.seed.to_le_bytes()]));
-        let t = expert_trajectory(
-            e,
-            i as usize,
-            codec,
-            rollout,
-            sft.actions_per_turn,
-            sft.expert_noise,
-            &mut rng,
-        )?;
-        // A pure expert's failures (budget too short) teach nothing; a noisy
-        // expert's are part of the behaviour being imitated.
-        let keep = if sft.expert_noise > 0.0 {
-            !t.turns.is_empty()
-        } else {
-            t.success
-        };
-        if keep {
-            demos.push(t);
-        }
+        envs.push(make(&spec, params)?);
     }
-    Ok(demos)
+    let groups: Vec<usize> = (0..envs.len()).collect();
+    let mut expert = ExpertActor::new(sft.actions_per_turn, sft.expert_noise);
+    let demos = expert_demonstrations(&mut expert, codec, envs, &groups, rollout)?;
+    // A pure expert's failures (budget too short) teach nothing; a noisy
+    // expert's are part of the behaviour being imitated.
+    Ok(demos
+        .into_iter()
+        .filter(|t| match sft.expert_noise > 0.0 {
+            true => !t.turns.is_empty(),
+            false => t.success,
+        })
+        .collect())
 }
 
 /// Mean next-token NLL of the policy tokens of `trajs` (differentiable).

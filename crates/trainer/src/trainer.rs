@@ -17,7 +17,7 @@ use std::time::Instant;
 use agentrl_algos as algos;
 use agentrl_env_core::{stable_hash, Env, EnvError, EnvParams, Split, TaskSpec, SPLIT_STRIDE};
 use agentrl_model::{AdamW, AdamWConfig, PolicyModel};
-use agentrl_rollout::{run_rollouts, Trajectory};
+use agentrl_rollout::{run_rollouts, PolicyActor, SamplingParams, Trajectory};
 use agentrl_tokenizer::ChatTokenizer;
 use candle_core::{Device, Var};
 use rand::{Rng, SeedableRng};
@@ -28,7 +28,7 @@ use crate::advantages;
 use crate::batch::{PpoBatch, Scoring};
 use crate::bootstrap::starting_policy;
 use crate::config::TrainConfig;
-use crate::evaluate::{evaluate, EnvMaker, EvalStats};
+use crate::evaluate::{evaluate, EnvMaker, EvalPlan, EvalStats};
 use crate::local_policy::LocalPolicy;
 use crate::ppo::{ppo_update, split_value_head, Optimizers, StepLr, UpdateStats};
 use crate::run_dir::{RunDir, TrainerState};
@@ -326,18 +326,23 @@ impl Trainer {
         let make = env_maker(&self.cfg);
         let c = &self.cfg;
         let mut policy = LocalPolicy { model: &self.model };
+        let sampling = SamplingParams {
+            temperature: c.trainer.val_temperature,
+            ..c.rollout.sampling(self.tokenizer.im_end_id())
+        };
         let (stats, trajs) = evaluate(
-            &mut policy,
-            &self.tokenizer,
-            make.as_ref(),
-            &c.env.name,
-            &c.env.difficulty,
-            &c.env.params,
-            Split::Val,
-            0..c.trainer.val_tasks as u64,
-            &c.rollout,
-            c.trainer.val_temperature,
-            c.trainer.seed ^ 0x5eed_0fa1,
+            &mut PolicyActor::new(&mut policy, sampling),
+            &EvalPlan {
+                make: make.as_ref(),
+                env: &c.env.name,
+                difficulty: &c.env.difficulty,
+                params: &c.env.params,
+                split: Split::Val,
+                seeds: 0..c.trainer.val_tasks as u64,
+                codec: Some(&self.tokenizer),
+                rollout: &c.rollout,
+                seed: c.trainer.seed ^ 0x5eed_0fa1,
+            },
         )?;
         self.run.log_record(
             &stats,

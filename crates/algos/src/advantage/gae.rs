@@ -232,15 +232,7 @@ pub fn masks_from_turn_ids(turn_ids: &[Vec<i32>]) -> Result<Vec<Vec<f32>>> {
 mod tests {
     use super::*;
 
-    fn close(a: &[Vec<f32>], b: &[Vec<f32>], tol: f32) {
-        assert_eq!(a.len(), b.len());
-        for (ra, rb) in a.iter().zip(b) {
-            assert_eq!(ra.len(), rb.len());
-            for (x, y) in ra.iter().zip(rb) {
-                assert!((x - y).abs() <= tol, "{a:?} vs {b:?}");
-            }
-        }
-    }
+    use crate::testing::close_rows as close;
 
     // [obs, p, p | obs | p, p]: turn 1 = positions 1–2 (penalty −0.1 on its
     // last token), turn 2 = positions 4–5 (outcome 1.0 on the last policy

@@ -109,15 +109,7 @@ pub fn gigpo(
 mod tests {
     use super::*;
 
-    fn close(a: &[Vec<f32>], b: &[Vec<f32>], tol: f32) {
-        assert_eq!(a.len(), b.len());
-        for (ra, rb) in a.iter().zip(b) {
-            assert_eq!(ra.len(), rb.len());
-            for (x, y) in ra.iter().zip(rb) {
-                assert!((x - y).abs() <= tol, "{a:?} vs {b:?}");
-            }
-        }
-    }
+    use crate::testing::close_rows as close;
 
     // Group 0: traj 0 visits states 10 → 20 → 30 and wins (reward 1 on its
     // last step); traj 1 visits 10 → 40 and fails. Both start in anchor

@@ -58,12 +58,7 @@ pub fn grpo(scores: &[f32], group_ids: &[usize], norm_by_std: bool, eps: f32) ->
 mod tests {
     use super::*;
 
-    fn close(a: &[f32], b: &[f32], tol: f32) {
-        assert_eq!(a.len(), b.len());
-        for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() <= tol, "{a:?} vs {b:?}");
-        }
-    }
+    use crate::testing::close;
 
     #[test]
     fn grpo_zero_advantage_when_rewards_equal() {

@@ -259,7 +259,7 @@ fn shape_mismatch_is_an_error() {
 }
 
 /// Central finite differences of `f` at `x` (f64), one coordinate at a time.
-fn numeric_grad(x: &[f64], shape: (usize, usize), f: &dyn Fn(&Tensor) -> f64) -> Vec<f64> {
+fn numeric_grad(x: &[f64], shape: &[usize], f: &dyn Fn(&Tensor) -> f64) -> Vec<f64> {
     let h = 1e-6;
     (0..x.len())
         .map(|i| {
@@ -272,6 +272,33 @@ fn numeric_grad(x: &[f64], shape: (usize, usize), f: &dyn Fn(&Tensor) -> f64) ->
             (f(&tp) - f(&tm)) / (2.0 * h)
         })
         .collect()
+}
+
+/// Checks the autograd gradient of the scalar `f` at `x` against central
+/// differences; returns the autograd gradient.
+fn assert_grad_matches_finite_differences(
+    x: &[f64],
+    shape: &[usize],
+    f: &dyn Fn(&Tensor) -> Tensor,
+) -> Vec<f64> {
+    let var =
+        Var::from_tensor(&Tensor::from_vec(x.to_vec(), shape, &Device::Cpu).unwrap()).unwrap();
+    let grads = f(var.as_tensor()).backward().unwrap();
+    let analytic: Vec<f64> = grads
+        .get(var.as_tensor())
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let numeric = numeric_grad(x, shape, &|x| f(x).to_scalar::<f64>().unwrap());
+    for (a, n) in analytic.iter().zip(&numeric) {
+        assert!(
+            (a - n).abs() < 1e-6,
+            "analytic {analytic:?}\nnumeric  {numeric:?}"
+        );
+    }
+    analytic
 }
 
 #[test]
@@ -322,22 +349,7 @@ fn loss_gradients_match_finite_differences() {
         .unwrap();
         ((pl.loss + (k3 * 0.3).unwrap()).unwrap() + (k2 * 0.1).unwrap()).unwrap()
     };
-    let var = Var::from_tensor(&Tensor::from_vec(lp.clone(), shape, &dev).unwrap()).unwrap();
-    let grads = total(var.as_tensor()).backward().unwrap();
-    let analytic: Vec<f64> = grads
-        .get(var.as_tensor())
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let numeric = numeric_grad(&lp, shape, &|x| total(x).to_scalar::<f64>().unwrap());
-    for (a, n) in analytic.iter().zip(&numeric) {
-        assert!(
-            (a - n).abs() < 1e-6,
-            "analytic {analytic:?}\nnumeric  {numeric:?}"
-        );
-    }
+    let analytic = assert_grad_matches_finite_differences(&lp, &[2, 4], &total);
     // The masked token (row 1, col 2) gets no gradient at all.
     assert_eq!(analytic[6], 0.0);
 
@@ -360,59 +372,16 @@ fn loss_gradients_match_finite_differences() {
             .unwrap()
             .loss
     };
-    let var = Var::from_tensor(&Tensor::from_vec(vals.clone(), shape, &dev).unwrap()).unwrap();
-    let grads = vtotal(var.as_tensor()).backward().unwrap();
-    let analytic: Vec<f64> = grads
-        .get(var.as_tensor())
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let numeric = numeric_grad(&vals, shape, &|x| vtotal(x).to_scalar::<f64>().unwrap());
-    for (a, n) in analytic.iter().zip(&numeric) {
-        assert!(
-            (a - n).abs() < 1e-6,
-            "analytic {analytic:?}\nnumeric  {numeric:?}"
-        );
-    }
+    assert_grad_matches_finite_differences(&vals, &[2, 4], &vtotal);
 }
 
 #[test]
 fn entropy_gradient_matches_finite_differences() {
     let logits: Vec<f64> = vec![0.3, -1.0, 2.0, 0.5, 0.5, -0.7];
-    let shape3 = (1, 2, 3);
     let dev = Device::Cpu;
     let mask = Tensor::from_vec(vec![1.0f64, 1.0], (1, 2), &dev).unwrap();
     let f = |x: &Tensor| {
         entropy_bonus(&entropy_from_logits(x).unwrap(), &mask, LossAgg::TokenMean).unwrap()
     };
-    let var = Var::from_tensor(&Tensor::from_vec(logits.clone(), shape3, &dev).unwrap()).unwrap();
-    let grads = f(var.as_tensor()).backward().unwrap();
-    let analytic: Vec<f64> = grads
-        .get(var.as_tensor())
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    let h = 1e-6;
-    for i in 0..logits.len() {
-        let mut p = logits.clone();
-        let mut m = logits.clone();
-        p[i] += h;
-        m[i] -= h;
-        let fp = f(&Tensor::from_vec(p, shape3, &dev).unwrap())
-            .to_scalar::<f64>()
-            .unwrap();
-        let fm = f(&Tensor::from_vec(m, shape3, &dev).unwrap())
-            .to_scalar::<f64>()
-            .unwrap();
-        let n = (fp - fm) / (2.0 * h);
-        assert!(
-            (analytic[i] - n).abs() < 1e-6,
-            "coord {i}: {} vs {n}",
-            analytic[i]
-        );
-    }
+    assert_grad_matches_finite_differences(&logits, &[1, 2, 3], &f);
 }

@@ -4,9 +4,11 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use agentrl_env_core::{stable_hash, Env, StepError, TaskSpec};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use agentrl_env_core::{EnvParams, TaskSpec};
+use agentrl_rollout::{
+    EvalStats, ExpertActor, PolicyActor, RandomActor, RolloutConfig, SamplingParams,
+};
+use agentrl_trainer::{evaluate, EvalPlan, LocalPolicy, TrainedPolicy};
 use serde::Serialize;
 
 use super::play::{make_spec, parse_params};
@@ -54,7 +56,7 @@ pub struct EvalArgs {
     /// First task index; tasks are seed-start .. seed-start + n of the split.
     #[arg(long, default_value_t = 0)]
     seed_start: u64,
-    /// Seed of the random policy's choices.
+    /// Seed of the random policy's choices (of a model's sampling).
     #[arg(long, default_value_t = 0)]
     policy_seed: u64,
     /// Environment parameter as KEY=VALUE (JSON value); repeatable.
@@ -68,192 +70,75 @@ pub struct EvalArgs {
     json: bool,
 }
 
-/// One finished (or abandoned) episode.
+/// What `agentrl eval` reports: the tasks, the policy and its figures.
 #[derive(Debug, Clone, Serialize)]
-pub struct EpisodeResult {
-    pub seed: u64,
-    pub success: bool,
-    pub reward: f64,
-    pub steps: usize,
-    pub invalid_actions: usize,
-}
-
-/// Aggregate over the tasks.
-#[derive(Debug, Clone, Serialize)]
-pub struct EvalSummary {
+pub struct EvalReport {
     pub env: String,
     pub difficulty: String,
     pub split: String,
     pub policy: String,
-    pub n: usize,
-    pub success_rate: f64,
-    pub mean_reward: f64,
-    pub mean_steps: f64,
-    pub invalid_action_rate: f64,
+    #[serde(flatten)]
+    pub stats: EvalStats,
 }
 
-/// Something that picks the next action text for an env, or gives up (`None`).
-type Chooser<'a> = Box<dyn FnMut(&mut dyn Env) -> Option<String> + 'a>;
-
-/// Play one episode with `choose`. Invalid actions are counted and play goes
-/// on; a bound on attempts guards against a policy that never acts validly.
-pub fn run_episode(env: &mut dyn Env, choose: &mut Chooser<'_>) -> EpisodeResult {
-    env.reset();
-    let mut reward = 0.0;
-    let attempts_cap = env.max_steps().saturating_mul(4).saturating_add(16);
-    let mut attempts = 0;
-    while !env.is_done() && attempts < attempts_cap {
-        attempts += 1;
-        let Some(action) = choose(env) else { break };
-        match env.step(&action) {
-            Ok(step) => reward += step.reward,
-            Err(StepError::InvalidAction(_)) => {}
-            Err(StepError::EpisodeOver) => break,
-        }
-    }
-    EpisodeResult {
-        seed: env.spec().seed,
-        success: env.is_success(),
-        reward,
-        steps: env.steps(),
-        invalid_actions: env.invalid_actions(),
-    }
-}
-
-/// The action chooser of a policy for the task `spec`.
-fn chooser(
+/// Evaluate `kind` on `tasks` (seeds, env params, sampling) with the one
+/// episode loop: the expert and random play are scripted actors played
+/// without a conversation; a model plays conversations with the reply
+/// format and limits it was trained under.
+fn evaluate_policy(
     kind: &PolicyKind,
-    policy_seed: u64,
-    spec: &TaskSpec,
-) -> anyhow::Result<Chooser<'static>> {
-    match kind {
-        PolicyKind::Expert => Ok(Box::new(|env: &mut dyn Env| env.expert_action())),
-        PolicyKind::Random => {
-            // One stream per task, so a task's random play does not depend on
-            // which other tasks ran before it.
-            let abs = spec.absolute_seed()?;
-            let seed = stable_hash(&[
-                b"random-policy",
-                &policy_seed.to_le_bytes(),
-                &abs.to_le_bytes(),
-            ]);
-            let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            Ok(Box::new(move |env: &mut dyn Env| {
-                let actions = env.available_actions();
-                if actions.is_empty() {
-                    return None;
-                }
-                let i = rng.random_range(0..actions.len());
-                actions.into_iter().nth(i)
-            }))
-        }
-        PolicyKind::Model(path) => anyhow::bail!(
-            "{} is a model: it plays whole conversations, not single actions",
-            path.display()
-        ),
-    }
-}
-
-/// Evaluate a trained model (run directory or model directory) through the
-/// rollout engine, with the reply format and limits it was trained under.
-fn evaluate_model(
-    path: &std::path::Path,
+    args: &EvalArgs,
     template: &TaskSpec,
-    params: &agentrl_env_core::EnvParams,
-    seed_start: u64,
-    n: u64,
-    temperature: f64,
-    policy_seed: u64,
-) -> anyhow::Result<EvalSummary> {
-    use agentrl_rollout::RolloutConfig;
-    use agentrl_trainer::LocalPolicy;
-    let policy = agentrl_trainer::TrainedPolicy::open(path)?;
-    // A run directory evaluated on its own environment keeps the env params
-    // it was trained with (e.g. a not-slippery FrozenLake) unless given others.
-    let params = match &policy.config {
-        Some(c) if params.is_empty() && c.env.name == template.env => &c.env.params,
-        _ => params,
-    };
-    // Batches of 64 tasks, one sample each.
-    let cfg = RolloutConfig {
-        n: 1,
-        env_groups: 64,
-        ..policy.rollout.clone()
-    };
-    let mut local = LocalPolicy {
-        model: &policy.model,
-    };
-    let make = |spec: &TaskSpec, params: &agentrl_env_core::EnvParams| {
-        agentrl_envs::make_env(spec, params)
-    };
-    let (stats, _) = agentrl_trainer::evaluate(
-        &mut local,
-        &policy.tokenizer,
-        &make,
-        &template.env,
-        &template.difficulty,
+    params: &EnvParams,
+) -> anyhow::Result<EvalStats> {
+    let make = |spec: &TaskSpec, params: &EnvParams| agentrl_envs::make_env(spec, params);
+    let scripted = RolloutConfig::scripted();
+    let plan = EvalPlan {
+        make: &make,
+        env: &template.env,
+        difficulty: &template.difficulty,
         params,
-        template.split,
-        seed_start..seed_start.saturating_add(n),
-        &cfg,
-        temperature,
-        policy_seed,
-    )?;
-    Ok(EvalSummary {
-        env: template.env.clone(),
-        difficulty: template.difficulty.clone(),
-        split: template.split.to_string(),
-        policy: path.display().to_string(),
-        n: stats.n,
-        success_rate: stats.success_rate,
-        mean_reward: stats.mean_reward,
-        mean_steps: stats.mean_env_steps,
-        invalid_action_rate: stats.invalid_action_rate,
-    })
-}
-
-/// Evaluate `kind` on tasks `seed_start .. seed_start + n`.
-pub fn evaluate(
-    kind: &PolicyKind,
-    template: &TaskSpec,
-    params: &agentrl_env_core::EnvParams,
-    seed_start: u64,
-    n: u64,
-    policy_seed: u64,
-) -> anyhow::Result<(EvalSummary, Vec<EpisodeResult>)> {
-    let mut results = Vec::new();
-    for seed in seed_start..seed_start.saturating_add(n) {
-        let spec = TaskSpec {
-            seed,
-            ..template.clone()
-        };
-        let mut env = agentrl_envs::make_env(&spec, params)?;
-        let mut choose = chooser(kind, policy_seed, &spec)?;
-        results.push(run_episode(env.as_mut(), &mut choose));
-    }
-    let count = results.len().max(1) as f64;
-    let steps: usize = results.iter().map(|r| r.steps).sum();
-    let invalid: usize = results.iter().map(|r| r.invalid_actions).sum();
-    let summary = EvalSummary {
-        env: template.env.clone(),
-        difficulty: template.difficulty.clone(),
-        split: template.split.to_string(),
-        policy: match kind {
-            PolicyKind::Expert => "expert".to_string(),
-            PolicyKind::Random => "random".to_string(),
-            PolicyKind::Model(p) => p.display().to_string(),
-        },
-        n: results.len(),
-        success_rate: results.iter().filter(|r| r.success).count() as f64 / count,
-        mean_reward: results.iter().map(|r| r.reward).sum::<f64>() / count,
-        mean_steps: steps as f64 / count,
-        invalid_action_rate: if steps + invalid == 0 {
-            0.0
-        } else {
-            invalid as f64 / (steps + invalid) as f64
-        },
+        split: template.split,
+        seeds: args.seed_start..args.seed_start.saturating_add(args.n),
+        codec: None,
+        rollout: &scripted,
+        seed: args.policy_seed,
     };
-    Ok((summary, results))
+    let stats = match kind {
+        PolicyKind::Expert => evaluate(&mut ExpertActor::new(1, 0.0), &plan)?.0,
+        PolicyKind::Random => evaluate(&mut RandomActor::new(args.policy_seed), &plan)?.0,
+        PolicyKind::Model(path) => {
+            let policy = TrainedPolicy::open(path)?;
+            // A run directory evaluated on its own environment keeps the env
+            // params it was trained with (e.g. a not-slippery FrozenLake)
+            // unless given others.
+            let params = match &policy.config {
+                Some(c) if params.is_empty() && c.env.name == template.env => &c.env.params,
+                _ => params,
+            };
+            // Batches of 64 tasks, one sample each.
+            let rollout = RolloutConfig {
+                n: 1,
+                env_groups: 64,
+                ..policy.rollout.clone()
+            };
+            let sampling = SamplingParams {
+                temperature: args.temperature,
+                ..rollout.sampling(policy.tokenizer.im_end_id())
+            };
+            let mut local = LocalPolicy {
+                model: &policy.model,
+            };
+            let plan = EvalPlan {
+                params,
+                codec: Some(&policy.tokenizer),
+                rollout: &rollout,
+                ..plan
+            };
+            evaluate(&mut PolicyActor::new(&mut local, sampling), &plan)?.0
+        }
+    };
+    Ok(stats)
 }
 
 /// Run the evaluation and print it.
@@ -272,44 +157,30 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         args.seed_start,
     )?;
     let params = parse_params(&args.params)?;
-    let summary = match &kind {
-        PolicyKind::Model(path) => evaluate_model(
-            path,
-            &template,
-            &params,
-            args.seed_start,
-            args.n,
-            args.temperature,
-            args.policy_seed,
-        )?,
-        _ => {
-            evaluate(
-                &kind,
-                &template,
-                &params,
-                args.seed_start,
-                args.n,
-                args.policy_seed,
-            )?
-            .0
-        }
+    let report = EvalReport {
+        env: template.env.clone(),
+        difficulty: template.difficulty.clone(),
+        split: template.split.to_string(),
+        policy: match &kind {
+            PolicyKind::Expert => "expert".to_string(),
+            PolicyKind::Random => "random".to_string(),
+            PolicyKind::Model(p) => p.display().to_string(),
+        },
+        stats: evaluate_policy(&kind, &args, &template, &params)?,
     };
     if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
+        println!("{}", serde_json::to_string(&report)?);
     } else {
+        let s = &report.stats;
         println!(
             "{} {}/{} ({} tasks from seed {}), policy {}:",
-            summary.env,
-            summary.split,
-            summary.difficulty,
-            summary.n,
-            args.seed_start,
-            summary.policy
+            report.env, report.split, report.difficulty, s.n, args.seed_start, report.policy
         );
-        println!("  success rate  {:.3}", summary.success_rate);
-        println!("  mean reward   {:.3}", summary.mean_reward);
-        println!("  mean steps    {:.2}", summary.mean_steps);
-        println!("  invalid rate  {:.3}", summary.invalid_action_rate);
+        println!("  success rate  {:.3}", s.success_rate);
+        println!("  mean reward   {:.3}", s.mean_reward);
+        println!("  mean steps    {:.2}", s.mean_env_steps);
+        println!("  mean turns    {:.2}", s.mean_turns);
+        println!("  invalid rate  {:.3}", s.invalid_action_rate);
     }
     Ok(())
 }

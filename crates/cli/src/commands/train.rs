@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(clap::Args)]
 pub struct TrainArgs {
-    /// A TOML config (default: the embedded tiny Sokoban-easy run), then
+    /// A TOML config (default: the embedded FrozenLake run, configs/default.toml), then
     /// `section.key=value` overrides.
     #[arg(value_name = "CONFIG_OR_OVERRIDE")]
     args: Vec<String>,

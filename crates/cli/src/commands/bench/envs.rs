@@ -1,10 +1,13 @@
 //! `agentrl bench envs`: single-thread steps per second of each environment
-//! with random valid actions, resets included.
+//! with random valid actions through the episode loop, resets included.
 
 use std::time::{Duration, Instant};
 
 use agentrl_env_core::{Env, EnvParams, Split, TaskSpec};
-use rand::{Rng, SeedableRng};
+use agentrl_rollout::{
+    play_episodes, EpisodeTally, EvalStats, RandomActor, RolloutConfig, RolloutError,
+};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 /// Arguments of `agentrl bench envs`.
@@ -38,8 +41,8 @@ fn target(env: &str) -> Option<f64> {
 
 /// Throughput of one environment.
 struct Measured {
-    steps: u64,
-    episodes: u64,
+    /// What was played.
+    played: EpisodeTally,
     elapsed: Duration,
     /// CPU time this thread spent, where the OS tells us (Linux): on a busy
     /// machine wall time understates single-core throughput.
@@ -52,44 +55,39 @@ fn thread_cpu_ns() -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
-/// Step random available actions through `envs` in turn (one episode each,
-/// reset included) until `budget` has passed.
-fn measure(envs: &mut [Box<dyn Env>], budget: Duration, seed: u64) -> Measured {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let (mut steps, mut episodes) = (0u64, 0u64);
+/// Play `envs` with random valid actions through the episode loop (one
+/// episode each per round, resets included) until `budget` has passed.
+fn measure(
+    envs: &mut [Box<dyn Env>],
+    budget: Duration,
+    seed: u64,
+) -> Result<Measured, RolloutError> {
+    let cfg = RolloutConfig::scripted();
+    let groups: Vec<usize> = (0..envs.len()).collect();
+    // Random play draws from its own per-episode streams.
+    let mut unused = ChaCha8Rng::seed_from_u64(seed);
+    let mut tally = EpisodeTally::default();
     let start = Instant::now();
     let cpu_start = thread_cpu_ns();
-    'outer: loop {
-        for env in envs.iter_mut() {
-            env.reset();
-            episodes += 1;
-            while !env.is_done() {
-                let actions = env.available_actions();
-                if actions.is_empty() {
-                    break;
-                }
-                let a = &actions[rng.random_range(0..actions.len())];
-                if env.step(a).is_ok() {
-                    steps += 1;
-                }
-            }
-            // Checking the clock every episode is cheap next to an episode.
-            if start.elapsed() >= budget {
-                break 'outer;
-            }
-        }
+    let mut round = 0u64;
+    // Checking the clock every round is cheap next to a round.
+    while round == 0 || start.elapsed() < budget {
+        // A fresh seed a round: each round plays the tasks differently.
+        let mut actor = RandomActor::new(seed.wrapping_add(round));
+        let trajs = play_episodes(&mut actor, None, envs, &groups, &cfg, &mut unused)?;
+        tally.add(&trajs);
+        round += 1;
     }
     let elapsed = start.elapsed();
     let cpu = match (cpu_start, thread_cpu_ns()) {
         (Some(a), Some(b)) if b > a => Some(Duration::from_nanos(b - a)),
         _ => None,
     };
-    Measured {
-        steps,
-        episodes,
+    Ok(Measured {
+        played: tally,
         elapsed,
         cpu,
-    }
+    })
 }
 
 /// Run the benchmark and print steps/s per environment.
@@ -134,18 +132,21 @@ pub fn run(args: BenchEnvsArgs) -> anyhow::Result<()> {
                 continue;
             }
         };
-        let m = measure(&mut envs, Duration::from_secs_f64(args.seconds), 0);
+        let m = measure(&mut envs, Duration::from_secs_f64(args.seconds), 0)?;
         let secs = m.elapsed.as_secs_f64();
-        let sps = m.steps as f64 / secs;
-        let eps = m.episodes as f64 / secs;
-        let per_ep = m.steps as f64 / m.episodes.max(1) as f64;
+        let stats: EvalStats = m.played.stats();
+        let steps = m.played.env_steps as f64;
+        let sps = steps / secs;
+        let eps = stats.n as f64 / secs;
+        let per_ep = stats.mean_env_steps;
         // Single-core throughput: steps per second of CPU time (falls back to wall time).
-        let cpu_sps = m.cpu.map_or(sps, |c| m.steps as f64 / c.as_secs_f64());
+        let cpu_sps = m.cpu.map_or(sps, |c| steps / c.as_secs_f64());
         if args.json {
             let row = serde_json::json!({
                 "env": d.name, "difficulty": difficulty, "steps_per_s": sps,
                 "steps_per_cpu_s": cpu_sps, "episodes_per_s": eps,
-                "steps_per_episode": per_ep, "target_steps_per_s": target(d.name),
+                "steps_per_episode": per_ep, "success_rate": stats.success_rate,
+                "target_steps_per_s": target(d.name),
             });
             println!("{row}");
         } else {

@@ -1,0 +1,193 @@
+//! The actors agentrl ships: a model policy, the environment's expert
+//! solver and a uniformly random player. The engine drives all three
+//! through the same episode loop ([`crate::play_episodes`]).
+
+use agentrl_env_core::{stable_hash, TaskSpec};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::engine::{Actor, Play, Reply, RolloutError, Seat};
+use crate::policy::{Policy, SamplingParams};
+
+/// A token-level [`Policy`] (a local model, an inference server) as an actor:
+/// one batched generation per turn.
+pub struct PolicyActor<'p> {
+    policy: &'p mut dyn Policy,
+    params: SamplingParams,
+}
+
+impl<'p> PolicyActor<'p> {
+    /// `policy` sampling with `params` (see [`crate::RolloutConfig::sampling`]).
+    pub fn new(policy: &'p mut dyn Policy, params: SamplingParams) -> Self {
+        Self { policy, params }
+    }
+}
+
+impl Actor for PolicyActor<'_> {
+    fn act(
+        &mut self,
+        seats: &mut [Seat<'_>],
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Vec<Reply>, RolloutError> {
+        let prompts: Vec<Vec<u32>> = seats.iter().map(|s| s.prompt().to_vec()).collect();
+        let gens = self.policy.generate(&prompts, &self.params, rng)?;
+        Ok(gens.into_iter().map(Reply::Generated).collect())
+    }
+}
+
+/// What a scripted player (the expert, random play) decides: its moves of
+/// one turn of one episode, from the environment alone. [`Scripted`] makes
+/// it an [`Actor`].
+pub trait ScriptedPlayer {
+    /// Seed of the random stream of the episode playing `spec`: a stream per
+    /// episode, so that its play does not depend on what shares its batch.
+    fn stream_seed(&self, spec: &TaskSpec) -> Result<u64, RolloutError>;
+
+    /// Play this turn through `seat`; playing nothing ends the episode.
+    fn turn(&mut self, seat: &mut Seat<'_>, rng: &mut ChaCha8Rng);
+}
+
+/// A [`ScriptedPlayer`] as an actor: one random stream per episode, and a
+/// player that has had 4·max_steps + 16 turns without finishing gives up (a
+/// guard for play with no turn budget, e.g. moves the environment keeps
+/// rejecting).
+pub struct Scripted<P> {
+    player: P,
+    rngs: Vec<ChaCha8Rng>,
+}
+
+impl<P: ScriptedPlayer> Scripted<P> {
+    /// `player` as an actor.
+    pub fn of(player: P) -> Self {
+        Self {
+            player,
+            rngs: vec![],
+        }
+    }
+}
+
+impl<P: ScriptedPlayer> Actor for Scripted<P> {
+    fn begin(&mut self, specs: &[&TaskSpec]) -> Result<(), RolloutError> {
+        self.rngs = specs
+            .iter()
+            .map(|s| Ok(ChaCha8Rng::seed_from_u64(self.player.stream_seed(s)?)))
+            .collect::<Result<_, RolloutError>>()?;
+        Ok(())
+    }
+
+    fn act(
+        &mut self,
+        seats: &mut [Seat<'_>],
+        _rng: &mut ChaCha8Rng,
+    ) -> Result<Vec<Reply>, RolloutError> {
+        let streams = self.rngs.len();
+        for seat in seats.iter_mut() {
+            let limit = seat.env().max_steps().saturating_mul(4).saturating_add(16);
+            if seat.turns_played() >= limit {
+                continue;
+            }
+            let episode = seat.episode();
+            let rng = self
+                .rngs
+                .get_mut(episode)
+                .ok_or(RolloutError::NotBegun { episode, streams })?;
+            self.player.turn(seat, rng);
+        }
+        Ok(seats.iter().map(|_| Reply::Played).collect())
+    }
+}
+
+/// The environment's expert solver, `actions_per_turn` moves a turn, each
+/// replaced with probability `noise` by a uniformly random valid action (an
+/// ε-greedy expert that replans from wherever that leads). Imitating a noisy
+/// expert gives a policy that knows the expert's move but does not reliably
+/// take it: a modest prior for RL.
+pub struct Expert {
+    actions_per_turn: usize,
+    noise: f64,
+}
+
+/// The expert as an actor.
+pub type ExpertActor = Scripted<Expert>;
+
+impl ExpertActor {
+    pub fn new(actions_per_turn: usize, noise: f64) -> Self {
+        Scripted::of(Expert {
+            actions_per_turn: actions_per_turn.max(1),
+            noise,
+        })
+    }
+}
+
+impl ScriptedPlayer for Expert {
+    fn stream_seed(&self, spec: &TaskSpec) -> Result<u64, RolloutError> {
+        // The noise stream of a task depends only on its seed.
+        Ok(stable_hash(&[b"expert-noise", &spec.seed.to_le_bytes()]))
+    }
+
+    fn turn(&mut self, seat: &mut Seat<'_>, rng: &mut ChaCha8Rng) {
+        // The expert's next move depends on the last one's outcome, so the
+        // moves of a turn are played one by one.
+        while seat.actions_this_turn() < self.actions_per_turn
+            && seat.actions_left() > 0
+            && !seat.env().is_done()
+        {
+            let Some(expert) = seat.expert_action() else {
+                break;
+            };
+            let action = if self.noise > 0.0 && rng.random::<f64>() < self.noise {
+                let valid = seat.env().available_actions();
+                if valid.is_empty() {
+                    expert
+                } else {
+                    valid[rng.random_range(0..valid.len())].clone()
+                }
+            } else {
+                expert
+            };
+            if !matches!(seat.play(action), Play::Stepped { .. }) {
+                break;
+            }
+        }
+    }
+}
+
+/// One uniformly random valid action a turn, from a stream per task seeded
+/// by (`seed`, the task's absolute seed).
+pub struct Random {
+    seed: u64,
+}
+
+/// Random play as an actor.
+pub type RandomActor = Scripted<Random>;
+
+impl RandomActor {
+    pub fn new(seed: u64) -> Self {
+        Scripted::of(Random { seed })
+    }
+}
+
+impl ScriptedPlayer for Random {
+    fn stream_seed(&self, spec: &TaskSpec) -> Result<u64, RolloutError> {
+        let abs = spec.absolute_seed().map_err(|e| RolloutError::Task {
+            spec: spec.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(stable_hash(&[
+            b"random-policy",
+            &self.seed.to_le_bytes(),
+            &abs.to_le_bytes(),
+        ]))
+    }
+
+    fn turn(&mut self, seat: &mut Seat<'_>, rng: &mut ChaCha8Rng) {
+        let actions = seat.env().available_actions();
+        if actions.is_empty() {
+            return;
+        }
+        let i = rng.random_range(0..actions.len());
+        if let Some(action) = actions.into_iter().nth(i) {
+            seat.play(action);
+        }
+    }
+}
