@@ -4,9 +4,15 @@
 //! sampling, and an AdamW whose state can be saved for exact resume. The
 //! tokenizer and chat template are `agentrl-tokenizer`.
 
+mod attention;
+mod block;
 pub mod checkpoint;
 pub mod config;
+pub mod decode;
 pub mod error;
+mod head;
+mod host;
+mod kernels;
 pub mod ops;
 pub mod optim;
 pub mod policy;
@@ -18,6 +24,7 @@ pub use candle_core;
 /// candle's NN helpers (VarMap), re-exported for the same reason.
 pub use candle_nn;
 pub use config::{ModelConfig, RopeParameters};
+pub use decode::SequenceCache;
 pub use error::ModelError;
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use policy::{PolicyModel, SequenceLogprobs};

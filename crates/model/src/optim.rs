@@ -1,15 +1,22 @@
 //! AdamW with saveable state, and global gradient-norm clipping.
 //!
 //! candle-nn's `AdamW` keeps its moments private, which makes bit-for-bit
-//! resume impossible; this one exposes and (de)serialises them.
+//! resume impossible; this one exposes and (de)serialises them. On the CPU
+//! (f32/f64) each parameter is updated in one multi-threaded pass that reads
+//! the gradient and rewrites θ, m and v in place (built from candle ops it
+//! was ten passes and as many allocations per parameter); elsewhere it falls
+//! back to candle ops with the same arithmetic.
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Mutex;
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Tensor, Var};
 
 use crate::checkpoint::write_tensors_exact;
+use crate::host::{storage_slice, tensor_from, with_slices};
+use crate::kernels::{num_threads, Real, PAR_MIN_WORK};
 use crate::ModelError;
 
 /// AdamW hyper-parameters (PyTorch's defaults: β = (0.9, 0.999), ε = 1e-8, weight decay 0.01).
@@ -45,21 +52,141 @@ impl Default for AdamWConfig {
 #[derive(Debug)]
 pub struct AdamW {
     vars: Vec<Var>,
-    m: Vec<Tensor>,
-    v: Vec<Tensor>,
+    m: Vec<Moment>,
+    v: Vec<Moment>,
     step: u64,
     config: AdamWConfig,
+}
+
+/// One moment buffer: host memory updated in place for CPU f32/f64
+/// parameters, a tensor for any other device or dtype.
+#[derive(Debug)]
+enum Moment {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    Tensor(Tensor),
+}
+
+impl Moment {
+    /// Holds `t` (shaped like `var`) in the form `var` is updated with.
+    fn for_var(t: Tensor, var: &Var) -> candle_core::Result<Self> {
+        let t = t.to_dtype(var.dtype())?.to_device(var.device())?;
+        if !var.device().is_cpu() || !var.is_contiguous() {
+            return Ok(Moment::Tensor(t));
+        }
+        Ok(match var.dtype() {
+            DType::F32 => Moment::F32(t.flatten_all()?.to_vec1()?),
+            DType::F64 => Moment::F64(t.flatten_all()?.to_vec1()?),
+            _ => Moment::Tensor(t),
+        })
+    }
+
+    /// The moment as a tensor of `var`'s shape (a copy for host buffers).
+    fn to_tensor(&self, var: &Var) -> candle_core::Result<Tensor> {
+        match self {
+            Moment::F32(v) => tensor_from(v.clone(), var.shape().clone()).to_device(var.device()),
+            Moment::F64(v) => tensor_from(v.clone(), var.shape().clone()).to_device(var.device()),
+            Moment::Tensor(t) => Ok(t.clone()),
+        }
+    }
+}
+
+/// The scalars of one AdamW step.
+#[derive(Debug, Clone, Copy)]
+struct StepConsts {
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    decay: f64,
+    bc1: f64,
+    bc2: f64,
+}
+
+/// θ.inplace_op2(g): the whole AdamW update of one parameter in one pass,
+/// θ, m and v rewritten in place.
+struct FusedUpdate<'a, T> {
+    m: Mutex<&'a mut [T]>,
+    v: Mutex<&'a mut [T]>,
+    c: StepConsts,
+}
+
+/// Elements per parallel chunk of the update.
+const ADAM_CHUNK: usize = 1 << 14;
+
+fn adam_chunk<T: Real>(theta: &mut [T], m: &mut [T], v: &mut [T], g: &[T], c: StepConsts) {
+    let f = T::from_f64;
+    let (b1, b2, nb1, nb2) = (f(c.beta1), f(c.beta2), f(1.0 - c.beta1), f(1.0 - c.beta2));
+    let (bc1, bc2, eps, lr, keep) = (
+        f(c.bc1),
+        f(c.bc2),
+        f(c.eps),
+        f(c.lr),
+        f(1.0 - c.lr * c.decay),
+    );
+    for (((t, m), v), &g) in theta.iter_mut().zip(m).zip(v).zip(g) {
+        *m = *m * b1 + g * nb1;
+        *v = *v * b2 + g * g * nb2;
+        let update = (*m / bc1) / ((*v / bc2).sqrt() + eps);
+        *t = *t * keep - update * lr;
+    }
+}
+
+impl<T: Real> InplaceOp2 for FusedUpdate<'_, T> {
+    fn name(&self) -> &'static str {
+        "agentrl-adamw"
+    }
+
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dst_l: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> candle_core::Result<()> {
+        use rayon::prelude::*;
+        let g = storage_slice::<T>(gs, gl, "adamw gradient")?;
+        let Some((a, b)) = dst_l.contiguous_offsets() else {
+            candle_core::bail!("adamw: the parameter must be contiguous")
+        };
+        let theta = &mut T::slice_mut(dst)
+            .ok_or_else(|| candle_core::Error::Msg("adamw: parameter dtype".into()))?[a..b];
+        let mut m = self
+            .m
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("adamw: lock poisoned".into()))?;
+        let mut v = self
+            .v
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("adamw: lock poisoned".into()))?;
+        if theta.len() != g.len() || theta.len() != m.len() || theta.len() != v.len() {
+            candle_core::bail!("adamw: parameter, gradient and moments differ in size")
+        }
+        let c = self.c;
+        if num_threads() > 1 && theta.len() * 8 >= PAR_MIN_WORK {
+            theta
+                .par_chunks_mut(ADAM_CHUNK)
+                .zip(m.par_chunks_mut(ADAM_CHUNK))
+                .zip(v.par_chunks_mut(ADAM_CHUNK))
+                .zip(g.par_chunks(ADAM_CHUNK))
+                .for_each(|(((t, m), v), g)| adam_chunk(t, m, v, g, c));
+        } else {
+            adam_chunk(theta, &mut m, &mut v, g, c);
+        }
+        Ok(())
+    }
 }
 
 impl AdamW {
     /// An optimizer over `vars` (their order defines the saved state's layout;
     /// [`crate::PolicyModel::trainable_vars`] gives a stable order).
     pub fn new(vars: Vec<Var>, config: AdamWConfig) -> Result<Self, ModelError> {
-        let m = vars
-            .iter()
-            .map(|v| v.as_tensor().zeros_like())
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let v = m.clone();
+        let zeros = || {
+            vars.iter()
+                .map(|v| Moment::for_var(v.as_tensor().zeros_like()?, v))
+                .collect::<candle_core::Result<Vec<_>>>()
+        };
+        let (m, v) = (zeros()?, zeros()?);
         Ok(Self {
             vars,
             m,
@@ -111,16 +238,36 @@ impl AdamW {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
             };
-            let next_m = ((&*m * c.beta1)? + (g * (1.0 - c.beta1))?)?;
-            let next_v = ((&*v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
-            let denom = ((&next_v / bc2)?.sqrt()? + c.eps)?;
-            let update = ((&next_m / bc1)? / denom)?;
+            let consts = StepConsts {
+                lr: c.lr,
+                beta1: c.beta1,
+                beta2: c.beta2,
+                eps: c.eps,
+                decay: c.weight_decay,
+                bc1,
+                bc2,
+            };
             let theta = var.as_tensor();
-            let decayed = (theta * (1.0 - c.lr * c.weight_decay))?;
-            let next = (decayed - (update * c.lr)?)?;
-            var.set(&next)?;
-            *m = next_m;
-            *v = next_v;
+            match (m, v) {
+                (Moment::F32(m), Moment::F32(v)) => fused_step::<f32>(theta, g, m, v, consts)?,
+                (Moment::F64(m), Moment::F64(v)) => fused_step::<f64>(theta, g, m, v, consts)?,
+                (Moment::Tensor(m), Moment::Tensor(v)) => {
+                    let next_m = ((&*m * c.beta1)? + (g * (1.0 - c.beta1))?)?;
+                    let next_v = ((&*v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
+                    let denom = ((&next_v / bc2)?.sqrt()? + c.eps)?;
+                    let update = ((&next_m / bc1)? / denom)?;
+                    let decayed = (theta * (1.0 - c.lr * c.weight_decay))?;
+                    let next = (decayed - (update * c.lr)?)?;
+                    var.set(&next)?;
+                    *m = next_m;
+                    *v = next_v;
+                }
+                _ => {
+                    return Err(ModelError::InvalidInput(
+                        "adamw: moments of different kinds".into(),
+                    ))
+                }
+            }
         }
         Ok(())
     }
@@ -128,9 +275,9 @@ impl AdamW {
     /// Saves step, m and v (exact bits) to a safetensors file.
     pub fn save_state(&self, path: &Path) -> Result<(), ModelError> {
         let mut t = BTreeMap::new();
-        for (i, (m, v)) in self.m.iter().zip(&self.v).enumerate() {
-            t.insert(format!("m.{i:05}"), m.clone());
-            t.insert(format!("v.{i:05}"), v.clone());
+        for (i, ((m, v), var)) in self.m.iter().zip(&self.v).zip(&self.vars).enumerate() {
+            t.insert(format!("m.{i:05}"), m.to_tensor(var)?);
+            t.insert(format!("v.{i:05}"), v.to_tensor(var)?);
         }
         // The step as two u32 halves: safetensors has no u64 candle can read back everywhere.
         let halves = [(self.step >> 32) as u32, self.step as u32];
@@ -174,7 +321,7 @@ impl AdamW {
                         var.dims()
                     )));
                 }
-                out.push(x.to_dtype(var.dtype())?.to_device(var.device())?);
+                out.push(Moment::for_var(x, var)?);
             }
         }
         if !t.is_empty() {
@@ -203,11 +350,7 @@ pub fn clip_grad_norm(
     let mut sq = 0f64;
     for var in vars {
         if let Some(g) = grads.get(var.as_tensor()) {
-            sq += g
-                .to_dtype(DType::F64)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f64>()?;
+            sq += sum_of_squares(g)?;
         }
     }
     let norm = sq.sqrt();
@@ -215,10 +358,59 @@ pub fn clip_grad_norm(
     if coef < 1.0 {
         for var in vars {
             if let Some(g) = grads.get(var.as_tensor()) {
-                let scaled = (g * coef)?;
+                let scaled = scale(g, coef)?;
                 grads.insert(var.as_tensor(), scaled);
             }
         }
     }
     Ok(norm)
+}
+
+/// Σ g² in f64: one host pass on the CPU (f32/f64), candle ops elsewhere.
+fn sum_of_squares(g: &Tensor) -> candle_core::Result<f64> {
+    fn host<T: Real>(g: &Tensor) -> candle_core::Result<f64> {
+        with_slices::<T, _>(&[g], "gradient", |v| {
+            v[0].iter().map(|&x| x.to_f64() * x.to_f64()).sum::<f64>()
+        })
+    }
+    match (g.device().is_cpu(), g.dtype()) {
+        (true, DType::F32) => host::<f32>(g),
+        (true, DType::F64) => host::<f64>(g),
+        _ => g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>(),
+    }
+}
+
+/// `g · coef` as a new tensor: one host pass on the CPU (f32/f64).
+fn scale(g: &Tensor, coef: f64) -> candle_core::Result<Tensor> {
+    fn host<T: Real>(g: &Tensor, coef: f64) -> candle_core::Result<Tensor> {
+        let c = T::from_f64(coef);
+        let v = with_slices::<T, _>(&[g], "gradient", |v| {
+            v[0].iter().map(|&x| x * c).collect::<Vec<T>>()
+        })?;
+        Ok(tensor_from(v, g.shape().clone()))
+    }
+    match (g.device().is_cpu(), g.dtype()) {
+        (true, DType::F32) => host::<f32>(g, coef),
+        (true, DType::F64) => host::<f64>(g, coef),
+        _ => g * coef,
+    }
+}
+
+/// One parameter's fused update (θ, m, v in place).
+fn fused_step<T: Real>(
+    theta: &Tensor,
+    g: &Tensor,
+    m: &mut [T],
+    v: &mut [T],
+    c: StepConsts,
+) -> candle_core::Result<()> {
+    let g = g.contiguous()?;
+    theta.inplace_op2(
+        &g,
+        &FusedUpdate {
+            m: Mutex::new(m),
+            v: Mutex::new(v),
+            c,
+        },
+    )
 }

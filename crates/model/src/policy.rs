@@ -10,10 +10,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::checkpoint::{read_tensors, write_tensors, CONFIG_FILE, WEIGHTS_FILE};
-use crate::qwen2::{
-    param_specs, LayerKvCache, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT,
-};
-use crate::sampling::{sample_row, Generation, SamplingParams};
+use crate::decode::SequenceCache;
+use crate::qwen2::{param_specs, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT};
+use crate::sampling::{Generation, SamplingParams};
 use crate::{ModelConfig, ModelError};
 
 /// Seed of the fresh value head added to a checkpoint that has none.
@@ -32,6 +31,9 @@ pub struct SequenceLogprobs {
     pub mask: Tensor,
 }
 
+/// Per-token log-probs `[B, T-1]`, entropies `[B, T-1]` and values `[B, T]`.
+type Outputs = (Tensor, Tensor, Option<Tensor>);
+
 /// The policy: a Qwen2/Llama transformer whose parameters live in `varmap`
 /// under their Hugging Face names, plus an optional scalar value head.
 pub struct PolicyModel {
@@ -47,6 +49,8 @@ pub struct PolicyModel {
     infer: Model,
     dtype: DType,
     with_value_head: bool,
+    /// Whether [`PolicyModel::sequence_logprobs`] may use the fused layer ops.
+    fused_training: bool,
 }
 
 impl std::fmt::Debug for PolicyModel {
@@ -162,6 +166,7 @@ impl PolicyModel {
             infer,
             dtype,
             with_value_head,
+            fused_training: true,
         })
     }
 
@@ -274,6 +279,14 @@ impl PolicyModel {
         self.with_value_head
     }
 
+    /// Chooses the training forward of [`PolicyModel::sequence_logprobs`]:
+    /// the fused layer ops with hand-written backward passes (the default;
+    /// used on CPU in f32/f64) or candle's composite ops (the reference the
+    /// fused path is tested against; used anyway on other devices/dtypes).
+    pub fn set_fused_training(&mut self, on: bool) {
+        self.fused_training = on;
+    }
+
     /// The graph-building transformer (for callers that need hidden states).
     pub fn model(&self) -> &Model {
         &self.model
@@ -342,13 +355,60 @@ impl PolicyModel {
                 self.model.rotary().max_positions()
             )));
         }
-        let mut ids = vec![0u32; b * t];
         let mut mask = vec![0f32; b * (t - 1)];
         for (i, s) in seqs.iter().enumerate() {
-            ids[i * t..i * t + s.len()].copy_from_slice(s);
             for j in 0..s.len().saturating_sub(1) {
                 mask[i * (t - 1) + j] = 1.0;
             }
+        }
+        let mask = Tensor::from_vec(mask, (b, t - 1), &self.device)?.to_dtype(self.dtype)?;
+        let (logprobs, entropy, values) = if self.fused_training && self.model.supports_fused() {
+            self.fused_outputs(seqs, t)?
+        } else {
+            self.composite_outputs(seqs, t)?
+        };
+        Ok(SequenceLogprobs {
+            logprobs,
+            entropy,
+            values,
+            mask,
+        })
+    }
+
+    /// Log-probs, entropies `[B, T-1]` and values `[B, T]` of the fused path:
+    /// packed tokens through the fused layer ops, scattered back to the padded layout.
+    fn fused_outputs(&self, seqs: &[Vec<u32>], t: usize) -> Result<Outputs, ModelError> {
+        let b = seqs.len();
+        let (out, hn, packing) = self.model.fused_logprobs(seqs)?;
+        // grad: get (narrow + squeeze) passes the gradient to its plane.
+        let (logprobs, entropy) = (out.get(0)?, out.get(1)?);
+        let values = match self.model.values(&hn)? {
+            Some(v) => {
+                // [N] → [B, T]: row b·T + p reads packed row offsets[b] + p, or
+                // the appended zero past the sequence's end.
+                let n = packing.rows();
+                let mut map = vec![n as u32; b * t];
+                for (i, s) in seqs.iter().enumerate() {
+                    for p in 0..s.len() {
+                        map[i * t + p] = (packing.offsets[i] + p) as u32;
+                    }
+                }
+                let map = Tensor::from_vec(map, b * t, &self.device)?;
+                let padded = Tensor::cat(&[&v, &v.zeros_like()?.narrow(0, 0, 1)?], 0)?;
+                // grad: cat and index_select (backward: index_add) differentiate.
+                Some(padded.index_select(&map, 0)?.reshape((b, t))?)
+            }
+            None => None,
+        };
+        Ok((logprobs, entropy, values))
+    }
+
+    /// The same outputs from candle's composite ops on a right-padded batch.
+    fn composite_outputs(&self, seqs: &[Vec<u32>], t: usize) -> Result<Outputs, ModelError> {
+        let b = seqs.len();
+        let mut ids = vec![0u32; b * t];
+        for (i, s) in seqs.iter().enumerate() {
+            ids[i * t..i * t + s.len()].copy_from_slice(s);
         }
         let ids = Tensor::from_vec(ids, (b, t), &self.device)?;
         // Right padding needs no key mask: causal attention keeps real tokens
@@ -365,119 +425,76 @@ impl PolicyModel {
         let logprobs = logp.gather(&targets, 2)?.squeeze(2)?;
         // grad: exp, mul and sum differentiate; entropy = -Σ softmax · log_softmax.
         let entropy = (logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?;
-        let mask = Tensor::from_vec(mask, (b, t - 1), &self.device)?.to_dtype(self.dtype)?;
-        Ok(SequenceLogprobs {
-            logprobs,
-            entropy,
-            values,
-            mask,
-        })
+        Ok((logprobs, entropy, values))
     }
 
     /// Samples continuations of ragged `prompts` in one batch with a KV cache.
     ///
-    /// Prompts are left-padded; padded keys are masked out and every sequence
-    /// gets its own positions, so each result equals generating that prompt
-    /// alone. Sampling uses `rng` in a fixed order (sequence by sequence, step
-    /// by step). The returned log-probs are under the untempered policy
-    /// (log-softmax of the raw logits), whatever `temperature`/`top_k`/`top_p`
-    /// were. No autograd graph is built.
+    /// Each result equals generating that prompt alone (sequences are packed,
+    /// not padded, and attend only to their own keys). Sampling uses `rng` in
+    /// a fixed order (sequence by sequence, step by step); a sequence leaves
+    /// the batch when it emits a stop token or reaches `max_new_tokens`. The
+    /// returned log-probs are under the untempered policy (log-softmax of the
+    /// raw logits), whatever `temperature`/`top_k`/`top_p` were. No autograd
+    /// graph is built.
     pub fn generate(
         &self,
         prompts: &[Vec<u32>],
         params: &SamplingParams,
         rng: &mut ChaCha8Rng,
     ) -> Result<Vec<Generation>, ModelError> {
+        let mut caches: Vec<SequenceCache> = prompts.iter().map(|_| self.new_cache()).collect();
+        self.generate_cached(&mut caches, prompts, params, rng)
+    }
+
+    /// An empty per-sequence KV cache for [`PolicyModel::generate_cached`].
+    pub fn new_cache(&self) -> SequenceCache {
+        SequenceCache::new(&self.config)
+    }
+
+    /// [`PolicyModel::generate`] that keeps each sequence's keys and values
+    /// in `caches[i]` between calls, so a multi-turn caller encodes only what
+    /// a turn adds.
+    ///
+    /// `contexts[i]` is the whole sequence so far (e.g. the dialogue with the
+    /// newest observation). The cache reuses the positions it already holds
+    /// for the longest common prefix of its [`SequenceCache::tokens`] and the
+    /// context, encodes the rest, samples, and afterwards stands for the
+    /// context followed by the generated tokens. The tokens and log-probs are
+    /// those of [`PolicyModel::generate`] on the same contexts (up to float
+    /// rounding: the cached keys were computed in other chunks), and with the
+    /// same `rng` the same draws are made. A cache holds keys of the weights
+    /// it was filled with: clear it after an optimizer step.
+    pub fn generate_cached(
+        &self,
+        caches: &mut [SequenceCache],
+        contexts: &[Vec<u32>],
+        params: &SamplingParams,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Vec<Generation>, ModelError> {
         params.validate()?;
-        self.check_ids(prompts)?;
-        if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        self.check_ids(contexts)?;
+        if caches.len() != contexts.len() {
+            return Err(ModelError::InvalidInput(format!(
+                "{} caches for {} contexts",
+                caches.len(),
+                contexts.len()
+            )));
+        }
+        if let Some(i) = contexts.iter().position(Vec::is_empty) {
             return Err(ModelError::InvalidInput(format!("prompt {i} is empty")));
         }
-        let mut gens: Vec<Generation> = prompts
-            .iter()
-            .map(|_| Generation {
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                stopped: false,
-            })
-            .collect();
-        if prompts.is_empty() || params.max_new_tokens == 0 {
-            return Ok(gens);
-        }
-        let b = prompts.len();
-        let p = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        // The last sampled token is never fed back, so the cache needs p + max_new - 1 slots.
-        let capacity = p + params.max_new_tokens - 1;
-        if capacity > self.infer.rotary().max_positions() {
+        let longest = contexts.iter().map(Vec::len).max().unwrap_or(0);
+        // The last sampled token is never fed back, so positions up to
+        // context + max_new - 1 are encoded.
+        let positions = longest + params.max_new_tokens.saturating_sub(1);
+        if positions > self.infer.rotary().max_positions() {
             return Err(ModelError::InvalidInput(format!(
-                "prompt length {p} + max_new_tokens {} exceeds max_position_embeddings {}",
+                "prompt length {longest} + max_new_tokens {} exceeds max_position_embeddings {}",
                 params.max_new_tokens,
                 self.infer.rotary().max_positions()
             )));
         }
-        let pads: Vec<usize> = prompts.iter().map(|s| p - s.len()).collect();
-
-        // Prefill: [B, P] left-padded ids with per-sequence positions.
-        let mut ids = vec![0u32; b * p];
-        let mut pos = vec![0u32; b * p];
-        for (i, s) in prompts.iter().enumerate() {
-            ids[i * p + pads[i]..(i + 1) * p].copy_from_slice(s);
-            for q in 0..p {
-                pos[i * p + q] = q.saturating_sub(pads[i]) as u32;
-            }
-        }
-        let mut caches = (0..self.infer.num_layers())
-            .map(|_| LayerKvCache::new(&self.config, b, capacity, self.dtype, &self.device))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let ids_t = Tensor::from_vec(ids, (b, p), &self.device)?;
-        let pos_t = Tensor::from_vec(pos, (b, p), &self.device)?;
-        let rope = self.infer.rotary().tables_for(&pos_t)?;
-        let h = self
-            .infer
-            .forward_hidden(&ids_t, &rope, &pads, Some(&mut caches))?;
-        let mut logits = self.last_logits(&h)?;
-
-        let mut done = vec![false; b];
-        for step in 0..params.max_new_tokens {
-            let mut next = vec![0u32; b];
-            for i in 0..b {
-                if done[i] {
-                    continue;
-                }
-                let (tok, lp) = sample_row(&logits[i], params, rng);
-                gens[i].tokens.push(tok);
-                gens[i].logprobs.push(lp);
-                next[i] = tok;
-                if params.stop_tokens.contains(&tok) {
-                    gens[i].stopped = true;
-                    done[i] = true;
-                }
-            }
-            if step + 1 == params.max_new_tokens || done.iter().all(|&d| d) {
-                break;
-            }
-            // Decode one token: keys are the cache plus this token, P + step + 1.
-            let pos: Vec<u32> = (0..b).map(|i| (p + step - pads[i]) as u32).collect();
-            let ids_t = Tensor::from_vec(next, (b, 1), &self.device)?;
-            let pos_t = Tensor::from_vec(pos, (b, 1), &self.device)?;
-            let rope = self.infer.rotary().tables_for(&pos_t)?;
-            let h = self
-                .infer
-                .forward_hidden(&ids_t, &rope, &pads, Some(&mut caches))?;
-            logits = self.last_logits(&h)?;
-        }
-        Ok(gens)
-    }
-
-    /// Logits of the last position of `h: [B, T, d]`, as host rows of f32.
-    fn last_logits(&self, h: &Tensor) -> Result<Vec<Vec<f32>>, ModelError> {
-        let t = h.dim(1)?;
-        let last = h.narrow(1, t - 1, 1)?.squeeze(1)?; // [B, d]
-        Ok(self
-            .infer
-            .logits(&last)?
-            .to_dtype(DType::F32)?
-            .to_device(&Device::Cpu)?
-            .to_vec2()?)
+        crate::decode::generate(&self.infer, &self.config, caches, contexts, params, rng)
     }
 }

@@ -1,10 +1,18 @@
-//! The Qwen2/Llama transformer, written only from differentiable candle ops.
+//! The Qwen2/Llama transformer.
 //!
 //! Same shape as candle-transformers' model files (rotary tables, attention,
-//! MLP, decoder layer, model; each `new(cfg, vb)` + `forward`), but candle's
-//! fused `softmax_last_dim`, `rms_norm` and `rope` have no backward pass and
-//! silently cut the gradient, so none of them is used here. Every op on the
-//! training path carries a `// grad:` note saying why it back-propagates.
+//! MLP, decoder layer, model; each `new(cfg, vb)` + `forward`), written from
+//! differentiable candle ops: candle's fused `softmax_last_dim`, `rms_norm`
+//! and `rope` have no backward pass and silently cut the gradient, so none of
+//! them is used on a path that needs one. Every op on the training path
+//! carries a `// grad:` note saying why it back-propagates.
+//!
+//! Training on the CPU does not go through these per-op modules but through
+//! [`Model::fused_logprobs`]: each decoder layer as one op with a
+//! hand-written backward ([`crate::block`]) and a fused LM head
+//! ([`crate::head`]), tested against this composite path (which stays the
+//! reference, and the path on other devices and dtypes). Generation runs on
+//! [`crate::decode`].
 //!
 //! Weight names follow Hugging Face (`model.layers.N.self_attn.q_proj.weight`,
 //! ...), so a `VarBuilder` over a `VarMap` filled from a checkpoint builds it.
@@ -12,7 +20,14 @@
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
+use std::sync::Arc;
+
+use crate::attention::Heads;
+use crate::block::{DecoderLayerOp, LayerShape, Packing, Rope};
 use crate::config::ModelConfig;
+use crate::head::LmHeadOp;
+use crate::host::with_slices;
+use crate::kernels::Real;
 
 /// Name of the optional value head's weight (`[1, hidden]`); transformers ignores it.
 pub const VALUE_HEAD_WEIGHT: &str = "value_head.weight";
@@ -590,6 +605,8 @@ pub struct Model {
     lm_head: Tensor,
     value_head: Option<(Tensor, Tensor)>,
     rotary: RotaryEmbedding,
+    /// Sizes of every layer, for the fused training op.
+    layer_shape: LayerShape,
     dtype: DType,
     device: Device,
 }
@@ -623,6 +640,17 @@ impl Model {
             lm_head,
             value_head,
             rotary: RotaryEmbedding::new(cfg, vb.dtype(), vb.device())?,
+            layer_shape: LayerShape {
+                d,
+                heads: Heads {
+                    heads: cfg.num_attention_heads,
+                    kv_heads: cfg.num_kv_heads(),
+                    head_dim: cfg.head_dim(),
+                },
+                ffn: cfg.intermediate_size,
+                bias: cfg.qkv_bias(),
+                eps: cfg.rms_norm_eps,
+            },
             dtype: vb.dtype(),
             device: vb.device().clone(),
         })
@@ -641,6 +669,7 @@ impl Model {
                 .as_ref()
                 .map(|(w, b)| (w.detach(), b.detach())),
             rotary: self.rotary.clone(),
+            layer_shape: self.layer_shape,
             dtype: self.dtype,
             device: self.device.clone(),
         }
@@ -716,6 +745,113 @@ impl Model {
     /// Number of decoder layers.
     pub fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    /// Whether the attention projections carry biases.
+    pub(crate) fn qkv_bias(&self) -> bool {
+        self.layers.first().is_some_and(|l| l.attn.q_b.is_some())
+    }
+
+    /// The tensors the hand-written inference forward reads
+    /// ([`crate::decode`]), in its order: embedding, final norm, LM head,
+    /// rotary cos and sin, then each layer's [`Model::layer_params`].
+    pub(crate) fn inference_tensors(&self) -> Vec<&Tensor> {
+        let mut v = vec![
+            &self.embed,
+            &self.norm.weight,
+            &self.lm_head,
+            &self.rotary.cos,
+            &self.rotary.sin,
+        ];
+        for l in 0..self.layers.len() {
+            v.extend(self.layer_params(l));
+        }
+        v
+    }
+
+    /// Layer `l`'s parameters in the order of [`crate::block::LayerShape::pack`]:
+    /// q, k, v, o, gate, up, down, the two norms, then (when present) the q, k, v biases.
+    pub(crate) fn layer_params(&self, l: usize) -> Vec<&Tensor> {
+        let layer = &self.layers[l];
+        let a = &layer.attn;
+        let mut v = vec![
+            &a.q_w,
+            &a.k_w,
+            &a.v_w,
+            &a.o_w,
+            &layer.mlp.gate,
+            &layer.mlp.up,
+            &layer.mlp.down,
+            &layer.input_ln.weight,
+            &layer.post_ln.weight,
+        ];
+        if let (Some(q), Some(k), Some(b)) = (&a.q_b, &a.k_b, &a.v_b) {
+            v.extend([q, k, b]);
+        }
+        v
+    }
+
+    /// Whether [`Model::fused_logprobs`] runs here (CPU, f32 or f64).
+    pub(crate) fn supports_fused(&self) -> bool {
+        self.device.is_cpu() && matches!(self.dtype, DType::F32 | DType::F64)
+    }
+
+    /// The fused training forward of ragged `seqs` (packed, no padding):
+    /// `[2, B, T−1]` next-token log-probs (plane 0) and entropies (plane 1),
+    /// zero past each sequence's end, and the final normed hidden states
+    /// `[N, d]` of the packed tokens. Differentiable with respect to every
+    /// parameter: each decoder layer is one [`DecoderLayerOp`] with its own
+    /// backward, the head one [`LmHeadOp`]. Callers check
+    /// [`Model::supports_fused`] first.
+    pub(crate) fn fused_logprobs(
+        &self,
+        seqs: &[Vec<u32>],
+    ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
+        match self.dtype {
+            DType::F32 => self.fused_logprobs_in::<f32>(seqs),
+            DType::F64 => self.fused_logprobs_in::<f64>(seqs),
+            dt => candle_core::bail!("fused training forward: {dt:?} is not supported"),
+        }
+    }
+
+    fn fused_logprobs_in<T: Real>(
+        &self,
+        seqs: &[Vec<u32>],
+    ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
+        let packing = Arc::new(Packing::of_lengths(seqs.iter().map(Vec::len)));
+        let longest = seqs.iter().map(Vec::len).max().unwrap_or(0);
+        let ids = Tensor::from_vec(seqs.concat(), packing.rows(), &self.device)?;
+        let half = self.rotary.cos.dim(1)?;
+        let table = |t: &Tensor| -> Result<Vec<T>> {
+            with_slices::<T, _>(&[&t.narrow(0, 0, longest)?], "rotary table", |v| {
+                v[0].to_vec()
+            })
+        };
+        let rope = Arc::new(Rope {
+            cos: table(&self.rotary.cos)?,
+            sin: table(&self.rotary.sin)?,
+        });
+        debug_assert_eq!(rope.cos.len(), longest * half);
+        // grad: index_select's backward is index_add into the embedding rows.
+        let mut h = self.embed.index_select(&ids, 0)?; // [N, d]
+        for l in 0..self.layers.len() {
+            // grad: flatten_all and cat hand each parameter its slice of the pack's gradient.
+            let flat = self
+                .layer_params(l)
+                .into_iter()
+                .map(|t| t.flatten_all())
+                .collect::<Result<Vec<_>>>()?;
+            let pack = Tensor::cat(&flat, 0)?;
+            // grad: the layer op's own backward (crate::block).
+            h = h.apply_op2(
+                &pack,
+                DecoderLayerOp::<T>::new(self.layer_shape, packing.clone(), rope.clone()),
+            )?;
+        }
+        let hn = self.norm.forward(&h)?;
+        // grad: the fused head's own backward (crate::head).
+        let out = hn.apply_op2(&self.lm_head, LmHeadOp::<T>::new(packing.clone(), seqs))?;
+        Ok((out, hn, packing))
     }
 }
 

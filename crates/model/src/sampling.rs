@@ -107,46 +107,74 @@ fn argmax(logits: &[f32]) -> usize {
     best
 }
 
+/// Samples from the tempered distribution restricted to the top-k and then
+/// the top-p nucleus. Neither restriction sorts the whole vocabulary: top-k
+/// is a linear-time selection, and the nucleus sorts a growing head of the
+/// candidates only until it holds `top_p` of the mass.
 fn sample_tempered(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> usize {
     let inv_t = 1.0 / params.temperature;
-    // Candidates sorted by logit, descending; ties by id so the order is the same everywhere.
     let mut idx: Vec<usize> = (0..logits.len()).collect();
-    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     if params.top_k > 0 && params.top_k < idx.len() {
+        // Ties broken by id so the kept set is the same everywhere.
+        idx.select_nth_unstable_by(params.top_k - 1, |&a, &b| {
+            logits[b].total_cmp(&logits[a]).then(a.cmp(&b))
+        });
         idx.truncate(params.top_k);
+        idx.sort_unstable();
     }
-    let top = logits[idx[0]] as f64 * inv_t;
-    let mut probs: Vec<f64> = idx
+    let top = idx
+        .iter()
+        .map(|&i| logits[i])
+        .fold(f32::NEG_INFINITY, f32::max) as f64
+        * inv_t;
+    let mut weights: Vec<f64> = idx
         .iter()
         .map(|&i| (logits[i] as f64 * inv_t - top).exp())
         .collect();
-    let total: f64 = probs.iter().sum();
-    for p in probs.iter_mut() {
-        *p /= total;
-    }
     if params.top_p < 1.0 {
-        let mut cum = 0.0;
-        let mut keep = probs.len();
-        for (n, p) in probs.iter().enumerate() {
-            cum += p;
-            if cum >= params.top_p {
-                keep = n + 1;
-                break;
-            }
-        }
-        probs.truncate(keep);
-        idx.truncate(keep);
+        (idx, weights) = nucleus(&idx, &weights, params.top_p);
     }
-    let total: f64 = probs.iter().sum();
+    let total: f64 = weights.iter().sum();
     let mut u = rng.random::<f64>() * total;
-    for (n, p) in probs.iter().enumerate() {
-        if u < *p {
+    for (n, w) in weights.iter().enumerate() {
+        if u < *w {
             return idx[n];
         }
-        u -= p;
+        u -= w;
     }
     // Rounding can leave u a hair above the last bucket.
     idx[idx.len() - 1]
+}
+
+/// The smallest set of most likely candidates (by weight, then id) holding
+/// at least `top_p` of the total weight, most likely first, with their weights.
+fn nucleus(idx: &[usize], weights: &[f64], top_p: f64) -> (Vec<usize>, Vec<f64>) {
+    let target = top_p * weights.iter().sum::<f64>();
+    let n = idx.len();
+    let heavier = |a: &usize, b: &usize| {
+        weights[*b]
+            .total_cmp(&weights[*a])
+            .then(idx[*a].cmp(&idx[*b]))
+    };
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut head = n.min(32);
+    let keep = loop {
+        if head < n {
+            order.select_nth_unstable_by(head - 1, heavier);
+        }
+        order[..head].sort_unstable_by(heavier);
+        let mut cum = 0.0;
+        let reached = order[..head].iter().position(|&p| {
+            cum += weights[p];
+            cum >= target
+        });
+        match reached {
+            Some(c) => break c + 1,
+            None if head == n => break n,
+            None => head = (head * 4).min(n),
+        }
+    };
+    order[..keep].iter().map(|&p| (idx[p], weights[p])).unzip()
 }
 
 #[cfg(test)]
@@ -202,6 +230,42 @@ mod tests {
         }
         assert_eq!(seen[2], 0);
         assert!(seen[0] > 0 && seen[1] > 0);
+    }
+
+    #[test]
+    fn top_k_and_nucleus_keep_the_sets_a_full_sort_keeps() {
+        // 300 logits with ties; the kept sets must be those of sorting everything.
+        let logits: Vec<f32> = (0..300)
+            .map(|i| ((i * 37 % 101) as f32 * 0.05).sin() * 4.0)
+            .collect();
+        let mut sorted: Vec<usize> = (0..logits.len()).collect();
+        sorted.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        for top_p in [0.05, 0.5, 0.9, 0.999] {
+            let w: Vec<f64> = (0..logits.len())
+                .map(|i| (logits[i] as f64 - 4.0).exp())
+                .collect();
+            let idx: Vec<usize> = (0..logits.len()).collect();
+            let (kept, _) = nucleus(&idx, &w, top_p);
+            let total: f64 = w.iter().sum();
+            let mut cum = 0.0;
+            let want = sorted
+                .iter()
+                .position(|&i| {
+                    cum += w[i];
+                    cum >= top_p * total
+                })
+                .map_or(sorted.len(), |c| c + 1);
+            assert_eq!(kept, sorted[..want].to_vec(), "top_p {top_p}");
+        }
+        let p = SamplingParams {
+            top_k: 7,
+            ..SamplingParams::default()
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        for _ in 0..200 {
+            let t = sample_row(&logits, &p, &mut rng).0 as usize;
+            assert!(sorted[..7].contains(&t), "{t} is outside the top 7");
+        }
     }
 
     #[test]

@@ -1,20 +1,55 @@
-//! `agentrl bench model`: train and sampling throughput of the candle policy
-//! on the issue's reference shape, beside PyTorch's figures for the same shape.
+//! `agentrl bench model`: train and sampling throughput of the candle policy,
+//! its model-FLOPs utilisation, and — when a Python with torch and
+//! transformers is at hand — the same workload on Hugging Face's
+//! Qwen2ForCausalLM in the same invocation (`bench/torch_model.py`), with
+//! the ratios.
 
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use agentrl_model::candle_core::{self, Device};
+use agentrl_model::candle_core::{self, Device, Tensor};
 use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, ModelConfig, PolicyModel, SamplingParams};
-use anyhow::Context;
+use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// Reference PyTorch figures from issue 3 (same shape, same machine class).
-const TORCH_TRAIN_TOK_S: f64 = 7_900.0;
-const TORCH_SAMPLE_TOK_S: f64 = 2_600.0;
+/// The PyTorch side, fed to the interpreter on stdin so the binary needs no
+/// source tree at run time.
+const TORCH_SCRIPT: &str = include_str!("../../../../../bench/torch_model.py");
+
+/// The benchmark shapes (the PyTorch script has the same table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Shape {
+    /// vocab 512, d 256, 4 layers, 4/2 heads, ffn 688 (≈ 3.0M parameters).
+    Small,
+    /// vocab 512, d 512, 8 layers, 8/2 heads, ffn 1376 (≈ 22.4M parameters, tied embeddings).
+    Medium,
+}
+
+impl Shape {
+    fn name(self) -> &'static str {
+        match self {
+            Shape::Small => "small",
+            Shape::Medium => "medium",
+        }
+    }
+
+    fn config(self) -> ModelConfig {
+        let mut c = match self {
+            Shape::Small => ModelConfig::new_qwen2(512, 256, 4, 4, 2, 688),
+            Shape::Medium => ModelConfig::new_qwen2(512, 512, 8, 8, 2, 1376),
+        };
+        c.max_position_embeddings = 1024;
+        c
+    }
+}
 
 #[derive(clap::Args)]
 pub struct BenchModelArgs {
+    /// Model shape.
+    #[arg(long, value_enum, default_value_t = Shape::Small)]
+    shape: Shape,
     /// Timed training steps (fwd + bwd + clip + AdamW), after one warm-up step.
     #[arg(long, default_value_t = 3)]
     steps: usize,
@@ -33,16 +68,196 @@ pub struct BenchModelArgs {
     /// Sampling: new tokens per prompt.
     #[arg(long, default_value_t = 64)]
     new_tokens: usize,
+    /// Python interpreter with torch and transformers for the reference run
+    /// (default: `python3` on PATH, if it imports both).
+    #[arg(long, value_name = "PATH")]
+    python: Option<String>,
+    /// Skip the PyTorch reference run.
+    #[arg(long, conflicts_with = "python")]
+    no_torch: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
 }
 
-/// The issue's benchmark shape: vocab 512, d 256, 4 layers, 4 heads / 2 kv heads, ffn 688.
-fn bench_config() -> ModelConfig {
-    let mut c = ModelConfig::new_qwen2(512, 256, 4, 4, 2, 688);
-    c.max_position_embeddings = 1024;
-    c
+/// FLOPs the model needs, counted as PaLM's MFU does: 2 per multiply-add of
+/// every weight matrix (the LM head included, biases and norms not) per
+/// token, plus attention's q·k and p·v over the whole context.
+#[derive(Debug, Clone, Copy)]
+struct FlopModel {
+    /// Weight-matrix parameters touched per token.
+    matmul_params: f64,
+    /// layers × query heads × head width.
+    attn_width: f64,
+}
+
+impl FlopModel {
+    fn of(cfg: &ModelConfig) -> Self {
+        let d = cfg.hidden_size as f64;
+        let q = (cfg.num_attention_heads * cfg.head_dim()) as f64;
+        let kv = (cfg.num_kv_heads() * cfg.head_dim()) as f64;
+        let f = cfg.intermediate_size as f64;
+        let layer = d * q + 2.0 * d * kv + q * d + 3.0 * d * f;
+        Self {
+            matmul_params: cfg.num_hidden_layers as f64 * layer + cfg.vocab_size as f64 * d,
+            attn_width: (cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim()) as f64,
+        }
+    }
+
+    /// Forward FLOPs of one token that attends over `context` keys.
+    fn forward_token(&self, context: f64) -> f64 {
+        2.0 * self.matmul_params + 4.0 * self.attn_width * context
+    }
+
+    /// Forward + backward FLOPs of one trained token in sequences of `t`
+    /// (backward = 2 × forward; the whole T×T counted, as PaLM does).
+    fn train_token(&self, t: f64) -> f64 {
+        3.0 * self.forward_token(t)
+    }
+
+    /// FLOPs of one sampling run: the prompts' prefill (causal, so a prompt
+    /// token sees half the prompt on average) and each new token over its context.
+    fn sample_run(&self, prompts: f64, prompt_len: f64, new: usize) -> f64 {
+        let prefill = prompts * prompt_len * self.forward_token(prompt_len / 2.0);
+        let decode: f64 = (0..new)
+            .map(|i| prompts * self.forward_token(prompt_len + i as f64 + 1.0))
+            .sum();
+        prefill + decode
+    }
+}
+
+/// The machine's f32 peak as this process sees it: every thread runs
+/// independent fused multiply-add chains (no memory traffic) for a moment;
+/// the sum of their rates is the MFU denominator.
+mod peak {
+    use std::time::Instant;
+
+    /// FLOP/s of `threads` threads each running FMA chains for about `seconds`.
+    pub fn fma_flops(threads: usize, seconds: f64) -> f64 {
+        let per_thread: Vec<f64> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads.max(1))
+                .map(|_| s.spawn(move || one_thread(seconds)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0.0))
+                .collect()
+        });
+        per_thread.iter().sum()
+    }
+
+    fn one_thread(seconds: f64) -> f64 {
+        // Warm up (clock ramp), then time rounds until `seconds` have passed.
+        let (flops_per_round, mut round) = kernel();
+        round();
+        let t0 = Instant::now();
+        let mut rounds = 0u64;
+        while t0.elapsed().as_secs_f64() < seconds {
+            round();
+            rounds += 1;
+        }
+        rounds as f64 * flops_per_round / t0.elapsed().as_secs_f64()
+    }
+
+    const ITERS: usize = 20_000;
+    const CHAINS: usize = 12;
+
+    /// The widest FMA loop the CPU runs, as (FLOPs per call, the call).
+    #[cfg(target_arch = "x86_64")]
+    fn kernel() -> (f64, Box<dyn FnMut()>) {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            let flops = (ITERS * CHAINS * 16 * 2) as f64;
+            // SAFETY: avx512f was detected at run time just above.
+            return (flops, Box::new(|| unsafe { sink(fma512(ITERS)) }));
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            let flops = (ITERS * CHAINS * 8 * 2) as f64;
+            // SAFETY: avx2 and fma were detected at run time just above.
+            return (flops, Box::new(|| unsafe { sink(fma256(ITERS)) }));
+        }
+        portable()
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn kernel() -> (f64, Box<dyn FnMut()>) {
+        portable()
+    }
+
+    /// Scalar chains the compiler may vectorise: a lower bound on other CPUs.
+    fn portable() -> (f64, Box<dyn FnMut()>) {
+        let flops = (ITERS * CHAINS * 8 * 2) as f64;
+        (
+            flops,
+            Box::new(|| {
+                let mut acc = [[0f32; 8]; CHAINS];
+                for _ in 0..ITERS {
+                    for chain in acc.iter_mut() {
+                        for x in chain.iter_mut() {
+                            *x = x.mul_add(0.999_999, 1e-7);
+                        }
+                    }
+                }
+                sink(acc.iter().flatten().sum());
+            }),
+        )
+    }
+
+    fn sink(x: f32) {
+        std::hint::black_box(x);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fma256(iters: usize) -> f32 {
+        use std::arch::x86_64::*;
+        let a = _mm256_set1_ps(0.999_999);
+        let b = _mm256_set1_ps(1e-7);
+        let mut acc = [_mm256_setzero_ps(); CHAINS];
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm256_fmadd_ps(*x, a, b);
+            }
+        }
+        let mut out = [0f32; 8];
+        let total = acc
+            .iter()
+            .fold(_mm256_setzero_ps(), |s, x| _mm256_add_ps(s, *x));
+        _mm256_storeu_ps(out.as_mut_ptr(), total);
+        out.iter().sum()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fma512(iters: usize) -> f32 {
+        use std::arch::x86_64::*;
+        let a = _mm512_set1_ps(0.999_999);
+        let b = _mm512_set1_ps(1e-7);
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(*x, a, b);
+            }
+        }
+        let total = acc
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, x| _mm512_add_ps(s, *x));
+        _mm512_reduce_add_ps(total)
+    }
+}
+
+/// FLOP/s of candle's f32 matmul on an `n`×`n`×`n` product (what a large,
+/// well-shaped GEMM reaches here; printed beside the FMA peak).
+fn large_matmul_flops(n: usize) -> anyhow::Result<f64> {
+    let a = Tensor::ones((n, n), candle_core::DType::F32, &Device::Cpu)?;
+    let b = Tensor::ones((n, n), candle_core::DType::F32, &Device::Cpu)?;
+    a.matmul(&b)?;
+    let reps = 3;
+    let t0 = Instant::now();
+    for _ in 0..reps {
+        a.matmul(&b)?;
+    }
+    Ok(reps as f64 * 2.0 * (n * n * n) as f64 / t0.elapsed().as_secs_f64())
 }
 
 fn random_seqs(rng: &mut ChaCha8Rng, n: usize, len: usize, vocab: u32) -> Vec<Vec<u32>> {
@@ -51,28 +266,35 @@ fn random_seqs(rng: &mut ChaCha8Rng, n: usize, len: usize, vocab: u32) -> Vec<Ve
         .collect()
 }
 
-pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.steps > 0 && args.sample_runs > 0,
-        "--steps and --sample-runs must be positive"
-    );
-    anyhow::ensure!(args.seq_len >= 2, "--seq-len must be at least 2");
-    let dev = Device::Cpu;
-    let cfg = bench_config();
-    let model = PolicyModel::new_random(&cfg, false, 0, &dev).context("building the model")?;
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let vocab = cfg.vocab_size as u32;
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".to_string())
+}
 
-    // Training: -mean log-prob over a batch of random sequences.
+/// The candle side's figures.
+struct Measured {
+    train_step_s: f64,
+    train_tok_s: f64,
+    sample_s: f64,
+    sample_tok_s: f64,
+}
+
+fn measure_agentrl(args: &BenchModelArgs, model: &PolicyModel) -> anyhow::Result<Measured> {
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let vocab = model.config.vocab_size as u32;
+    // Training: minus the mean log-prob over a batch of random sequences
+    // (PyTorch: the cross-entropy of `labels=input_ids`, the same number).
     let vars = model.trainable_vars()?;
     let mut opt = AdamW::new(vars.clone(), AdamWConfig::default())?;
     let batch = random_seqs(&mut rng, args.batch, args.seq_len, vocab);
     let mut train_step = || -> anyhow::Result<()> {
         let out = model.sequence_logprobs(&batch)?;
+        let n = out.mask.sum_all()?.to_scalar::<f32>()? as f64;
         let loss = (&out.logprobs * &out.mask)?
             .sum_all()?
-            .neg()?
-            .affine(1.0 / out.mask.sum_all()?.to_scalar::<f32>()? as f64, 0.0)?;
+            .affine(-1.0 / n, 0.0)?;
         let mut grads = loss.backward()?;
         clip_grad_norm(&mut grads, &vars, 1.0)?;
         opt.step(&grads)?;
@@ -83,10 +305,10 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     for _ in 0..args.steps {
         train_step()?;
     }
-    let train_s = t0.elapsed().as_secs_f64() / args.steps as f64;
-    let train_tok_s = (args.batch * args.seq_len) as f64 / train_s;
+    let train_step_s = t0.elapsed().as_secs_f64() / args.steps as f64;
 
-    // Sampling: temperature-1 sampling with the KV cache, no stop tokens.
+    // Sampling: temperature 1, no truncation, no stop token: every run makes
+    // batch × new_tokens tokens.
     let prompts = random_seqs(&mut rng, args.batch, args.prompt_len, vocab);
     let params = SamplingParams {
         max_new_tokens: args.new_tokens,
@@ -102,51 +324,236 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             .map(|g| g.tokens.len())
             .sum::<usize>();
     }
-    let sample_s = t0.elapsed().as_secs_f64();
-    let sample_tok_s = new_tokens as f64 / sample_s;
+    let sample_s = t0.elapsed().as_secs_f64() / args.sample_runs as f64;
+    Ok(Measured {
+        train_step_s,
+        train_tok_s: (args.batch * args.seq_len) as f64 / train_step_s,
+        sample_s,
+        sample_tok_s: new_tokens as f64 / (sample_s * args.sample_runs as f64),
+    })
+}
 
+/// The PyTorch reference's figures.
+struct TorchMeasured {
+    version: String,
+    train_tok_s: f64,
+    sample_tok_s: f64,
+}
+
+/// Which interpreter runs the reference: `--python`, else `python3` when it
+/// imports torch and transformers; `None` when there is none.
+fn torch_python(args: &BenchModelArgs) -> Option<String> {
+    if args.no_torch {
+        return None;
+    }
+    if let Some(p) = &args.python {
+        return Some(p.clone());
+    }
+    let ok = Command::new("python3")
+        .args(["-c", "import torch, transformers"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    ok.then(|| "python3".to_string())
+}
+
+fn measure_torch(
+    python: &str,
+    args: &BenchModelArgs,
+    threads: usize,
+) -> anyhow::Result<TorchMeasured> {
+    let script_args = [
+        "--shape".to_string(),
+        args.shape.name().to_string(),
+        "--threads".to_string(),
+        threads.to_string(),
+        "--batch".to_string(),
+        args.batch.to_string(),
+        "--seq-len".to_string(),
+        args.seq_len.to_string(),
+        "--prompt-len".to_string(),
+        args.prompt_len.to_string(),
+        "--new-tokens".to_string(),
+        args.new_tokens.to_string(),
+        "--steps".to_string(),
+        args.steps.to_string(),
+        "--sample-runs".to_string(),
+        args.sample_runs.to_string(),
+    ];
+    let mut child = Command::new(python)
+        .arg("-")
+        .args(&script_args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting `{python}` for the PyTorch reference"))?;
+    child
+        .stdin
+        .take()
+        .context("no stdin for the PyTorch reference")?
+        .write_all(TORCH_SCRIPT.as_bytes())
+        .context("writing bench/torch_model.py to the interpreter")?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "the PyTorch reference (`{python} bench/torch_model.py`) failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .context("the PyTorch reference printed no JSON line")?;
+    let v: serde_json::Value =
+        serde_json::from_str(line).context("parsing the PyTorch reference's JSON")?;
+    let num = |k: &str| -> anyhow::Result<f64> {
+        v[k].as_f64()
+            .with_context(|| format!("the PyTorch reference's JSON has no number `{k}`"))
+    };
+    Ok(TorchMeasured {
+        version: format!(
+            "torch {} / transformers {}",
+            v["torch_version"].as_str().unwrap_or("?"),
+            v["transformers_version"].as_str().unwrap_or("?")
+        ),
+        train_tok_s: num("train_tokens_per_s")?,
+        sample_tok_s: num("sample_tokens_per_s")?,
+    })
+}
+
+pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.steps > 0 && args.sample_runs > 0 && args.batch > 0,
+        "--steps, --sample-runs and --batch must be positive"
+    );
+    anyhow::ensure!(args.seq_len >= 2, "--seq-len must be at least 2");
+    anyhow::ensure!(
+        args.prompt_len > 0 && args.new_tokens > 0,
+        "--prompt-len and --new-tokens must be positive"
+    );
+    let cfg = args.shape.config();
+    anyhow::ensure!(
+        args.seq_len <= cfg.max_position_embeddings
+            && args.prompt_len + args.new_tokens <= cfg.max_position_embeddings,
+        "sequences must fit {} positions",
+        cfg.max_position_embeddings
+    );
     let threads = candle_core::utils::get_num_threads();
-    let parameters = model.num_parameters()?;
-    // Figures on a shared machine depend on what else runs: print the load.
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "?".to_string());
+    let load_start = load_average();
+    let peak = peak::fma_flops(threads, 0.2);
+    let gemm = large_matmul_flops(1024)?;
+    let model =
+        PolicyModel::new_random(&cfg, false, 0, &Device::Cpu).context("building the model")?;
+    let ours = measure_agentrl(&args, &model)?;
+    let python = torch_python(&args);
+    let torch = match &python {
+        Some(p) => Some(measure_torch(p, &args, threads)?),
+        None => None,
+    };
+    let load_end = load_average();
+
+    let flops = FlopModel::of(&cfg);
+    let train_flop_s = ours.train_tok_s * flops.train_token(args.seq_len as f64);
+    let mfu = train_flop_s / peak;
+    let sample_flops = flops.sample_run(args.batch as f64, args.prompt_len as f64, args.new_tokens);
+    let sample_mfu = sample_flops / ours.sample_s / peak;
+    let torch_mfu = torch
+        .as_ref()
+        .map(|t| t.train_tok_s * flops.train_token(args.seq_len as f64) / peak);
+
     if args.json {
-        let v = serde_json::json!({
-            "shape": {"vocab": cfg.vocab_size, "d": cfg.hidden_size, "layers": cfg.num_hidden_layers,
-                      "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads(), "ffn": cfg.intermediate_size},
-            "parameters": parameters,
+        let mut v = serde_json::json!({
+            "shape": args.shape.name(),
+            "config": {"vocab": cfg.vocab_size, "d": cfg.hidden_size, "layers": cfg.num_hidden_layers,
+                       "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads(), "ffn": cfg.intermediate_size},
+            "parameters": model.num_parameters()?,
             "threads": threads,
-            "load_average_1m": load,
-            "train_tokens_per_s": train_tok_s,
-            "train_step_s": train_s,
-            "sample_new_tokens_per_s": sample_tok_s,
-            "reference_torch_train_tokens_per_s": TORCH_TRAIN_TOK_S,
-            "reference_torch_sample_tokens_per_s": TORCH_SAMPLE_TOK_S,
+            "load_average_1m_start": load_start,
+            "load_average_1m_end": load_end,
+            "peak_flops": peak,
+            "large_matmul_flops": gemm,
+            "train_tokens_per_s": ours.train_tok_s,
+            "train_step_s": ours.train_step_s,
+            "sample_tokens_per_s": ours.sample_tok_s,
+            "mfu": mfu,
+            "sample_mfu": sample_mfu,
         });
+        if let Some(t) = &torch {
+            v["torch_version"] = serde_json::json!(t.version);
+            v["torch_train_tokens_per_s"] = serde_json::json!(t.train_tok_s);
+            v["torch_sample_tokens_per_s"] = serde_json::json!(t.sample_tok_s);
+            v["torch_mfu"] = serde_json::json!(torch_mfu);
+            v["train_ratio"] = serde_json::json!(ours.train_tok_s / t.train_tok_s);
+            v["sample_ratio"] = serde_json::json!(ours.sample_tok_s / t.sample_tok_s);
+        }
         println!("{v}");
         return Ok(());
     }
     println!(
-        "model: vocab {} d {} layers {} heads {}/{} kv ffn {} ({} parameters), f32 CPU, {} matmul threads, load average {}",
+        "model {}: vocab {} d {} layers {} heads {}/{} kv ffn {} ({} parameters), f32 CPU, {} threads",
+        args.shape.name(),
         cfg.vocab_size,
         cfg.hidden_size,
         cfg.num_hidden_layers,
         cfg.num_attention_heads,
         cfg.num_kv_heads(),
         cfg.intermediate_size,
-        parameters,
+        model.num_parameters()?,
         threads,
-        load
+    );
+    println!("load average (1 min): {load_start} at the start, {load_end} at the end");
+    println!(
+        "peak {:.1} GFLOP/s ({threads} threads of FMA chains, measured now; the MFU denominator); \
+         a 1024³ f32 matmul reaches {:.1} GFLOP/s",
+        peak / 1e9,
+        gemm / 1e9
+    );
+    let ratio = |a: f64, b: Option<f64>| match b {
+        Some(b) => format!("{:>8.2}x", a / b),
+        None => format!("{:>9}", "-"),
+    };
+    let theirs = |f: fn(&TorchMeasured) -> f64| torch.as_ref().map(f);
+    let cell = |x: Option<f64>| x.map_or_else(|| format!("{:>12}", "-"), |x| format!("{x:>12.0}"));
+    println!("{:<34}{:>12}{:>12}{:>9}", "", "agentrl", "PyTorch", "ratio");
+    println!(
+        "{:<34}{:>12.0}{}{}",
+        format!("train tok/s ({}x{}, +clip+AdamW)", args.batch, args.seq_len),
+        ours.train_tok_s,
+        cell(theirs(|t| t.train_tok_s)),
+        ratio(ours.train_tok_s, theirs(|t| t.train_tok_s))
     );
     println!(
-        "train    {:>9.0} tok/s  (batch {}x{}, fwd+bwd+clip+AdamW, {:.3} s/step)  vs reference PyTorch figure from the issue {:.0} tok/s: {:.2}x",
-        train_tok_s, args.batch, args.seq_len, train_s, TORCH_TRAIN_TOK_S, train_tok_s / TORCH_TRAIN_TOK_S
+        "{:<34}{:>12.0}{}{}",
+        format!(
+            "sample tok/s ({}x{}, {} new)",
+            args.batch, args.prompt_len, args.new_tokens
+        ),
+        ours.sample_tok_s,
+        cell(theirs(|t| t.sample_tok_s)),
+        ratio(ours.sample_tok_s, theirs(|t| t.sample_tok_s))
     );
     println!(
-        "sampling {:>9.0} tok/s  ({} prompts x {} tokens, {} new, KV cache, T=1)  vs reference PyTorch figure from the issue {:.0} tok/s: {:.2}x",
-        sample_tok_s, args.batch, args.prompt_len, args.new_tokens, TORCH_SAMPLE_TOK_S, sample_tok_s / TORCH_SAMPLE_TOK_S
+        "{:<34}{:>11.1}%{:>12}",
+        "train MFU",
+        100.0 * mfu,
+        torch_mfu.map_or_else(|| "-".to_string(), |m| format!("{:.1}%", 100.0 * m))
     );
+    println!(
+        "{:<34}{:>11.1}%",
+        "sampling MFU (prefill + decode)",
+        100.0 * sample_mfu
+    );
+    match (&torch, &python) {
+        (Some(t), Some(p)) => println!("PyTorch reference: {} via `{p}` (bench/torch_model.py, same threads, f32)", t.version),
+        _ => println!(
+            "PyTorch reference: not measured ({}; pass --python PATH to a Python with torch and transformers)",
+            if args.no_torch { "--no-torch" } else { "python3 does not import torch and transformers" }
+        ),
+    }
     Ok(())
 }

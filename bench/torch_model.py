@@ -1,0 +1,142 @@
+"""PyTorch + transformers side of `agentrl bench model`.
+
+Runs the same workload as the Rust benchmark on Hugging Face's own
+Qwen2ForCausalLM (built from a config, random weights, float32, CPU) and
+prints one JSON line with its figures. `agentrl bench model` feeds this file
+to the interpreter on stdin (`python - ARGS`); it can also be run by hand:
+
+    python bench/torch_model.py --shape small
+
+Workload (the defaults are the Rust side's):
+- train: batch of B random sequences of T tokens, next-token cross-entropy
+  (= minus the mean log-prob), backward, clip_grad_norm_(1.0), AdamW step;
+- sample: B random prompts of P tokens, `generate` with the KV cache
+  (use_cache=True), multinomial sampling at temperature 1 (no top-k / top-p
+  truncation), exactly N new tokens (no end-of-sequence token).
+
+Fairness: the same thread count (torch.set_num_threads, and one inter-op
+thread), the same dtype (float32), the same shape and token counts, one
+untimed warm-up step/run before the timed ones, the fastest attention
+transformers offers on CPU (sdpa). Never needed by tests or CI.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+SHAPES = {
+    # vocab, hidden, layers, heads, kv heads, ffn
+    "small": (512, 256, 4, 4, 2, 688),
+    "medium": (512, 512, 8, 8, 2, 1376),
+}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--sample-runs", type=int, default=2)
+    p.add_argument("--max-positions", type=int, default=1024)
+    return p.parse_args(argv)
+
+
+def main(argv):
+    args = parse_args(argv)
+    import torch
+    import transformers
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.set_num_threads(args.threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass  # already set by an earlier parallel region; harmless
+    torch.manual_seed(0)
+
+    vocab, d, layers, heads, kv, ffn = SHAPES[args.shape]
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=args.max_positions,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        use_cache=True,
+        attn_implementation="sdpa",
+    )
+    model = Qwen2ForCausalLM(cfg).to(torch.float32)
+    params = sum(p.numel() for p in model.parameters())
+
+    # ---- train: fwd + bwd + clip + AdamW, as the Rust side.
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(0)
+    batch = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen)
+
+    def train_step():
+        out = model(input_ids=batch, labels=batch)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    train_step()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        train_step()
+    train_s = (time.perf_counter() - t0) / args.steps
+
+    # ---- sample: KV-cache generation, temperature 1, exactly N new tokens.
+    model.eval()
+    prompts = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=gen)
+    mask = torch.ones_like(prompts)
+
+    def sample():
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=prompts,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                use_cache=True,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        return (out.shape[1] - args.prompt_len) * out.shape[0]
+
+    sample()
+    t0 = time.perf_counter()
+    new_tokens = sum(sample() for _ in range(args.sample_runs))
+    sample_s = time.perf_counter() - t0
+
+    print(
+        json.dumps(
+            {
+                "torch_version": torch.__version__,
+                "transformers_version": transformers.__version__,
+                "threads": torch.get_num_threads(),
+                "parameters": params,
+                "train_step_s": train_s,
+                "train_tokens_per_s": args.batch * args.seq_len / train_s,
+                "sample_tokens_per_s": new_tokens / sample_s,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

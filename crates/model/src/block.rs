@@ -1,0 +1,581 @@
+//! One Qwen2 decoder layer as a single candle op with a hand-written
+//! backward (as llm.c does for GPT-2), over packed sequences.
+//!
+//! Why: built from candle ops, a layer is ~40 graph nodes whose elementwise
+//! steps each allocate, make a pass over memory and synchronise candle's own
+//! thread pool against the GEMM's; profiling a training step showed more
+//! time spinning in that pool's barrier than in most kernels. Here the
+//! layer is GEMMs (the `gemm` crate, as candle uses) plus fused row passes
+//! on one pool: RMSNorm, RoPE with the head transpose, flash-style attention
+//! ([`crate::attention`]), SwiGLU, residuals — and their exact adjoints.
+//!
+//! The op takes the layer input `x: [N, d]` (N = every real token of the
+//! batch, no padding) and one flat tensor holding all the layer's
+//! parameters, concatenated from their `Var`s with candle's differentiable
+//! `cat` — so candle's autograd hands each `Var` its slice of the gradient
+//! this op returns. Activations the backward needs are kept inside the op
+//! (the graph holds the op as long as it holds the output).
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+
+use crate::attention::{self, Heads};
+use crate::host::{storage_slice, tensor_from, with_slices};
+use crate::kernels::{par_chunks2_mut, par_chunks_mut, rms_norm_rows, sigmoid, silu, Mm, Real};
+
+/// Where each packed token sits: sequence `s` owns rows
+/// `offsets[s]..offsets[s + 1]`, and row r is at position `pos[r]` of its sequence.
+#[derive(Debug, Clone)]
+pub(crate) struct Packing {
+    pub offsets: Vec<usize>,
+    pub pos: Vec<usize>,
+}
+
+impl Packing {
+    /// The packing of sequences with these lengths.
+    pub(crate) fn of_lengths(lengths: impl IntoIterator<Item = usize>) -> Self {
+        let mut offsets = vec![0];
+        let mut pos = Vec::new();
+        for len in lengths {
+            pos.extend(0..len);
+            offsets.push(offsets[offsets.len() - 1] + len);
+        }
+        Self { offsets, pos }
+    }
+
+    /// Total rows.
+    pub(crate) fn rows(&self) -> usize {
+        self.pos.len()
+    }
+}
+
+/// A layer's sizes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LayerShape {
+    pub d: usize,
+    pub heads: Heads,
+    pub ffn: usize,
+    pub bias: bool,
+    pub eps: f64,
+}
+
+impl LayerShape {
+    fn q_dim(&self) -> usize {
+        self.heads.heads * self.heads.head_dim
+    }
+    fn kv_dim(&self) -> usize {
+        self.heads.kv_heads * self.heads.head_dim
+    }
+
+    /// Where each parameter lies in the flat pack, in the order of
+    /// [`crate::qwen2::Model::layer_params`]: q, k, v, o, gate, up, down,
+    /// input norm, post-attention norm, then q, k, v biases when present.
+    pub(crate) fn pack(&self) -> PackOffsets {
+        let (d, q, kv, f) = (self.d, self.q_dim(), self.kv_dim(), self.ffn);
+        let sizes = [
+            q * d,
+            kv * d,
+            kv * d,
+            d * q,
+            f * d,
+            f * d,
+            d * f,
+            d,
+            d,
+            if self.bias { q } else { 0 },
+            if self.bias { kv } else { 0 },
+            if self.bias { kv } else { 0 },
+        ];
+        let mut at = [0usize; 13];
+        for (i, s) in sizes.iter().enumerate() {
+            at[i + 1] = at[i] + s;
+        }
+        PackOffsets { at }
+    }
+}
+
+/// Start offsets of the parameters in the pack (13 boundaries, 12 ranges).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PackOffsets {
+    at: [usize; 13],
+}
+
+/// Indices of the parameters in [`PackOffsets`].
+#[derive(Clone, Copy)]
+enum P {
+    Q = 0,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+    Ln1,
+    Ln2,
+    QB,
+    KB,
+    VB,
+}
+
+impl PackOffsets {
+    fn get<'a, T>(&self, pack: &'a [T], p: P) -> &'a [T] {
+        &pack[self.at[p as usize]..self.at[p as usize + 1]]
+    }
+    fn get_mut<'a, T>(&self, pack: &'a mut [T], p: P) -> &'a mut [T] {
+        &mut pack[self.at[p as usize]..self.at[p as usize + 1]]
+    }
+    /// The pack's length.
+    pub(crate) fn total(&self) -> usize {
+        self.at[12]
+    }
+}
+
+/// Rotary tables for positions `0..len`, `[len, head_dim / 2]` each.
+#[derive(Debug)]
+pub(crate) struct Rope<T> {
+    pub cos: Vec<T>,
+    pub sin: Vec<T>,
+}
+
+/// Activations of one forward kept for the backward.
+struct Saved<T> {
+    xn1: Vec<T>,
+    inv1: Vec<T>,
+    /// `[heads, N, hd]` rotated, scaled queries; `[kv, N, hd]` rotated keys and values.
+    q: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+    lse: Vec<T>,
+    /// Attention output, `[N, heads · hd]` row-major (o_proj's input).
+    att: Vec<T>,
+    y1: Vec<T>,
+    xn2: Vec<T>,
+    inv2: Vec<T>,
+    gate: Vec<T>,
+    up: Vec<T>,
+}
+
+/// The decoder-layer op for one forward pass.
+pub(crate) struct DecoderLayerOp<T> {
+    pub shape: LayerShape,
+    pub packing: Arc<Packing>,
+    pub rope: Arc<Rope<T>>,
+    saved: Mutex<Option<Saved<T>>>,
+}
+
+impl<T: Real> DecoderLayerOp<T> {
+    pub(crate) fn new(shape: LayerShape, packing: Arc<Packing>, rope: Arc<Rope<T>>) -> Self {
+        Self {
+            shape,
+            packing,
+            rope,
+            saved: Mutex::new(None),
+        }
+    }
+}
+
+/// Rotates (rotate-half RoPE at each row's position), scales and moves
+/// `x: [N, heads · hd]` into `[heads, N, hd]`; `adjoint` is the transpose
+/// map (the gradient of the forward), `[heads, N, hd]` → `[N, heads · hd]`.
+fn rope_heads<T: Real>(
+    x: &[T],
+    heads: usize,
+    hd: usize,
+    pos: &[usize],
+    rope: &Rope<T>,
+    scale: T,
+    adjoint: bool,
+) -> Vec<T> {
+    let n = pos.len();
+    let half = hd / 2;
+    let mut out = vec![T::ZERO; x.len()];
+    let rotate = |src: &[T], dst: &mut [T], p: usize| {
+        let (c, s) = (
+            &rope.cos[p * half..(p + 1) * half],
+            &rope.sin[p * half..(p + 1) * half],
+        );
+        for i in 0..half {
+            let (a, b) = (src[i], src[half + i]);
+            let (o1, o2) = if adjoint {
+                (a * c[i] + b * s[i], b * c[i] - a * s[i])
+            } else {
+                (a * c[i] - b * s[i], b * c[i] + a * s[i])
+            };
+            dst[i] = o1 * scale;
+            dst[half + i] = o2 * scale;
+        }
+    };
+    if adjoint {
+        // One task per row of the row-major output.
+        par_chunks_mut(&mut out, heads * hd, x.len() * 4, |r, dst| {
+            for h in 0..heads {
+                rotate(
+                    &x[(h * n + r) * hd..(h * n + r + 1) * hd],
+                    &mut dst[h * hd..(h + 1) * hd],
+                    pos[r],
+                );
+            }
+        });
+    } else {
+        // One task per head of the head-major output.
+        par_chunks_mut(&mut out, n * hd, x.len() * 4, |h, dst| {
+            for r in 0..n {
+                let at = (r * heads + h) * hd;
+                rotate(&x[at..at + hd], &mut dst[r * hd..(r + 1) * hd], pos[r]);
+            }
+        });
+    }
+    out
+}
+
+/// `[heads, N, hd]` ↔ `[N, heads · hd]` without rotation (values, attention output).
+fn heads_to_rows<T: Real>(x: &[T], heads: usize, hd: usize, n: usize) -> Vec<T> {
+    let mut out = vec![T::ZERO; x.len()];
+    par_chunks_mut(&mut out, heads * hd, x.len(), |r, dst| {
+        for h in 0..heads {
+            dst[h * hd..(h + 1) * hd].copy_from_slice(&x[(h * n + r) * hd..(h * n + r + 1) * hd]);
+        }
+    });
+    out
+}
+
+fn rows_to_heads<T: Real>(x: &[T], heads: usize, hd: usize, n: usize) -> Vec<T> {
+    let mut out = vec![T::ZERO; x.len()];
+    par_chunks_mut(&mut out, n * hd, x.len(), |h, dst| {
+        for r in 0..n {
+            dst[r * hd..(r + 1) * hd]
+                .copy_from_slice(&x[(r * heads + h) * hd..(r * heads + h + 1) * hd]);
+        }
+    });
+    out
+}
+
+/// `y = x · wᵀ (+ b)` over rows; a new buffer.
+fn linear<T: Real>(x: &[T], w: &[T], b: Option<&[T]>, n_in: usize, n_out: usize) -> Vec<T> {
+    let rows = x.len() / n_in;
+    let mut y = vec![T::ZERO; rows * n_out];
+    if let Some(b) = b {
+        for r in y.chunks_exact_mut(n_out) {
+            r.copy_from_slice(b);
+        }
+    }
+    Mm::nt(rows, n_out, n_in)
+        .add_if(b.is_some())
+        .run(&mut y, x, w);
+    y
+}
+
+/// Backward of a projection `y = x·Wᵀ` (`W: [out, in]`) given `dy`:
+/// [`PackGrad::linear`] writes `dW = dyᵀ·x` and puts `dy·W` into `dx`
+/// (adding to it when `accumulate`, as when several projections read one `x`).
+/// The layer's parameter gradient being filled, beside the pack it is for.
+struct PackGrad<'a, T> {
+    dp: Vec<T>,
+    po: PackOffsets,
+    pack: &'a [T],
+    rows: usize,
+}
+
+impl<T: Real> PackGrad<'_, T> {
+    /// The gradient slot of parameter `p`.
+    fn slot(&mut self, p: P) -> &mut [T] {
+        self.po.get_mut(&mut self.dp, p)
+    }
+
+    /// Backward of the projection `y = x·Wᵀ` by parameter `p` (`x: [rows, in]`).
+    fn linear(&mut self, p: P, dx: &mut [T], dy: &[T], x: &[T], accumulate: bool) {
+        let rows = self.rows.max(1);
+        let (n_in, n_out) = (x.len() / rows, dy.len() / rows);
+        let w = self.po.get(self.pack, p);
+        Mm::tn(n_out, n_in, rows).run(self.po.get_mut(&mut self.dp, p), dy, x);
+        Mm::nn(rows, n_in, n_out).add_if(accumulate).run(dx, dy, w);
+    }
+}
+
+/// RMSNorm over rows, returning the output and each row's 1/rms.
+fn rms_norm<T: Real>(x: &[T], w: &[T], d: usize, eps: f64) -> (Vec<T>, Vec<T>) {
+    let rows = x.len() / d;
+    let mut y = vec![T::ZERO; x.len()];
+    let mut inv = vec![T::ZERO; rows];
+    let eps = T::from_f64(eps);
+    par_chunks2_mut(&mut y, d * 64, &mut inv, 64, x.len() * 3, |c, yc, ic| {
+        let xs = &x[c * 64 * d..c * 64 * d + yc.len()];
+        rms_norm_rows(yc, xs, w, d, eps, Some(ic));
+    });
+    (y, inv)
+}
+
+/// Backward of `y = x · r · w` (r = 1/rms per row) given `g = dL/dy`:
+/// adds `dx = r·(g⊙w) − x·r³·Σ(g⊙w⊙x)/d` to `dx` and returns `dw = Σ_rows g⊙x·r`.
+fn rms_norm_bwd<T: Real>(dx: &mut [T], x: &[T], inv: &[T], w: &[T], g: &[T], d: usize) -> Vec<T> {
+    let dn = T::from_f64(d as f64);
+    par_chunks_mut(dx, d, x.len() * 4, |r, dr| {
+        let (xr, gr, rr) = (&x[r * d..(r + 1) * d], &g[r * d..(r + 1) * d], inv[r]);
+        let mut dot = T::ZERO;
+        for j in 0..d {
+            dot += gr[j] * w[j] * xr[j];
+        }
+        let c = rr * rr * rr * dot / dn;
+        for j in 0..d {
+            dr[j] += rr * gr[j] * w[j] - xr[j] * c;
+        }
+    });
+    let mut dw = vec![T::ZERO; d];
+    for ((xr, gr), &rr) in x.chunks_exact(d).zip(g.chunks_exact(d)).zip(inv) {
+        for j in 0..d {
+            dw[j] += gr[j] * xr[j] * rr;
+        }
+    }
+    dw
+}
+
+/// Σ over rows of `x: [rows, n]` into `out: [n]`.
+fn column_sums<T: Real>(out: &mut [T], x: &[T], n: usize) {
+    out.iter_mut().for_each(|v| *v = T::ZERO);
+    for row in x.chunks_exact(n) {
+        for (o, v) in out.iter_mut().zip(row) {
+            *o += *v;
+        }
+    }
+}
+
+/// The sizes one pass reads, unpacked once.
+struct Sizes {
+    d: usize,
+    f: usize,
+    hd: usize,
+    nh: usize,
+    nkv: usize,
+    q_dim: usize,
+    kv_dim: usize,
+    n: usize,
+}
+
+impl<T: Real> DecoderLayerOp<T> {
+    fn sizes(&self) -> Sizes {
+        let sh = self.shape;
+        Sizes {
+            d: sh.d,
+            f: sh.ffn,
+            hd: sh.heads.head_dim,
+            nh: sh.heads.heads,
+            nkv: sh.heads.kv_heads,
+            q_dim: sh.q_dim(),
+            kv_dim: sh.kv_dim(),
+            n: self.packing.rows(),
+        }
+    }
+
+    fn forward(&self, x: &[T], pack: &[T]) -> (Vec<T>, Saved<T>) {
+        let Sizes {
+            d,
+            f,
+            hd,
+            nh,
+            nkv,
+            q_dim,
+            kv_dim,
+            n,
+        } = self.sizes();
+        let (sh, po, pk) = (self.shape, self.shape.pack(), &self.packing);
+        let bias = |p: P| sh.bias.then(|| po.get(pack, p));
+        // Attention block.
+        let (xn1, inv1) = rms_norm(x, po.get(pack, P::Ln1), d, sh.eps);
+        let q = linear(&xn1, po.get(pack, P::Q), bias(P::QB), d, q_dim);
+        let k = linear(&xn1, po.get(pack, P::K), bias(P::KB), d, kv_dim);
+        let v = linear(&xn1, po.get(pack, P::V), bias(P::VB), d, kv_dim);
+        let scale = T::from_f64(1.0 / (hd as f64).sqrt());
+        let q = rope_heads(&q, nh, hd, &pk.pos, &self.rope, scale, false);
+        let k = rope_heads(&k, nkv, hd, &pk.pos, &self.rope, T::ONE, false);
+        let v = rows_to_heads(&v, nkv, hd, n);
+        let (out, lse) = attention::forward(&q, &k, &v, &pk.offsets, sh.heads);
+        let att = heads_to_rows(&out, nh, hd, n);
+        let mut y1 = x.to_vec();
+        Mm::nt(n, d, q_dim)
+            .add()
+            .run(&mut y1, &att, po.get(pack, P::O));
+        // MLP block.
+        let (xn2, inv2) = rms_norm(&y1, po.get(pack, P::Ln2), d, sh.eps);
+        let gate = linear(&xn2, po.get(pack, P::Gate), None, d, f);
+        let up = linear(&xn2, po.get(pack, P::Up), None, d, f);
+        let act = swiglu(&gate, &up, f);
+        let mut y = y1.clone();
+        Mm::nt(n, d, f)
+            .add()
+            .run(&mut y, &act, po.get(pack, P::Down));
+        let saved = Saved {
+            xn1,
+            inv1,
+            q,
+            k,
+            v,
+            lse,
+            att,
+            y1,
+            xn2,
+            inv2,
+            gate,
+            up,
+        };
+        (y, saved)
+    }
+
+    fn backward(&self, x: &[T], pack: &[T], dy: &[T], s: &Saved<T>) -> (Vec<T>, Vec<T>) {
+        let z = self.sizes();
+        let (d, f, hd, n) = (z.d, z.f, z.hd, z.n);
+        let (nh, nkv, q_dim, kv_dim) = (z.nh, z.nkv, z.q_dim, z.kv_dim);
+        let (sh, po, pk) = (self.shape, self.shape.pack(), &self.packing);
+        let mut grad = PackGrad {
+            dp: vec![T::ZERO; po.total()],
+            po,
+            pack,
+            rows: n,
+        };
+        // MLP: y = y1 + act·Wdᵀ, act = silu(gate) ⊙ up.
+        let act = swiglu(&s.gate, &s.up, f);
+        let mut dg = vec![T::ZERO; n * f];
+        grad.linear(P::Down, &mut dg, dy, &act, false);
+        drop(act);
+        let du = swiglu_bwd(&mut dg, &s.gate, &s.up, f);
+        let mut dxn2 = vec![T::ZERO; n * d];
+        grad.linear(P::Gate, &mut dxn2, &dg, &s.xn2, false);
+        grad.linear(P::Up, &mut dxn2, &du, &s.xn2, true);
+        drop((dg, du));
+        let mut dy1 = dy.to_vec();
+        let dln2 = rms_norm_bwd(&mut dy1, &s.y1, &s.inv2, po.get(pack, P::Ln2), &dxn2, d);
+        grad.slot(P::Ln2).copy_from_slice(&dln2);
+        drop(dxn2);
+        // Attention: y1 = x + att·Woᵀ.
+        let mut datt = vec![T::ZERO; n * q_dim];
+        grad.linear(P::O, &mut datt, &dy1, &s.att, false);
+        let d_out = rows_to_heads(&datt, nh, hd, n);
+        let out = rows_to_heads(&s.att, nh, hd, n);
+        let delta = attention::delta(&d_out, &out, hd);
+        drop((datt, out));
+        let (dq, dk, dv) = attention::backward(
+            &s.q,
+            &s.k,
+            &s.v,
+            &s.lse,
+            &d_out,
+            &delta,
+            &pk.offsets,
+            sh.heads,
+        );
+        let scale = T::from_f64(1.0 / (hd as f64).sqrt());
+        let dq = rope_heads(&dq, nh, hd, &pk.pos, &self.rope, scale, true);
+        let dk = rope_heads(&dk, nkv, hd, &pk.pos, &self.rope, T::ONE, true);
+        let dv = heads_to_rows(&dv, nkv, hd, n);
+        if sh.bias {
+            column_sums(grad.slot(P::QB), &dq, q_dim);
+            column_sums(grad.slot(P::KB), &dk, kv_dim);
+            column_sums(grad.slot(P::VB), &dv, kv_dim);
+        }
+        let mut dxn1 = vec![T::ZERO; n * d];
+        grad.linear(P::Q, &mut dxn1, &dq, &s.xn1, false);
+        grad.linear(P::K, &mut dxn1, &dk, &s.xn1, true);
+        grad.linear(P::V, &mut dxn1, &dv, &s.xn1, true);
+        let mut dx = dy1;
+        let dln1 = rms_norm_bwd(&mut dx, x, &s.inv1, po.get(pack, P::Ln1), &dxn1, d);
+        grad.slot(P::Ln1).copy_from_slice(&dln1);
+        (dx, grad.dp)
+    }
+}
+
+/// `silu(gate) ⊙ up`, rows of width `f`.
+fn swiglu<T: Real>(gate: &[T], up: &[T], f: usize) -> Vec<T> {
+    let mut act = vec![T::ZERO; gate.len()];
+    par_chunks_mut(&mut act, f * 16, gate.len() * 8, |c, out| {
+        let at = c * f * 16;
+        for ((o, &g), &u) in out.iter_mut().zip(&gate[at..]).zip(&up[at..]) {
+            *o = silu(g) * u;
+        }
+    });
+    act
+}
+
+/// Backward of [`swiglu`]: turns `da` (in `dg`) into d gate in place and
+/// returns d up: `dg = da·u·σ(g)(1 + g(1 − σ(g)))`, `du = da·silu(g)`.
+fn swiglu_bwd<T: Real>(dg: &mut [T], gate: &[T], up: &[T], f: usize) -> Vec<T> {
+    let mut du = vec![T::ZERO; dg.len()];
+    par_chunks2_mut(
+        dg,
+        f * 16,
+        &mut du,
+        f * 16,
+        gate.len() * 10,
+        |c, dgc, duc| {
+            let at = c * f * 16;
+            for (((a, b), &g), &u) in dgc
+                .iter_mut()
+                .zip(duc.iter_mut())
+                .zip(&gate[at..])
+                .zip(&up[at..])
+            {
+                let sg = sigmoid(g);
+                let da = *a;
+                *b = da * g * sg;
+                *a = da * u * sg * (T::ONE + g * (T::ONE - sg));
+            }
+        },
+    );
+    du
+}
+
+impl<T: Real> CustomOp2 for DecoderLayerOp<T> {
+    fn name(&self) -> &'static str {
+        "agentrl-decoder-layer"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ps: &CpuStorage,
+        pl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = storage_slice::<T>(xs, xl, "decoder layer input")?;
+        let pack = storage_slice::<T>(ps, pl, "decoder layer parameters")?;
+        let n = self.packing.rows();
+        if x.len() != n * self.shape.d || pack.len() != self.shape.pack().total() {
+            candle_core::bail!(
+                "decoder layer: x has {} values for {n} rows of {}, the pack {} for {}",
+                x.len(),
+                self.shape.d,
+                pack.len(),
+                self.shape.pack().total()
+            )
+        }
+        let (y, saved) = self.forward(x, pack);
+        *self
+            .saved
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("decoder layer: lock poisoned".into()))? =
+            Some(saved);
+        Ok((T::storage(y), xl.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        pack: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let guard = self
+            .saved
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("decoder layer: lock poisoned".into()))?;
+        let Some(saved) = guard.as_ref() else {
+            candle_core::bail!("decoder layer: backward before forward")
+        };
+        let (dx, dp) = with_slices::<T, _>(&[x, pack, dy], "decoder layer backward", |v| {
+            self.backward(v[0], v[1], v[2], saved)
+        })?;
+        Ok((
+            Some(tensor_from(dx, x.shape().clone())),
+            Some(tensor_from(dp, pack.shape().clone())),
+        ))
+    }
+}

@@ -1,0 +1,526 @@
+//! Generation without autograd: a hand-written forward over *packed* rows
+//! (every sequence's new tokens one after another, no padding) that reads
+//! the weights in place, per-sequence KV caches that outlive a `generate`
+//! call, and the sampling loop in which finished sequences leave the batch.
+//!
+//! Why not candle's graph: a decode step is a few dozen tiny ops whose
+//! tensor bookkeeping and allocations cost more than their arithmetic, and
+//! left-padded batches waste work and need masks. Here the projections are
+//! GEMMs over `[rows, d]` slices (the `gemm` crate, as candle uses) and
+//! attention runs per row over that row's own cache, so sequences of any
+//! lengths share a step.
+
+use candle_core::{DType, Device, Tensor};
+use rand_chacha::ChaCha8Rng;
+
+use crate::host::with_slices;
+use crate::kernels::{axpy, dot, par_chunks_mut, rms_norm_rows, silu, Mm};
+use crate::qwen2::Model;
+use crate::sampling::{sample_row, Generation, SamplingParams};
+use crate::{ModelConfig, ModelError};
+
+/// The key/value cache of one sequence, kept between `generate` calls so a
+/// later turn encodes only the tokens it adds (see
+/// [`crate::PolicyModel::generate_cached`]).
+///
+/// It remembers the tokens it was built from, so a context that diverges
+/// from them (a retokenised or truncated dialogue) reuses only the common
+/// prefix. The keys and values belong to the weights they were computed
+/// with: after an optimizer step, [`SequenceCache::clear`] it (or make a new one).
+#[derive(Debug, Clone)]
+pub struct SequenceCache {
+    /// The sequence so far: its cached positions, then at most one sampled
+    /// token not yet fed back (generation stops before encoding its last token).
+    tokens: Vec<u32>,
+    /// Positions whose keys and values are stored.
+    cached: usize,
+    /// Per layer, `[capacity, kv_heads · head_dim]` rotated keys, position-major.
+    k: Vec<Vec<f32>>,
+    /// Per layer, values in the same layout.
+    v: Vec<Vec<f32>>,
+    /// Floats per position per layer (kv_heads · head_dim).
+    kv_dim: usize,
+}
+
+impl SequenceCache {
+    /// An empty cache for a model with this configuration.
+    pub fn new(config: &ModelConfig) -> Self {
+        let layers = config.num_hidden_layers;
+        Self {
+            tokens: Vec::new(),
+            cached: 0,
+            k: vec![Vec::new(); layers],
+            v: vec![Vec::new(); layers],
+            kv_dim: config.num_kv_heads() * config.head_dim(),
+        }
+    }
+
+    /// The token sequence the cache stands for (context plus generated tokens).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// How many leading positions of [`SequenceCache::tokens`] have their keys and values stored.
+    pub fn cached_len(&self) -> usize {
+        self.cached
+    }
+
+    /// Forgets everything (keeps the memory for reuse).
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.cached = 0;
+    }
+
+    fn fits(&self, config: &ModelConfig) -> bool {
+        self.k.len() == config.num_hidden_layers
+            && self.kv_dim == config.num_kv_heads() * config.head_dim()
+    }
+
+    /// Makes room for `positions` positions in every layer, growing
+    /// geometrically so a long dialogue reallocates O(log n) times.
+    fn reserve(&mut self, positions: usize) {
+        let need = positions * self.kv_dim;
+        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
+            if buf.len() < need {
+                buf.resize(need.max(2 * buf.len()), 0.0);
+            }
+        }
+    }
+
+    /// Points the cache at `context`: keeps the cached positions of the
+    /// common prefix (but always leaves the last context token to encode, whose
+    /// logits the next sample needs) and returns where encoding starts.
+    fn retarget(&mut self, context: &[u32]) -> usize {
+        let common = self
+            .tokens
+            .iter()
+            .zip(context)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = common.min(self.cached).min(context.len().saturating_sub(1));
+        self.cached = keep;
+        self.tokens.clear();
+        self.tokens.extend_from_slice(context);
+        keep
+    }
+}
+
+/// Sizes the forward needs, from the configuration.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    d: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    ffn: usize,
+    vocab: usize,
+    eps: f32,
+}
+
+impl Dims {
+    fn of(cfg: &ModelConfig) -> Self {
+        Self {
+            d: cfg.hidden_size,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_kv_heads(),
+            head_dim: cfg.head_dim(),
+            ffn: cfg.intermediate_size,
+            vocab: cfg.vocab_size,
+            eps: cfg.rms_norm_eps as f32,
+        }
+    }
+    fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+    fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+}
+
+/// One decoder layer's weights as host f32 slices (PyTorch layouts).
+struct LayerView<'a> {
+    q_w: &'a [f32],
+    q_b: Option<&'a [f32]>,
+    k_w: &'a [f32],
+    k_b: Option<&'a [f32]>,
+    v_w: &'a [f32],
+    v_b: Option<&'a [f32]>,
+    o_w: &'a [f32],
+    gate: &'a [f32],
+    up: &'a [f32],
+    down: &'a [f32],
+    input_ln: &'a [f32],
+    post_ln: &'a [f32],
+}
+
+/// The whole model's weights as host f32 slices.
+struct ModelView<'a> {
+    dims: Dims,
+    embed: &'a [f32],
+    layers: Vec<LayerView<'a>>,
+    norm: &'a [f32],
+    lm_head: &'a [f32],
+    /// `[max_positions, head_dim / 2]` rotary tables.
+    cos: &'a [f32],
+    sin: &'a [f32],
+}
+
+/// `t` as a contiguous f32 CPU tensor: itself (shared storage) when it
+/// already is one, else a converted copy.
+fn host_f32(t: &Tensor) -> candle_core::Result<Tensor> {
+    if t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous() {
+        Ok(t.clone())
+    } else {
+        t.to_device(&Device::Cpu)?
+            .to_dtype(DType::F32)?
+            .contiguous()
+    }
+}
+
+/// Runs `f` on a view of `model`'s weights, read in place (under their
+/// storage read locks) when they are contiguous f32 on the CPU.
+fn with_view<R>(
+    model: &Model,
+    cfg: &ModelConfig,
+    f: impl FnOnce(&ModelView) -> Result<R, ModelError>,
+) -> Result<R, ModelError> {
+    let tensors = model
+        .inference_tensors()
+        .into_iter()
+        .map(host_f32)
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let refs: Vec<&Tensor> = tensors.iter().collect();
+    with_slices::<f32, _>(&refs, "inference weights", |slices| {
+        f(&ModelView::from_slices(
+            Dims::of(cfg),
+            model.qkv_bias(),
+            slices,
+        )?)
+    })?
+}
+
+impl<'a> ModelView<'a> {
+    /// Splits the slices listed by [`Model::inference_tensors`].
+    fn from_slices(dims: Dims, bias: bool, s: &[&'a [f32]]) -> Result<Self, ModelError> {
+        let per_layer = if bias { 12 } else { 9 };
+        let bad = || ModelError::InvalidInput("inference weights: unexpected tensor list".into());
+        let [embed, norm, lm_head, cos, sin, rest @ ..] = s else {
+            return Err(bad());
+        };
+        if rest.len() % per_layer != 0 {
+            return Err(bad());
+        }
+        let layers = rest
+            .chunks(per_layer)
+            .map(|l| LayerView {
+                q_w: l[0],
+                k_w: l[1],
+                v_w: l[2],
+                o_w: l[3],
+                gate: l[4],
+                up: l[5],
+                down: l[6],
+                input_ln: l[7],
+                post_ln: l[8],
+                q_b: bias.then(|| l[9]),
+                k_b: bias.then(|| l[10]),
+                v_b: bias.then(|| l[11]),
+            })
+            .collect();
+        Ok(Self {
+            dims,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+        })
+    }
+}
+
+/// Work buffers of one forward, reused across the decode steps of a call.
+#[derive(Default)]
+struct Scratch {
+    h: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    last: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+/// Sizes `buf` to `n` elements (growing only; contents are overwritten by the caller).
+fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if buf.len() < n {
+        buf.resize(n, 0.0);
+    }
+    &mut buf[..n]
+}
+
+/// Where a packed row comes from: its sequence (index into the caches) and position.
+#[derive(Clone, Copy)]
+struct Row {
+    seq: usize,
+    pos: usize,
+}
+
+/// Rotates each head of `x: [heads · hd]` for position `pos` (rotate-half
+/// convention, as [`crate::qwen2::RotaryEmbedding`]) and scales it.
+fn rope_row(x: &mut [f32], cos: &[f32], sin: &[f32], pos: usize, hd: usize, scale: f32) {
+    let half = hd / 2;
+    let (c, s) = (
+        &cos[pos * half..(pos + 1) * half],
+        &sin[pos * half..(pos + 1) * half],
+    );
+    for head in x.chunks_exact_mut(hd) {
+        let (x1, x2) = head.split_at_mut(half);
+        for i in 0..half {
+            let (a, b) = (x1[i], x2[i]);
+            x1[i] = (a * c[i] - b * s[i]) * scale;
+            x2[i] = (b * c[i] + a * s[i]) * scale;
+        }
+    }
+}
+
+/// Keys per block of the online softmax (scores live on the stack).
+const KEY_BLOCK: usize = 128;
+
+/// Causal attention of one query row `q: [heads · hd]` (already rotated and
+/// scaled) over keys/values `0..=pos` of one layer's cache, into `out`.
+/// Online softmax over key blocks: no buffer grows with the context.
+fn attend_row(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], pos: usize, dims: Dims) {
+    let (hd, kv_dim) = (dims.head_dim, dims.kv_dim());
+    let rep = dims.heads / dims.kv_heads;
+    let n = pos + 1;
+    let mut scores = [0f32; KEY_BLOCK];
+    for (h, (o, qh)) in out.chunks_exact_mut(hd).zip(q.chunks_exact(hd)).enumerate() {
+        let off = (h / rep) * hd;
+        o.iter_mut().for_each(|x| *x = 0.0);
+        let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+        for start in (0..n).step_by(KEY_BLOCK) {
+            let len = KEY_BLOCK.min(n - start);
+            let mut bm = f32::NEG_INFINITY;
+            for (j, s) in scores[..len].iter_mut().enumerate() {
+                let row = (start + j) * kv_dim + off;
+                *s = dot(qh, &k[row..row + hd]);
+                bm = bm.max(*s);
+            }
+            let m_new = m.max(bm);
+            if m > f32::NEG_INFINITY && m_new > m {
+                let c = (m - m_new).exp();
+                l *= c;
+                o.iter_mut().for_each(|x| *x *= c);
+            }
+            m = m_new;
+            for (j, s) in scores[..len].iter().enumerate() {
+                let p = (s - m).exp();
+                l += p;
+                let row = (start + j) * kv_dim + off;
+                axpy(o, p, &v[row..row + hd]);
+            }
+        }
+        let inv = 1.0 / l;
+        o.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// `y = rows of x · wᵀ (+ b)`: a linear layer over packed rows.
+fn linear_rows(y: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, n_in: usize, n_out: usize) {
+    let rows = x.len() / n_in;
+    match b {
+        Some(b) => {
+            for r in y.chunks_exact_mut(n_out) {
+                r.copy_from_slice(b);
+            }
+            Mm::nt(rows, n_out, n_in).add().run(y, x, w);
+        }
+        None => Mm::nt(rows, n_out, n_in).run(y, x, w),
+    }
+}
+
+/// Encodes the packed `rows` (token ids `ids`, one per row) into their
+/// sequences' caches and writes the logits of the rows flagged in `emit`
+/// (in row order) to `scratch.logits`, `[emitted, vocab]`.
+fn forward(
+    w: &ModelView,
+    caches: &mut [SequenceCache],
+    ids: &[u32],
+    rows: &[Row],
+    emit: &[bool],
+    s: &mut Scratch,
+) {
+    let dims = w.dims;
+    let (d, hd, q_dim, kv_dim, ffn) =
+        (dims.d, dims.head_dim, dims.q_dim(), dims.kv_dim(), dims.ffn);
+    let n = rows.len();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let h = sized(&mut s.h, n * d);
+    for (hr, &id) in h.chunks_exact_mut(d).zip(ids) {
+        let id = id as usize;
+        hr.copy_from_slice(&w.embed[id * d..(id + 1) * d]);
+    }
+    for (li, layer) in w.layers.iter().enumerate() {
+        // Attention block: h += o(attend(rope(q), rope(k), v)) of norm(h).
+        let xn = sized(&mut s.xn, n * d);
+        rms_norm_rows(xn, h, layer.input_ln, d, dims.eps, None);
+        let q = sized(&mut s.q, n * q_dim);
+        let k = sized(&mut s.k, n * kv_dim);
+        let v = sized(&mut s.v, n * kv_dim);
+        linear_rows(q, xn, layer.q_w, layer.q_b, d, q_dim);
+        linear_rows(k, xn, layer.k_w, layer.k_b, d, kv_dim);
+        linear_rows(v, xn, layer.v_w, layer.v_b, d, kv_dim);
+        for (r, row) in rows.iter().enumerate() {
+            rope_row(
+                &mut q[r * q_dim..(r + 1) * q_dim],
+                w.cos,
+                w.sin,
+                row.pos,
+                hd,
+                scale,
+            );
+            let kr = &mut k[r * kv_dim..(r + 1) * kv_dim];
+            rope_row(kr, w.cos, w.sin, row.pos, hd, 1.0);
+            let at = row.pos * kv_dim;
+            let c = &mut caches[row.seq];
+            c.k[li][at..at + kv_dim].copy_from_slice(kr);
+            c.v[li][at..at + kv_dim].copy_from_slice(&v[r * kv_dim..(r + 1) * kv_dim]);
+        }
+        let att = sized(&mut s.att, n * q_dim);
+        let caches_ro: &[SequenceCache] = caches;
+        let q_ro: &[f32] = q;
+        let work = rows.iter().map(|r| (r.pos + 1) * q_dim * 4).sum();
+        par_chunks_mut(att, q_dim, work, |r, out| {
+            let row = rows[r];
+            let c = &caches_ro[row.seq];
+            attend_row(
+                out,
+                &q_ro[r * q_dim..(r + 1) * q_dim],
+                &c.k[li],
+                &c.v[li],
+                row.pos,
+                dims,
+            );
+        });
+        Mm::nt(n, d, q_dim).add().run(h, att, layer.o_w);
+
+        // MLP block: h += down(silu(gate(x)) · up(x)) of x = norm(h).
+        let xn = sized(&mut s.xn, n * d);
+        rms_norm_rows(xn, h, layer.post_ln, d, dims.eps, None);
+        let g = sized(&mut s.gate, n * ffn);
+        let u = sized(&mut s.up, n * ffn);
+        Mm::nt(n, ffn, d).run(g, xn, layer.gate);
+        Mm::nt(n, ffn, d).run(u, xn, layer.up);
+        let u_ro: &[f32] = u;
+        par_chunks_mut(g, ffn, n * ffn * 8, |r, gr| {
+            for (a, b) in gr.iter_mut().zip(&u_ro[r * ffn..(r + 1) * ffn]) {
+                *a = silu(*a) * b;
+            }
+        });
+        Mm::nt(n, d, ffn).add().run(h, g, layer.down);
+    }
+    // Final norm and LM head, only for the rows whose next token is sampled.
+    let picked: Vec<usize> = (0..n).filter(|&r| emit[r]).collect();
+    let last = sized(&mut s.last, picked.len() * d);
+    for (lr, &r) in last.chunks_exact_mut(d).zip(&picked) {
+        rms_norm_rows(lr, &h[r * d..(r + 1) * d], w.norm, d, dims.eps, None);
+    }
+    let logits = sized(&mut s.logits, picked.len() * dims.vocab);
+    Mm::nt(picked.len(), dims.vocab, d).run(logits, last, w.lm_head);
+}
+
+/// Samples a continuation of each `contexts[i]`, reusing and extending
+/// `caches[i]`; see [`crate::PolicyModel::generate_cached`] for the contract.
+/// The caller has validated ids, lengths and parameters.
+pub(crate) fn generate(
+    model: &Model,
+    cfg: &ModelConfig,
+    caches: &mut [SequenceCache],
+    contexts: &[Vec<u32>],
+    params: &SamplingParams,
+    rng: &mut ChaCha8Rng,
+) -> Result<Vec<Generation>, ModelError> {
+    if let Some(i) = caches.iter().position(|c| !c.fits(cfg)) {
+        return Err(ModelError::InvalidInput(format!(
+            "cache {i} was made for a model of another shape"
+        )));
+    }
+    let mut gens: Vec<Generation> = contexts
+        .iter()
+        .map(|_| Generation {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            stopped: false,
+        })
+        .collect();
+    let starts: Vec<usize> = caches
+        .iter_mut()
+        .zip(contexts)
+        .map(|(c, ctx)| c.retarget(ctx))
+        .collect();
+    if params.max_new_tokens == 0 || contexts.is_empty() {
+        return Ok(gens);
+    }
+    for (c, ctx) in caches.iter_mut().zip(contexts) {
+        // The last sampled token is never fed back.
+        c.reserve(ctx.len() + params.max_new_tokens - 1);
+    }
+    with_view(model, cfg, |w| {
+        let mut scratch = Scratch::default();
+        // Step 0 encodes every uncached context token; later steps one token per live sequence.
+        let mut active: Vec<usize> = (0..contexts.len()).collect();
+        let mut ids: Vec<u32> = Vec::new();
+        let mut rows: Vec<Row> = Vec::new();
+        let mut emit: Vec<bool> = Vec::new();
+        for (i, ctx) in contexts.iter().enumerate() {
+            for (pos, &t) in ctx.iter().enumerate().skip(starts[i]) {
+                ids.push(t);
+                rows.push(Row { seq: i, pos });
+                emit.push(pos + 1 == ctx.len());
+            }
+        }
+        loop {
+            forward(w, caches, &ids, &rows, &emit, &mut scratch);
+            for (&r, c) in rows.iter().zip(&emit) {
+                if *c {
+                    caches[r.seq].cached = r.pos + 1;
+                }
+            }
+            let vocab = w.dims.vocab;
+            let mut still = Vec::with_capacity(active.len());
+            for (j, &i) in active.iter().enumerate() {
+                let logits = &scratch.logits[j * vocab..(j + 1) * vocab];
+                let (tok, lp) = sample_row(logits, params, rng);
+                let g = &mut gens[i];
+                g.tokens.push(tok);
+                g.logprobs.push(lp);
+                caches[i].tokens.push(tok);
+                if params.stop_tokens.contains(&tok) {
+                    g.stopped = true;
+                } else if g.tokens.len() < params.max_new_tokens {
+                    still.push(i);
+                }
+            }
+            active = still;
+            if active.is_empty() {
+                return Ok(gens);
+            }
+            ids.clear();
+            rows.clear();
+            emit.clear();
+            for &i in &active {
+                let c = &caches[i];
+                ids.push(c.tokens[c.tokens.len() - 1]);
+                rows.push(Row {
+                    seq: i,
+                    pos: c.tokens.len() - 1,
+                });
+                emit.push(true);
+            }
+        }
+    })
+}

@@ -1,0 +1,453 @@
+//! Host building blocks shared by the hand-written inference forward
+//! ([`crate::decode`]) and the fused training ops ([`crate::block`],
+//! [`crate::attention`], [`crate::head`]): a GEMM over row-major slices (the
+//! `gemm` crate candle itself uses), vectorisable dot/axpy, RMSNorm rows, and
+//! row-parallel loops on rayon (the pool the GEMM already runs on, so no
+//! second pool spins against it on a 2-core machine).
+//!
+//! Generic over [`Real`] (f32 for training and sampling, f64 for the
+//! finite-difference tests). Deterministic for a fixed thread count: work is
+//! split by rows and no reduction crosses a split.
+
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
+
+use candle_core::CpuStorage;
+use gemm::Parallelism;
+
+/// The float types the fused kernels run in.
+pub(crate) trait Real:
+    Copy
+    + Send
+    + Sync
+    + 'static
+    + PartialOrd
+    + std::fmt::Debug
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + SubAssign
+    + MulAssign
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const NEG_INFINITY: Self;
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn max(self, o: Self) -> Self;
+    /// The slice a CPU storage holds, if it is of this type.
+    fn slice(s: &CpuStorage) -> Option<&[Self]>;
+    /// The same, mutably.
+    fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
+    /// A CPU storage owning `v`.
+    fn storage(v: Vec<Self>) -> CpuStorage;
+}
+
+macro_rules! real {
+    ($t:ty, $variant:ident) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+            #[inline]
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline]
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            #[inline]
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            #[inline]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            #[inline]
+            fn max(self, o: Self) -> Self {
+                <$t>::max(self, o)
+            }
+            fn slice(s: &CpuStorage) -> Option<&[Self]> {
+                match s {
+                    CpuStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+                match s {
+                    CpuStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn storage(v: Vec<Self>) -> CpuStorage {
+                CpuStorage::$variant(v)
+            }
+        }
+    };
+}
+real!(f32, F32);
+real!(f64, F64);
+
+/// Threads candle (and so these kernels) use: `RAYON_NUM_THREADS` or the cores.
+pub(crate) fn num_threads() -> usize {
+    candle_core::utils::get_num_threads().max(1)
+}
+
+/// Whether a GEMM may split itself over the threads: yes from the top
+/// level, no inside a task that already runs in parallel with others.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Par {
+    Threads,
+    Single,
+}
+
+/// One GEMM over row-major slices, described by its shape and form:
+/// `Mm::nt(m, n, k).run(c, a, b)` is `c[m, n] = a[m, k] · b[n, k]ᵀ` (a
+/// linear layer, PyTorch's `x @ W.T`), `nn` is `a[m, k] · b[k, n]`, `tn` is
+/// `a[k, m]ᵀ · b[k, n]` (a weight gradient `dyᵀ x` summed over k rows).
+/// `.add()` accumulates into `c`; `.single()` keeps it on the calling thread
+/// (inside a task that already runs beside others).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mm {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strides,
+    b: Strides,
+    accumulate: bool,
+    par: Par,
+}
+
+impl Mm {
+    fn new(m: usize, n: usize, k: usize, a: Strides, b: Strides) -> Self {
+        Self {
+            m,
+            n,
+            k,
+            a,
+            b,
+            accumulate: false,
+            par: Par::Threads,
+        }
+    }
+    /// `a[m, k] · b[n, k]ᵀ`.
+    pub(crate) fn nt(m: usize, n: usize, k: usize) -> Self {
+        Self::new(m, n, k, row_major(k), col_major(k))
+    }
+    /// `a[m, k] · b[k, n]`.
+    pub(crate) fn nn(m: usize, n: usize, k: usize) -> Self {
+        Self::new(m, n, k, row_major(k), row_major(n))
+    }
+    /// `a[k, m]ᵀ · b[k, n]`.
+    pub(crate) fn tn(m: usize, n: usize, k: usize) -> Self {
+        Self::new(m, n, k, col_major(m), row_major(n))
+    }
+    /// Adds the product to `c` instead of overwriting it.
+    pub(crate) fn add(self) -> Self {
+        self.add_if(true)
+    }
+    /// Adds when `accumulate`, else overwrites.
+    pub(crate) fn add_if(self, accumulate: bool) -> Self {
+        Self { accumulate, ..self }
+    }
+    /// Runs on the calling thread only.
+    pub(crate) fn single(self) -> Self {
+        Self {
+            par: Par::Single,
+            ..self
+        }
+    }
+    /// Computes into `c` (row-major `[m, n]`).
+    pub(crate) fn run<T: Real>(self, c: &mut [T], a: &[T], b: &[T]) {
+        gemm_strided(c, row_major(self.n), a, self.a, b, self.b, self);
+    }
+}
+
+/// Row and column strides of a matrix view, in elements.
+#[derive(Clone, Copy, Debug)]
+struct Strides {
+    rs: usize,
+    cs: usize,
+}
+
+fn row_major(cols: usize) -> Strides {
+    Strides { rs: cols, cs: 1 }
+}
+
+fn col_major(rows: usize) -> Strides {
+    Strides { rs: 1, cs: rows }
+}
+
+fn gemm_strided<T: Real>(
+    c: &mut [T],
+    cst: Strides,
+    a: &[T],
+    ast: Strides,
+    b: &[T],
+    bst: Strides,
+    mm: Mm,
+) {
+    let Mm {
+        m,
+        n,
+        k,
+        accumulate,
+        par,
+        ..
+    } = mm;
+    if m == 0 || n == 0 {
+        return;
+    }
+    // Bounds: the last element each view reaches must lie inside its slice,
+    // which makes the raw-pointer call below sound.
+    let last = |s: Strides, rows: usize, cols: usize| (rows - 1) * s.rs + (cols - 1) * s.cs;
+    assert!(c.len() > last(cst, m, n), "gemm: output slice too short");
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    c[i * cst.rs + j * cst.cs] = T::ZERO;
+                }
+            }
+        }
+        return;
+    }
+    assert!(a.len() > last(ast, m, k), "gemm: lhs slice too short");
+    assert!(b.len() > last(bst, k, n), "gemm: rhs slice too short");
+    let threads = num_threads();
+    let par = match par {
+        Par::Threads if threads > 1 => Parallelism::Rayon(threads),
+        _ => Parallelism::None,
+    };
+    // SAFETY: the asserts above keep every element gemm touches inside the
+    // slices; `c` is borrowed mutably and does not alias `a` or `b`. gemm
+    // supports f32 and f64, the only `Real` types.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            cst.cs as isize,
+            cst.rs as isize,
+            accumulate,
+            a.as_ptr(),
+            ast.cs as isize,
+            ast.rs as isize,
+            b.as_ptr(),
+            bst.cs as isize,
+            bst.rs as isize,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// Σ a·b with eight independent accumulators (so the compiler vectorises it).
+#[inline]
+pub(crate) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [T::ZERO; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut tail = T::ZERO;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail += *x * *y;
+    }
+    let s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]);
+    s + tail
+}
+
+/// `y += alpha · x`.
+#[inline]
+pub(crate) fn axpy<T: Real>(y: &mut [T], alpha: T, x: &[T]) {
+    for (a, b) in y.iter_mut().zip(x) {
+        *a += alpha * *b;
+    }
+}
+
+/// σ(x), the logistic function.
+#[inline]
+pub(crate) fn sigmoid<T: Real>(x: T) -> T {
+    T::ONE / (T::ONE + (-x).exp())
+}
+
+/// SiLU `x · σ(x)`.
+#[inline]
+pub(crate) fn silu<T: Real>(x: T) -> T {
+    x * sigmoid(x)
+}
+
+/// Below this many operations a parallel split costs more than it saves.
+pub(crate) const PAR_MIN_WORK: usize = 1 << 15;
+
+/// Runs `f(item_index, chunk)` for each `width`-wide chunk of `out`,
+/// spreading the chunks over the threads when `work` (a rough count of
+/// operations in all) is large enough to pay for it.
+pub(crate) fn par_chunks_mut<T, F>(out: &mut [T], width: usize, work: usize, f: F)
+where
+    T: Send,
+    F: Fn(usize, &mut [T]) + Sync + Send,
+{
+    use rayon::prelude::*;
+    let width = width.max(1);
+    if num_threads() > 1 && work >= PAR_MIN_WORK && out.len() > width {
+        out.par_chunks_mut(width)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+    } else {
+        out.chunks_mut(width).enumerate().for_each(|(i, c)| f(i, c));
+    }
+}
+
+/// [`par_chunks_mut`] over two outputs chunked alike (`wa` and `wb` wide).
+pub(crate) fn par_chunks2_mut<T, F>(
+    a: &mut [T],
+    wa: usize,
+    b: &mut [T],
+    wb: usize,
+    work: usize,
+    f: F,
+) where
+    T: Send,
+    F: Fn(usize, &mut [T], &mut [T]) + Sync + Send,
+{
+    use rayon::prelude::*;
+    let (wa, wb) = (wa.max(1), wb.max(1));
+    if num_threads() > 1 && work >= PAR_MIN_WORK && a.len() > wa {
+        a.par_chunks_mut(wa)
+            .zip(b.par_chunks_mut(wb))
+            .enumerate()
+            .for_each(|(i, (x, y))| f(i, x, y));
+    } else {
+        a.chunks_mut(wa)
+            .zip(b.chunks_mut(wb))
+            .enumerate()
+            .for_each(|(i, (x, y))| f(i, x, y));
+    }
+}
+
+/// Runs `f(i)` for `i in 0..n` on the threads (when `work` pays for it),
+/// collecting the results in order.
+pub(crate) fn par_map<R, F>(n: usize, work: usize, f: F) -> Vec<R>
+where
+    R: Send,
+    F: Fn(usize) -> R + Sync + Send,
+{
+    use rayon::prelude::*;
+    if num_threads() > 1 && work >= PAR_MIN_WORK && n > 1 {
+        (0..n).into_par_iter().map(f).collect()
+    } else {
+        (0..n).map(f).collect()
+    }
+}
+
+/// RMSNorm of each `d`-wide row of `x` into `y`: `x · r · w` with
+/// `r = 1 / sqrt(mean(x²) + ε)`; returns nothing, writes `r` per row into
+/// `inv` when given.
+pub(crate) fn rms_norm_rows<T: Real>(
+    y: &mut [T],
+    x: &[T],
+    w: &[T],
+    d: usize,
+    eps: T,
+    inv: Option<&mut [T]>,
+) {
+    let rows = x.len() / d;
+    let mut sink = [T::ZERO];
+    let mut inv = inv;
+    for r in 0..rows {
+        let xr = &x[r * d..(r + 1) * d];
+        let ms = dot(xr, xr) / T::from_f64(d as f64);
+        let rr = T::ONE / (ms + eps).sqrt();
+        let slot = match inv.as_deref_mut() {
+            Some(v) => &mut v[r],
+            None => &mut sink[0],
+        };
+        *slot = rr;
+        for ((o, a), g) in y[r * d..(r + 1) * d].iter_mut().zip(xr).zip(w) {
+            *o = *a * rr * *g;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+        // a: [m, k], b: [n, k]
+        let mut c = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|l| a[i * k + l] * b[j * k + l]).sum();
+            }
+        }
+        c
+    }
+
+    fn seq(n: usize, s: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as f32 * s).sin() * 3.0).round() / 4.0)
+            .collect()
+    }
+
+    #[test]
+    fn the_three_gemm_layouts_agree_with_a_naive_product() {
+        let (m, n, k) = (7, 5, 11);
+        let a = seq(m * k, 0.37);
+        let b = seq(n * k, 0.91);
+        let want = naive(&a, &b, m, n, k);
+        for par in [true, false] {
+            let mut c = vec![1f32; m * n];
+            let mm = |f: fn(usize, usize, usize) -> Mm| {
+                if par {
+                    f(m, n, k)
+                } else {
+                    f(m, n, k).single()
+                }
+            };
+            mm(Mm::nt).run(&mut c, &a, &b);
+            assert_eq!(c, want);
+            // b as [k, n]
+            let bt: Vec<f32> = (0..k * n).map(|i| b[(i % n) * k + i / n]).collect();
+            let mut c2 = vec![0f32; m * n];
+            mm(Mm::nn).run(&mut c2, &a, &bt);
+            assert_eq!(c2, want);
+            // a as [k, m], accumulating onto c2: 2 × want
+            let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+            mm(Mm::tn).add().run(&mut c2, &at, &bt);
+            let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
+            assert_eq!(c2, twice);
+        }
+    }
+
+    #[test]
+    fn dot_matches_a_plain_sum() {
+        let a = seq(19, 0.3);
+        let b = seq(19, 0.7);
+        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((dot(&a, &b) - want).abs() < 1e-5);
+    }
+}

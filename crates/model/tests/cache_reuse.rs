@@ -1,0 +1,217 @@
+//! Per-sequence KV caches kept across `generate_cached` calls: a turn that
+//! appends tokens to a cached dialogue must sample exactly what re-encoding
+//! the whole dialogue from scratch samples.
+
+use std::path::PathBuf;
+
+use agentrl_model::{Generation, ModelConfig, PolicyModel, SamplingParams, SequenceCache};
+use candle_core::Device;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+fn fixture_model() -> PolicyModel {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/qwen2-tiny");
+    PolicyModel::load(&dir, false, &Device::Cpu).unwrap()
+}
+
+/// Three prompts of different lengths (batched without padding).
+fn prompts(vocab: u32) -> Vec<Vec<u32>> {
+    let ids = |n: usize, k: u32| {
+        (0..n as u32)
+            .map(|i| (i * 7 + k * 13 + 1) % vocab)
+            .collect()
+    };
+    vec![ids(9, 0), ids(23, 1), ids(4, 2)]
+}
+
+/// A different "observation" per sequence, of different lengths.
+fn observation(i: usize, turn: usize, vocab: u32) -> Vec<u32> {
+    (0..(3 + 2 * i + turn) as u32)
+        .map(|j| (j * 11 + i as u32 * 5 + turn as u32 * 17 + 3) % vocab)
+        .collect()
+}
+
+fn assert_same(cached: &[Generation], fresh: &[Generation], what: &str) {
+    assert_eq!(cached.len(), fresh.len());
+    for (i, (c, f)) in cached.iter().zip(fresh).enumerate() {
+        assert_eq!(c.tokens, f.tokens, "{what}: sequence {i} tokens");
+        assert_eq!(c.stopped, f.stopped, "{what}: sequence {i} stop");
+        for (j, (a, b)) in c.logprobs.iter().zip(&f.logprobs).enumerate() {
+            assert!(
+                (a - b).abs() < 1e-4,
+                "{what}: seq {i} token {j}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+/// Greedy generation of `contexts` through `caches` equals generation from fresh caches.
+fn greedy_cached_equals_fresh(
+    model: &PolicyModel,
+    caches: &mut [SequenceCache],
+    contexts: &[Vec<u32>],
+    max_new: usize,
+    what: &str,
+) {
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let params = SamplingParams::greedy(max_new);
+    let a = model
+        .generate_cached(caches, contexts, &params, &mut rng)
+        .unwrap();
+    let b = model.generate(contexts, &params, &mut rng).unwrap();
+    assert_same(&a, &b, what);
+}
+
+/// Three turns: generate, append an observation, generate again — with the
+/// caches, and by re-encoding each full context with fresh caches; the same
+/// seed must give the same tokens and log-probs.
+fn three_turns_match(params: &SamplingParams, seed: u64) {
+    let model = fixture_model();
+    let vocab = model.config.vocab_size as u32;
+    let mut rng_cached = ChaCha8Rng::seed_from_u64(seed);
+    let mut rng_fresh = ChaCha8Rng::seed_from_u64(seed);
+    let mut caches: Vec<SequenceCache> = (0..3).map(|_| model.new_cache()).collect();
+    let mut contexts = prompts(vocab);
+    for turn in 0..3 {
+        let cached = model
+            .generate_cached(&mut caches, &contexts, params, &mut rng_cached)
+            .unwrap();
+        let fresh = model.generate(&contexts, params, &mut rng_fresh).unwrap();
+        assert_same(&cached, &fresh, &format!("turn {turn}"));
+        for (i, (c, g)) in caches.iter().zip(&cached).enumerate() {
+            let want: Vec<u32> = contexts[i].iter().chain(&g.tokens).copied().collect();
+            assert_eq!(c.tokens(), want.as_slice(), "cache {i} tokens");
+            // Everything but the last sampled token is encoded.
+            assert_eq!(c.cached_len(), want.len() - 1, "cache {i} positions");
+        }
+        contexts = caches
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut next = c.tokens().to_vec();
+                next.extend(observation(i, turn, vocab));
+                next
+            })
+            .collect();
+    }
+}
+
+#[test]
+fn cached_turns_equal_full_reencoding_greedy() {
+    three_turns_match(&SamplingParams::greedy(6), 0);
+}
+
+#[test]
+fn cached_turns_equal_full_reencoding_seeded_sampling() {
+    let params = SamplingParams {
+        max_new_tokens: 7,
+        temperature: 0.9,
+        top_p: 0.95,
+        top_k: 40,
+        stop_tokens: vec![],
+    };
+    three_turns_match(&params, 11);
+    three_turns_match(
+        &SamplingParams {
+            max_new_tokens: 5,
+            ..SamplingParams::default()
+        },
+        3,
+    );
+}
+
+#[test]
+fn sequences_that_stop_early_leave_the_batch_and_keep_their_cache_consistent() {
+    let model = fixture_model();
+    let vocab = model.config.vocab_size as u32;
+    let contexts = prompts(vocab);
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let free = model
+        .generate(&contexts, &SamplingParams::greedy(8), &mut rng)
+        .unwrap();
+    // Stop on sequence 1's third token: it finishes early, the others run on.
+    let stop = free[1].tokens[2];
+    let params = SamplingParams {
+        stop_tokens: vec![stop],
+        ..SamplingParams::greedy(8)
+    };
+    let mut caches: Vec<SequenceCache> = (0..3).map(|_| model.new_cache()).collect();
+    let cached = model
+        .generate_cached(&mut caches, &contexts, &params, &mut rng)
+        .unwrap();
+    for (i, g) in cached.iter().enumerate() {
+        let alone = model
+            .generate(std::slice::from_ref(&contexts[i]), &params, &mut rng)
+            .unwrap()
+            .remove(0);
+        assert_eq!(g.tokens, alone.tokens, "sequence {i}");
+        assert_eq!(caches[i].tokens().len(), contexts[i].len() + g.tokens.len());
+    }
+    assert!(cached[1].stopped && cached[1].tokens.len() == 3);
+    // A next turn after the early stop still matches re-encoding.
+    let next: Vec<Vec<u32>> = caches
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            c.tokens()
+                .iter()
+                .copied()
+                .chain(observation(i, 0, vocab))
+                .collect()
+        })
+        .collect();
+    greedy_cached_equals_fresh(&model, &mut caches, &next, 5, "after an early stop");
+}
+
+#[test]
+fn a_context_that_diverges_from_the_cache_reuses_only_the_common_prefix() {
+    let model = fixture_model();
+    let vocab = model.config.vocab_size as u32;
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let mut caches: Vec<SequenceCache> = (0..3).map(|_| model.new_cache()).collect();
+    let contexts = prompts(vocab);
+    model
+        .generate_cached(&mut caches, &contexts, &SamplingParams::greedy(6), &mut rng)
+        .unwrap();
+    // Drop the reply's last 3 tokens and change one more: a retokenised turn.
+    let edited: Vec<Vec<u32>> = caches
+        .iter()
+        .map(|c| {
+            let mut t = c.tokens()[..c.tokens().len() - 3].to_vec();
+            let last = t.len() - 1;
+            t[last] = (t[last] + 1) % vocab;
+            t.extend([5, 6, 7]);
+            t
+        })
+        .collect();
+    greedy_cached_equals_fresh(&model, &mut caches, &edited, 6, "diverged context");
+    // The same context again (fully cached): the last token is re-encoded for its logits.
+    greedy_cached_equals_fresh(&model, &mut caches, &edited, 4, "repeated context");
+}
+
+#[test]
+fn a_cache_of_another_shape_or_count_is_rejected() {
+    let model = fixture_model();
+    let mut other = vec![SequenceCache::new(&ModelConfig::new_qwen2(
+        50, 8, 1, 2, 1, 12,
+    ))];
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let err = model
+        .generate_cached(
+            &mut other,
+            &[vec![1, 2]],
+            &SamplingParams::greedy(2),
+            &mut rng,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("another shape"), "{err}");
+    let mut two = vec![model.new_cache(), model.new_cache()];
+    assert!(model
+        .generate_cached(
+            &mut two,
+            &[vec![1, 2]],
+            &SamplingParams::greedy(2),
+            &mut rng
+        )
+        .is_err());
+}
