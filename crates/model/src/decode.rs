@@ -15,6 +15,8 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::host::with_slices;
 use crate::kernels::{axpy, dot, par_chunks_mut, rms_norm_rows, silu, Mm};
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::{has_avx2, simd};
 use crate::qwen2::Model;
 use crate::sampling::{sample_row, Generation, SamplingParams};
 use crate::{ModelConfig, ModelError};
@@ -290,6 +292,30 @@ fn rope_row(x: &mut [f32], cos: &[f32], sin: &[f32], pos: usize, hd: usize, scal
 /// Keys per block of the online softmax (scores live on the stack).
 const KEY_BLOCK: usize = 128;
 
+/// Σ a·b (AVX2 when the CPU has it).
+#[inline]
+fn dot32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2/FMA detected; both slices hold at least n elements.
+        return unsafe { simd::dot_ptr(a.as_ptr(), b.as_ptr(), n) };
+    }
+    dot(&a[..n], &b[..n])
+}
+
+/// `y += alpha · x` (AVX2 when the CPU has it).
+#[inline]
+fn axpy32(y: &mut [f32], alpha: f32, x: &[f32]) {
+    let n = y.len().min(x.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2/FMA detected; both slices hold at least n elements.
+        return unsafe { simd::axpy_ptr(y.as_mut_ptr(), alpha, x.as_ptr(), n) };
+    }
+    axpy(&mut y[..n], alpha, &x[..n]);
+}
+
 /// Causal attention of one query row `q: [heads · hd]` (already rotated and
 /// scaled) over keys/values `0..=pos` of one layer's cache, into `out`.
 /// Online softmax over key blocks: no buffer grows with the context.
@@ -307,7 +333,7 @@ fn attend_row(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], pos: usize, dims
             let mut bm = f32::NEG_INFINITY;
             for (j, s) in scores[..len].iter_mut().enumerate() {
                 let row = (start + j) * kv_dim + off;
-                *s = dot(qh, &k[row..row + hd]);
+                *s = dot32(qh, &k[row..row + hd]);
                 bm = bm.max(*s);
             }
             let m_new = m.max(bm);
@@ -321,7 +347,7 @@ fn attend_row(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], pos: usize, dims
                 let p = (s - m).exp();
                 l += p;
                 let row = (start + j) * kv_dim + off;
-                axpy(o, p, &v[row..row + hd]);
+                axpy32(o, p, &v[row..row + hd]);
             }
         }
         let inv = 1.0 / l;

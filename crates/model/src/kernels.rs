@@ -42,6 +42,8 @@ pub(crate) trait Real:
     fn max(self, o: Self) -> Self;
     /// The slice a CPU storage holds, if it is of this type.
     fn slice(s: &CpuStorage) -> Option<&[Self]>;
+    /// `s` as f32 when `Self` is f32 (the SIMD kernels' type).
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// The same, mutably.
     fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
     /// A CPU storage owning `v`.
@@ -49,7 +51,7 @@ pub(crate) trait Real:
 }
 
 macro_rules! real {
-    ($t:ty, $variant:ident) => {
+    ($t:ty, $variant:ident, $as_f32:expr) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -84,6 +86,9 @@ macro_rules! real {
                     _ => None,
                 }
             }
+            fn as_f32(s: &[Self]) -> Option<&[f32]> {
+                $as_f32(s)
+            }
             fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
                 match s {
                     CpuStorage::$variant(v) => Some(v),
@@ -96,12 +101,23 @@ macro_rules! real {
         }
     };
 }
-real!(f32, F32);
-real!(f64, F64);
+real!(f32, F32, some_f32);
+real!(f64, F64, no_f32);
 
-/// Threads candle (and so these kernels) use: `RAYON_NUM_THREADS` or the cores.
+fn some_f32(s: &[f32]) -> Option<&[f32]> {
+    Some(s)
+}
+
+fn no_f32<T>(_: &[T]) -> Option<&[f32]> {
+    None
+}
+
+/// Threads candle (and so these kernels) use: `RAYON_NUM_THREADS` or the
+/// cores. Read once: candle's answer parses /proc/cpuinfo on every call,
+/// which profiling showed at ~6% of a training step when asked per kernel.
 pub(crate) fn num_threads() -> usize {
-    candle_core::utils::get_num_threads().max(1)
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| candle_core::utils::get_num_threads().max(1))
 }
 
 /// Whether a GEMM may split itself over the threads: yes from the top
@@ -170,6 +186,16 @@ impl Mm {
     }
     /// Computes into `c` (row-major `[m, n]`).
     pub(crate) fn run<T: Real>(self, c: &mut [T], a: &[T], b: &[T]) {
+        let nt = self.a.cs == 1 && self.b.rs == 1 && self.a.rs == self.k && self.b.cs == self.k;
+        if nt && self.m <= SMALL_M && self.k > 0 {
+            assert!(
+                a.len() >= self.m * self.k && b.len() >= self.n * self.k,
+                "small gemm: inputs too short"
+            );
+            assert!(c.len() >= self.m * self.n, "small gemm: output too short");
+            matmul_nt_small(c, a, b, self);
+            return;
+        }
         gemm_strided(c, row_major(self.n), a, self.a, b, self.b, self);
     }
 }
@@ -258,7 +284,18 @@ fn gemm_strided<T: Real>(
     }
 }
 
-/// Σ a·b with eight independent accumulators (so the compiler vectorises it).
+/// Whether the CPU runs AVX2 and FMA (checked once). The workspace builds
+/// for the x86-64 baseline (SSE2), where LLVM leaves the decode loops
+/// scalar, so those have AVX2 versions ([`simd`]) picked at run time.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    })
+}
+
+/// Σ a·b with eight independent accumulators.
 #[inline]
 pub(crate) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     let n = a.len().min(b.len());
@@ -284,6 +321,180 @@ pub(crate) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
 pub(crate) fn axpy<T: Real>(y: &mut [T], alpha: T, x: &[T]) {
     for (a, b) in y.iter_mut().zip(x) {
         *a += alpha * *b;
+    }
+}
+
+/// Rows of `a` below which [`Mm::nt`] skips the GEMM crate: decode steps
+/// multiply a handful of rows by every weight, and the GEMM would repack
+/// the whole weight matrix for them each time.
+const SMALL_M: usize = 32;
+
+/// Output columns per parallel task of the small-m product.
+const SMALL_M_COLS: usize = 64;
+
+/// `c[m, n] (+)= a[m, k] · b[n, k]ᵀ` for small m: each row of `b` is read
+/// once and dotted with every row of `a`, four rows of `b` at a time.
+fn matmul_nt_small<T: Real>(c: &mut [T], a: &[T], b: &[T], mm: Mm) {
+    let (m, n, k) = (mm.m, mm.n, mm.k);
+    let blocks = n.div_ceil(SMALL_M_COLS);
+    let work = match mm.par {
+        Par::Threads => m * n * k * 2,
+        Par::Single => 0,
+    };
+    let parts = par_map(blocks, work, |blk| {
+        let j0 = blk * SMALL_M_COLS;
+        let j1 = (j0 + SMALL_M_COLS).min(n);
+        small_block(a, &b[j0 * k..j1 * k], m, k)
+    });
+    for (blk, part) in parts.into_iter().enumerate() {
+        let j0 = blk * SMALL_M_COLS;
+        let w = part.len() / m.max(1);
+        for r in 0..m {
+            let dst = &mut c[r * n + j0..r * n + j0 + w];
+            let src = &part[r * w..(r + 1) * w];
+            if mm.accumulate {
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s);
+            } else {
+                dst.copy_from_slice(src);
+            }
+        }
+    }
+}
+
+/// `a[m, k] · b[w, k]ᵀ` as a new `[m, w]` block (AVX2 for f32 when the CPU has it).
+fn small_block<T: Real>(a: &[T], b: &[T], m: usize, k: usize) -> Vec<T> {
+    #[cfg(target_arch = "x86_64")]
+    if let (true, Some(a32), Some(b32)) = (has_avx2(), T::as_f32(a), T::as_f32(b)) {
+        let w = b.len() / k.max(1);
+        let mut out = vec![0f32; m * w];
+        // SAFETY: AVX2 and FMA were detected; the kernel indexes within
+        // a[..m·k], b[..w·k] and out[..m·w], which the asserts in Mm::run guarantee.
+        unsafe { simd::small_block_f32(a32, b32, m, k, &mut out) };
+        return out.into_iter().map(|x| T::from_f64(x as f64)).collect();
+    }
+    let w = b.len() / k.max(1);
+    let mut out = vec![T::ZERO; m * w];
+    for r in 0..m {
+        for j in 0..w {
+            out[r * w + j] = dot(&a[r * k..(r + 1) * k], &b[j * k..(j + 1) * k]);
+        }
+    }
+    out
+}
+
+/// Hand-vectorised f32 kernels (AVX2 + FMA), for the loops LLVM leaves scalar.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod simd {
+    use std::arch::x86_64::*;
+
+    /// Σ of the eight lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_hadd_ps(s, s);
+        _mm_cvtss_f32(_mm_hadd_ps(s, s))
+    }
+
+    /// Σ a·b over `n` elements from raw pointers.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; `a` and `b` must hold `n` elements.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn dot_ptr(a: *const f32, b: *const f32, n: usize) -> f32 {
+        let n16 = n / 16 * 16;
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut c = 0;
+        while c < n16 {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(c)), _mm256_loadu_ps(b.add(c)), s0);
+            s1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.add(c + 8)),
+                _mm256_loadu_ps(b.add(c + 8)),
+                s1,
+            );
+            c += 16;
+        }
+        let mut s = hsum(_mm256_add_ps(s0, s1));
+        while c < n {
+            s += *a.add(c) * *b.add(c);
+            c += 1;
+        }
+        s
+    }
+
+    /// `y += alpha · x` over `n` elements.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; `y` and `x` must hold `n` elements.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn axpy_ptr(y: *mut f32, alpha: f32, x: *const f32, n: usize) {
+        let al = _mm256_set1_ps(alpha);
+        let n8 = n / 8 * 8;
+        let mut c = 0;
+        while c < n8 {
+            let v = _mm256_fmadd_ps(al, _mm256_loadu_ps(x.add(c)), _mm256_loadu_ps(y.add(c)));
+            _mm256_storeu_ps(y.add(c), v);
+            c += 8;
+        }
+        while c < n {
+            *y.add(c) += alpha * *x.add(c);
+            c += 1;
+        }
+    }
+
+    /// `out[m, w] = a[m, k] · b[w, k]ᵀ` with a 2 × 4 register tile.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; `a` holds m·k, `b` w·k and `out` m·w elements.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn small_block_f32(
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        out: &mut [f32],
+    ) {
+        let w = b.len() / k.max(1);
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let k8 = k / 8 * 8;
+        let (m2, w4) = (m / 2 * 2, w / 4 * 4);
+        for j in (0..w4).step_by(4) {
+            let b0 = pb.add(j * k);
+            let (b1, b2, b3) = (b0.add(k), b0.add(2 * k), b0.add(3 * k));
+            for r in (0..m2).step_by(2) {
+                let (x0, x1) = (pa.add(r * k), pa.add((r + 1) * k));
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut c = 0;
+                while c < k8 {
+                    let u = _mm256_loadu_ps(x0.add(c));
+                    let v = _mm256_loadu_ps(x1.add(c));
+                    for (q, bq) in [b0, b1, b2, b3].into_iter().enumerate() {
+                        let y = _mm256_loadu_ps(bq.add(c));
+                        acc[q] = _mm256_fmadd_ps(u, y, acc[q]);
+                        acc[4 + q] = _mm256_fmadd_ps(v, y, acc[4 + q]);
+                    }
+                    c += 8;
+                }
+                for (q, bq) in [b0, b1, b2, b3].into_iter().enumerate() {
+                    let (mut s0, mut s1) = (hsum(acc[q]), hsum(acc[4 + q]));
+                    for cc in k8..k {
+                        s0 += *x0.add(cc) * *bq.add(cc);
+                        s1 += *x1.add(cc) * *bq.add(cc);
+                    }
+                    out[r * w + j + q] = s0;
+                    out[(r + 1) * w + j + q] = s1;
+                }
+            }
+        }
+        // Leftover rows of `a` and of `b`.
+        for r in 0..m {
+            let cols = if r < m2 { w4..w } else { 0..w };
+            for j in cols {
+                out[r * w + j] = dot_ptr(pa.add(r * k), pb.add(j * k), k);
+            }
+        }
     }
 }
 
@@ -415,31 +626,35 @@ mod tests {
 
     #[test]
     fn the_three_gemm_layouts_agree_with_a_naive_product() {
-        let (m, n, k) = (7, 5, 11);
-        let a = seq(m * k, 0.37);
-        let b = seq(n * k, 0.91);
-        let want = naive(&a, &b, m, n, k);
-        for par in [true, false] {
-            let mut c = vec![1f32; m * n];
-            let mm = |f: fn(usize, usize, usize) -> Mm| {
-                if par {
-                    f(m, n, k)
-                } else {
-                    f(m, n, k).single()
-                }
-            };
-            mm(Mm::nt).run(&mut c, &a, &b);
-            assert_eq!(c, want);
-            // b as [k, n]
-            let bt: Vec<f32> = (0..k * n).map(|i| b[(i % n) * k + i / n]).collect();
-            let mut c2 = vec![0f32; m * n];
-            mm(Mm::nn).run(&mut c2, &a, &bt);
-            assert_eq!(c2, want);
-            // a as [k, m], accumulating onto c2: 2 × want
-            let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
-            mm(Mm::tn).add().run(&mut c2, &at, &bt);
-            let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
-            assert_eq!(c2, twice);
+        // 7 rows take the small-m path of `nt`, 40 the GEMM crate.
+        for (m, n, k) in [(7, 5, 11), (40, 70, 19)] {
+            let a = seq(m * k, 0.37);
+            let b = seq(n * k, 0.91);
+            let want = naive(&a, &b, m, n, k);
+            for par in [true, false] {
+                let mm = |f: fn(usize, usize, usize) -> Mm| {
+                    if par {
+                        f(m, n, k)
+                    } else {
+                        f(m, n, k).single()
+                    }
+                };
+                let mut c = vec![1f32; m * n];
+                mm(Mm::nt).run(&mut c, &a, &b);
+                assert_eq!(c, want, "nt {m}x{n}x{k}");
+                mm(Mm::nt).add().run(&mut c, &a, &b);
+                let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
+                assert_eq!(c, twice, "nt add {m}x{n}x{k}");
+                // b as [k, n]
+                let bt: Vec<f32> = (0..k * n).map(|i| b[(i % n) * k + i / n]).collect();
+                let mut c2 = vec![0f32; m * n];
+                mm(Mm::nn).run(&mut c2, &a, &bt);
+                assert_eq!(c2, want);
+                // a as [k, m], accumulating onto c2: 2 × want
+                let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+                mm(Mm::tn).add().run(&mut c2, &at, &bt);
+                assert_eq!(c2, twice);
+            }
         }
     }
 
