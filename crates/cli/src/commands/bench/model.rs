@@ -132,7 +132,8 @@ impl FlopModel {
 mod peak {
     use std::time::Instant;
 
-    /// FLOP/s of `threads` threads each running FMA chains for about `seconds`.
+    /// FLOP/s of `threads` threads each running FMA chains for about `seconds`
+    /// (the sum of each thread's best window).
     pub fn fma_flops(threads: usize, seconds: f64) -> f64 {
         let per_thread: Vec<f64> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads.max(1))
@@ -146,20 +147,26 @@ mod peak {
         per_thread.iter().sum()
     }
 
+    /// The best rate of ~20 ms windows over `seconds`: on a shared machine
+    /// the best window is the closest to the core's own speed.
     fn one_thread(seconds: f64) -> f64 {
-        // Warm up (clock ramp), then time rounds until `seconds` have passed.
         let (flops_per_round, mut round) = kernel();
-        round();
-        let t0 = Instant::now();
-        let mut rounds = 0u64;
-        while t0.elapsed().as_secs_f64() < seconds {
-            round();
-            rounds += 1;
+        round(); // clock ramp
+        let start = Instant::now();
+        let mut best = 0f64;
+        while start.elapsed().as_secs_f64() < seconds {
+            let t0 = Instant::now();
+            let mut rounds = 0u64;
+            while t0.elapsed().as_secs_f64() < 0.02 {
+                round();
+                rounds += 1;
+            }
+            best = best.max(rounds as f64 * flops_per_round / t0.elapsed().as_secs_f64());
         }
-        rounds as f64 * flops_per_round / t0.elapsed().as_secs_f64()
+        best
     }
 
-    const ITERS: usize = 20_000;
+    const ITERS: usize = 2_000;
     const CHAINS: usize = 12;
 
     /// The widest FMA loop the CPU runs, as (FLOPs per call, the call).
@@ -445,7 +452,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     );
     let threads = candle_core::utils::get_num_threads();
     let load_start = load_average();
-    let peak = peak::fma_flops(threads, 0.2);
+    let peak_start = peak::fma_flops(threads, 0.5);
     let gemm = large_matmul_flops(1024)?;
     let model =
         PolicyModel::new_random(&cfg, false, 0, &Device::Cpu).context("building the model")?;
@@ -456,6 +463,8 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         None => None,
     };
     let load_end = load_average();
+    // Measured again at the end; the better of the two is the peak.
+    let peak = peak_start.max(peak::fma_flops(threads, 0.5));
 
     let flops = FlopModel::of(&cfg);
     let train_flop_s = ours.train_tok_s * flops.train_token(args.seq_len as f64);
@@ -508,8 +517,8 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     );
     println!("load average (1 min): {load_start} at the start, {load_end} at the end");
     println!(
-        "peak {:.1} GFLOP/s ({threads} threads of FMA chains, measured now; the MFU denominator); \
-         a 1024³ f32 matmul reaches {:.1} GFLOP/s",
+        "peak {:.1} GFLOP/s ({threads} threads of FMA chains, best 20 ms window at start and end; \
+         the MFU denominator); a 1024³ f32 matmul reaches {:.1} GFLOP/s",
         peak / 1e9,
         gemm / 1e9
     );
