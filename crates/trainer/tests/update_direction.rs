@@ -24,6 +24,10 @@ num_key_value_heads = 1
 intermediate_size = 64
 [sft]
 demos = 0
+# An untrained model's replies are all malformed, and by default a malformed
+# turn gets no positive credit; this test fakes the outcomes, so it credits them.
+[algorithm]
+credit_malformed_turns = true
 [actor]
 lr = 1e-3
 ppo_mini_batch_size = 64
