@@ -47,6 +47,9 @@ pub struct RolloutConfig {
     pub feed_reward: bool,
     /// StarPO-S: keep this fraction of groups with the highest reward std.
     pub rollout_filter_ratio: f32,
+    /// A local model keeps each dialogue's KV cache between turns and encodes
+    /// only what a turn adds (off: every turn re-encodes the whole dialogue).
+    pub kv_cache_reuse: bool,
 }
 
 impl Default for RolloutConfig {
@@ -67,6 +70,7 @@ impl Default for RolloutConfig {
             show_valid_actions: false,
             feed_reward: true,
             rollout_filter_ratio: 0.25,
+            kv_cache_reuse: true,
         }
     }
 }

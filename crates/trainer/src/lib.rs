@@ -15,7 +15,7 @@ pub mod trainer;
 
 pub use config::{ConfigError, TrainConfig};
 pub use evaluate::{evaluate, EvalPlan, EvalStats};
-pub use local_policy::LocalPolicy;
+pub use local_policy::{LocalPolicy, PromptTokens};
 pub use policy_dir::TrainedPolicy;
 pub use trainer::{Progress, Silent, StepMetrics, Summary, Trainer};
 

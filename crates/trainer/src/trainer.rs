@@ -325,7 +325,7 @@ impl Trainer {
     pub fn evaluate_now(&mut self, step: usize, phase: &str) -> Result<EvalStats, TrainError> {
         let make = env_maker(&self.cfg);
         let c = &self.cfg;
-        let mut policy = LocalPolicy { model: &self.model };
+        let mut policy = LocalPolicy::with_cache_reuse(&self.model, c.rollout.kv_cache_reuse);
         let sampling = SamplingParams {
             temperature: c.trainer.val_temperature,
             ..c.rollout.sampling(self.tokenizer.im_end_id())
@@ -481,7 +481,8 @@ impl Trainer {
         let t0 = Instant::now();
         let (envs, groups) = self.step_envs(&mut rng)?;
         let trajs = {
-            let mut policy = LocalPolicy { model: &self.model };
+            let mut policy =
+                LocalPolicy::with_cache_reuse(&self.model, self.cfg.rollout.kv_cache_reuse);
             run_rollouts(
                 &mut policy,
                 &self.tokenizer,

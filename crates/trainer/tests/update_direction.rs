@@ -84,7 +84,7 @@ fn rollouts(t: &Trainer) -> Vec<Trajectory> {
     }
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let mut trajs = {
-        let mut policy = LocalPolicy { model: &t.model };
+        let mut policy = LocalPolicy::new(&t.model);
         run_rollouts(
             &mut policy,
             &t.tokenizer,

@@ -2,6 +2,7 @@
 
 mod envs;
 mod model;
+mod rollout;
 mod server;
 mod server_load;
 
@@ -17,6 +18,8 @@ enum BenchTarget {
     Envs(envs::BenchEnvsArgs),
     /// Model train and sampling tokens per second.
     Model(model::BenchModelArgs),
+    /// Rollout phase of a training step, with and without KV cache reuse across turns.
+    Rollout(rollout::BenchRolloutArgs),
     /// Env server requests/s and latency under concurrent sessions.
     Server(server::BenchServerArgs),
 }
@@ -25,6 +28,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.target {
         BenchTarget::Envs(a) => envs::run(a),
         BenchTarget::Model(a) => model::run(a),
+        BenchTarget::Rollout(a) => rollout::run(a),
         BenchTarget::Server(a) => server::run(a),
     }
 }

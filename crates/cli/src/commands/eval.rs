@@ -126,9 +126,7 @@ fn evaluate_policy(
                 temperature: args.temperature,
                 ..rollout.sampling(policy.tokenizer.im_end_id())
             };
-            let mut local = LocalPolicy {
-                model: &policy.model,
-            };
+            let mut local = LocalPolicy::with_cache_reuse(&policy.model, rollout.kv_cache_reuse);
             let plan = EvalPlan {
                 params,
                 codec: Some(&policy.tokenizer),
