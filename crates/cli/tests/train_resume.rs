@@ -136,3 +136,57 @@ fn print_config_shows_the_resolved_default() {
     assert!(text.contains("seed = 9"), "{text}");
     assert!(text.contains("adv_estimator = \"grpo\""), "{text}");
 }
+
+#[test]
+fn best_validation_is_kept_beside_the_latest_and_playable() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("best");
+    let mut cmd = train(&run);
+    cmd.args([
+        "trainer.test_freq=2",
+        "trainer.val_temperature=1.0",
+        "trainer.val_tasks=8",
+    ]);
+    assert!(cmd.status().unwrap().success());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    // The best is the first of the highest sampled validations (before, every
+    // test_freq steps, after); greedy ones are reported but never picked.
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let evals: Vec<(u64, f64)> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "eval" && !v["phase"].as_str().unwrap().ends_with("greedy"))
+        .map(|v| {
+            (
+                v["step"].as_u64().unwrap(),
+                v["success_rate"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        evals.iter().map(|e| e.0).collect::<Vec<_>>(),
+        vec![0, 2, 4, 6]
+    );
+    let top = evals.iter().map(|e| e.1).fold(f64::MIN, f64::max);
+    let first_top = evals.iter().find(|e| e.1 == top).unwrap();
+    assert_eq!(summary["best"]["step"].as_u64().unwrap(), first_top.0);
+    assert_eq!(summary["best"]["success_rate"].as_f64().unwrap(), top);
+    for key in ["before_greedy", "after_greedy"] {
+        assert!(summary[key]["success_rate"].is_number(), "{key}: {summary}");
+    }
+    let best = run.join("checkpoints").join("best");
+    assert!(best.join("model.safetensors").is_file());
+    assert!(!run.join("checkpoints").join("best.tmp").exists());
+    // The best checkpoint plays with its run's config.
+    let out = Command::new(BIN)
+        .args(["eval", "--env", "bandit", "--n", "4", "--json", "--policy"])
+        .arg(&best)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

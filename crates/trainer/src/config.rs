@@ -291,6 +291,9 @@ pub struct TrainerSection {
     pub val_tasks: usize,
     /// Sampling temperature for validation (0 = greedy).
     pub val_temperature: f64,
+    /// Also validate the greedy policy (temperature 0) before and after RL,
+    /// when `val_temperature` is not already 0.
+    pub val_greedy: bool,
     /// Trajectories per step written to trajectories.jsonl.
     pub log_trajectories: usize,
 }
@@ -302,8 +305,9 @@ impl Default for TrainerSection {
             test_freq: 10,
             save_freq: 10,
             seed: 0,
-            val_tasks: 64,
+            val_tasks: 256,
             val_temperature: 0.0,
+            val_greedy: true,
             log_trajectories: 2,
         }
     }

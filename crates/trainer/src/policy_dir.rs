@@ -24,14 +24,23 @@ pub struct TrainedPolicy {
 }
 
 impl TrainedPolicy {
-    /// Open a run directory (uses `checkpoints/latest`) or a model directory.
+    /// Open a run directory (uses `checkpoints/latest`), one of a run's
+    /// checkpoints (`RUN/checkpoints/best`, `RUN/checkpoints/step-N`: played
+    /// with the run's config) or a model directory.
     pub fn open(path: &Path) -> Result<Self, TrainError> {
-        let (checkpoint, config) = if path.join("config.toml").is_file()
-            && path.join("checkpoints").is_dir()
-        {
+        let is_run = |p: &Path| p.join("config.toml").is_file() && p.join("checkpoints").is_dir();
+        let run_of_checkpoint = path
+            .parent()
+            .filter(|p| p.file_name().is_some_and(|n| n == "checkpoints"))
+            .and_then(Path::parent)
+            .filter(|p| is_run(p));
+        let (checkpoint, config) = if is_run(path) {
             let run = RunDir::open(path)?;
             let cfg = TrainConfig::load(Some(&run.config_path()), &[])?;
             (run.latest_checkpoint()?, Some(cfg))
+        } else if let (Some(run), true) = (run_of_checkpoint, path.join("config.json").is_file()) {
+            let cfg = TrainConfig::load(Some(&RunDir::open(run)?.config_path()), &[])?;
+            (path.to_path_buf(), Some(cfg))
         } else if path.join("config.json").is_file() {
             (path.to_path_buf(), None)
         } else {

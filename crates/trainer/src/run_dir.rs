@@ -28,6 +28,22 @@ pub struct TrainerState {
     pub before: Option<EvalStats>,
     /// Wall seconds spent in earlier sessions of this run.
     pub wall_seconds: f64,
+    /// Greedy validation before RL (with `trainer.val_greedy`).
+    #[serde(default)]
+    pub before_greedy: Option<EvalStats>,
+    /// The best validation so far, whose weights are in `checkpoints/best`.
+    #[serde(default)]
+    pub best: Option<BestCheckpoint>,
+}
+
+/// The run's best validation so far (`checkpoints/best/` holds its weights
+/// and tokenizer; `agentrl eval --policy RUN_DIR/checkpoints/best` plays it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BestCheckpoint {
+    /// RL step of the evaluation (0 = the starting policy).
+    pub step: usize,
+    /// Its validation success rate (at `trainer.val_temperature`).
+    pub success_rate: f64,
 }
 
 pub struct RunDir {
@@ -135,7 +151,8 @@ impl RunDir {
                 };
                 let s = v.get("step").and_then(|s| s.as_u64()).unwrap_or(0) as usize;
                 let phase = v.get("phase").and_then(|s| s.as_str()).unwrap_or("");
-                if s <= step && phase != "after" {
+                // The final evaluations ("after", "after_greedy") are redone.
+                if s <= step && !phase.starts_with("after") {
                     kept.push_str(&line);
                     kept.push('\n');
                 }
@@ -143,6 +160,11 @@ impl RunDir {
             fs::write(&p, kept).map_err(|e| err(&p, e))?;
         }
         Ok(())
+    }
+
+    /// Where the best-validation weights are kept.
+    pub fn best_checkpoint_dir(&self) -> PathBuf {
+        self.path.join("checkpoints").join("best")
     }
 
     pub fn checkpoint_dir(&self, step: usize) -> PathBuf {

@@ -31,7 +31,7 @@ use crate::config::TrainConfig;
 use crate::evaluate::{evaluate, EnvMaker, EvalPlan, EvalStats};
 use crate::local_policy::LocalPolicy;
 use crate::ppo::{ppo_update, split_value_head, Optimizers, StepLr, UpdateStats};
-use crate::run_dir::{RunDir, TrainerState};
+use crate::run_dir::{BestCheckpoint, RunDir, TrainerState};
 use crate::{sft, TrainError};
 
 /// How a run reports progress to the person watching.
@@ -60,6 +60,12 @@ pub struct Summary {
     pub wall_seconds: f64,
     pub before: EvalStats,
     pub after: EvalStats,
+    /// The greedy policy (temperature 0) before and after RL, with
+    /// `trainer.val_greedy` (absent when validation is greedy already).
+    pub before_greedy: Option<EvalStats>,
+    pub after_greedy: Option<EvalStats>,
+    /// The best validation along the run; its weights are in `checkpoints/best`.
+    pub best: Option<BestCheckpoint>,
     pub run_dir: PathBuf,
 }
 
@@ -203,7 +209,11 @@ impl Trainer {
             "before RL: success {:.1}%",
             100.0 * before.success_rate
         ));
+        t.keep_if_best(0, &before)?;
         t.state.before = Some(before);
+        if t.greedy_validation() {
+            t.state.before_greedy = Some(t.evaluate_greedy(0, "before_greedy")?);
+        }
         t.state.wall_seconds = started.elapsed().as_secs_f64();
         t.save_checkpoint()?;
         if needs_reference(&t.cfg) {
@@ -323,11 +333,63 @@ impl Trainer {
 
     /// Validation on the held-out seeds (same seeds every time).
     pub fn evaluate_now(&mut self, step: usize, phase: &str) -> Result<EvalStats, TrainError> {
+        self.validate(step, phase, self.cfg.trainer.val_temperature)
+    }
+
+    /// Validation of the greedy policy (temperature 0).
+    pub fn evaluate_greedy(&mut self, step: usize, phase: &str) -> Result<EvalStats, TrainError> {
+        self.validate(step, phase, 0.0)
+    }
+
+    /// Whether the run also validates greedily (see `trainer.val_greedy`).
+    fn greedy_validation(&self) -> bool {
+        self.cfg.trainer.val_greedy && self.cfg.trainer.val_temperature != 0.0
+    }
+
+    /// If `stats` (validation at step `step`) beats the best so far, keep the
+    /// current weights and tokenizer as `checkpoints/best` (written aside,
+    /// then renamed over the old one, so a kill leaves one whole copy).
+    fn keep_if_best(&mut self, step: usize, stats: &EvalStats) -> Result<(), TrainError> {
+        if let Some(b) = &self.state.best {
+            if stats.success_rate <= b.success_rate {
+                return Ok(());
+            }
+        }
+        let dir = self.run.best_checkpoint_dir();
+        let tmp = dir.with_extension("tmp");
+        let io =
+            |p: &Path, e: std::io::Error| TrainError::Checkpoint(format!("{}: {e}", p.display()));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+        self.model.save(&tmp)?;
+        self.tokenizer
+            .save(&tmp)
+            .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        }
+        std::fs::rename(&tmp, &dir).map_err(|e| io(&dir, e))?;
+        self.state.best = Some(BestCheckpoint {
+            step,
+            success_rate: stats.success_rate,
+        });
+        Ok(())
+    }
+
+    /// Validation at `temperature`, logged under `phase`.
+    fn validate(
+        &mut self,
+        step: usize,
+        phase: &str,
+        temperature: f64,
+    ) -> Result<EvalStats, TrainError> {
         let make = env_maker(&self.cfg);
         let c = &self.cfg;
         let mut policy = LocalPolicy::with_cache_reuse(&self.model, c.rollout.kv_cache_reuse);
         let sampling = SamplingParams {
-            temperature: c.trainer.val_temperature,
+            temperature,
             ..c.rollout.sampling(self.tokenizer.im_end_id())
         };
         let (stats, trajs) = evaluate(
@@ -416,6 +478,7 @@ impl Trainer {
             let freq = self.cfg.trainer.test_freq;
             if freq > 0 && step.is_multiple_of(freq) && step < total {
                 let s = self.evaluate_now(step, "val")?;
+                self.keep_if_best(step, &s)?;
                 text.push_str(&format!(" | val {:.0}%", 100.0 * s.success_rate));
                 progress.message(&format!(
                     "step {step}: validation success {:.1}%",
@@ -435,6 +498,11 @@ impl Trainer {
             Some((s, stats)) if s == total => stats,
             _ => self.evaluate_now(total, "after")?,
         };
+        self.keep_if_best(total, &after)?;
+        let after_greedy = match self.greedy_validation() {
+            true => Some(self.evaluate_greedy(total, "after_greedy")?),
+            false => None,
+        };
         self.state.wall_seconds = wall_before + session.elapsed().as_secs_f64();
         self.save_checkpoint()?;
         let before = self.state.before.clone().ok_or_else(|| {
@@ -447,6 +515,9 @@ impl Trainer {
             wall_seconds: self.state.wall_seconds,
             before,
             after,
+            before_greedy: self.state.before_greedy.clone(),
+            after_greedy,
+            best: self.state.best.clone(),
             run_dir: self.run.path.clone(),
         };
         self.run.write_summary(&summary)?;

@@ -124,6 +124,22 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         summary.steps,
         summary.wall_seconds
     );
+    if let (Some(b), Some(a)) = (&summary.before_greedy, &summary.after_greedy) {
+        println!(
+            "greedy (temperature 0): {:.1}% -> {:.1}% ({:+.1} points)",
+            100.0 * b.success_rate,
+            100.0 * a.success_rate,
+            100.0 * (a.success_rate - b.success_rate)
+        );
+    }
+    if let Some(best) = &summary.best {
+        println!(
+            "best validation: {:.1}% at step {} ({})",
+            100.0 * best.success_rate,
+            best.step,
+            summary.run_dir.join("checkpoints").join("best").display()
+        );
+    }
     println!(
         "summary: {}",
         summary.run_dir.join("summary.json").display()
