@@ -2,10 +2,13 @@
 //! update, replies that scored above their group's mean are more likely and
 //! those below are less likely. Checks the sign of the loss, the alignment of
 //! advantages with the shifted log-prob frame, and the loss mask, end to end
-//! through the trainer. And `critic.lr` is the value head's learning rate.
+//! through the trainer. And `critic.lr` is the value head's learning rate, and
+//! the paths the default run does not take (GAE, the KL loss, KL in the
+//! reward, several epochs over mini-batches) each do what they say.
 
 use agentrl_env_core::{Split, TaskSpec};
 use agentrl_rollout::{run_rollouts, Trajectory};
+use agentrl_trainer::ppo::UpdateStats;
 use agentrl_trainer::trainer::rl_learning_rates;
 use agentrl_trainer::{LocalPolicy, Silent, TrainConfig, Trainer};
 use rand::SeedableRng;
@@ -179,4 +182,54 @@ fn critic_lr_sets_the_value_heads_step_and_nothing_else() {
         fast_rest, slow_rest,
         "the actor's step does not depend on critic.lr"
     );
+}
+
+/// The update paths the default run does not take, each checked on updates
+/// of the same faked rollouts: GAE with the critic, the KL loss, KL in the
+/// reward, several PPO epochs over mini-batches.
+fn two_updates(overrides: &[&str]) -> (UpdateStats, UpdateStats) {
+    let (_dir, mut t) = start(overrides);
+    let trajs = rollouts(&t);
+    let first = t
+        .update(trajs.clone(), 1, rl_learning_rates(&t.cfg, 1))
+        .unwrap();
+    let second = t.update(trajs, 2, rl_learning_rates(&t.cfg, 2)).unwrap();
+    (first, second)
+}
+
+#[test]
+fn gae_trains_the_critic_on_every_update() {
+    let (a, b) = two_updates(&["algorithm.adv_estimator=gae"]);
+    for s in [a, b] {
+        assert!(s.value_loss.is_finite() && s.value_loss > 0.0, "{s:?}");
+    }
+}
+
+#[test]
+fn kl_loss_is_zero_against_the_reference_itself_then_grows() {
+    let (a, b) = two_updates(&["actor.use_kl_loss=true", "actor.kl_loss_coef=0.1"]);
+    // The first update starts from the reference (step-0) weights.
+    assert!(a.kl.abs() < 1e-6, "{a:?}");
+    assert!(b.kl > 0.0 && b.kl.is_finite(), "{b:?}");
+}
+
+#[test]
+fn kl_in_the_reward_changes_the_update_once_the_policy_moved() {
+    let (plain_a, plain_b) = two_updates(&[]);
+    let (kl_a, kl_b) = two_updates(&["algorithm.use_kl_in_reward=true", "algorithm.kl_coef=0.5"]);
+    // First update: the policy is the reference, the KL is 0, nothing differs.
+    assert_eq!(plain_a.pg_loss, kl_a.pg_loss);
+    assert_eq!(plain_a.grad_norm, kl_a.grad_norm);
+    // Second: the penalty moves the advantages.
+    assert_ne!(plain_b.pg_loss, kl_b.pg_loss);
+}
+
+#[test]
+fn several_epochs_over_minibatches_move_off_the_sampling_policy() {
+    let (single, _) = two_updates(&[]);
+    // One update on fresh samples: the ratio is 1 everywhere.
+    assert_eq!((single.approx_kl, single.clip_fraction), (0.0, 0.0));
+    let (multi, _) = two_updates(&["actor.ppo_epochs=3", "actor.ppo_mini_batch_size=4"]);
+    assert!(multi.approx_kl.abs() > 0.0, "{multi:?}");
+    assert!((0.0..=1.0).contains(&multi.clip_fraction), "{multi:?}");
 }
