@@ -96,9 +96,70 @@ pub fn top_std_groups(
     })
 }
 
+impl GroupFilterResult {
+    /// The same result without the kept groups whose raw scores all agree
+    /// (std 0): they carry no task signal, only whatever penalties differ,
+    /// and training on those alone drives the entropy down before any
+    /// success is found (RAGEN-2 excludes zero-variance groups likewise).
+    /// `std_after` is recomputed over what remains (0 when nothing does).
+    ///
+    /// # Errors
+    /// Length mismatch between `raw_scores`, `group_ids` and the mask.
+    pub fn without_zero_std(self, raw_scores: &[f32], group_ids: &[usize]) -> Result<Self> {
+        check_len("group_ids", raw_scores.len(), group_ids.len())?;
+        check_len("kept_mask", group_ids.len(), self.kept_mask.len())?;
+        let stds: Vec<(usize, f64)> = group_members(group_ids)
+            .into_iter()
+            .map(|(g, members)| {
+                let xs: Vec<f64> = members.iter().map(|&i| raw_scores[i] as f64).collect();
+                (g, unbiased_std(&xs))
+            })
+            .filter(|&(g, _)| self.kept_groups.binary_search(&g).is_ok())
+            .filter(|&(_, s)| s > 0.0)
+            .collect();
+        let kept_groups: Vec<usize> = stds.iter().map(|&(g, _)| g).collect();
+        let std_after = match stds.len() {
+            0 => 0.0,
+            n => (stds.iter().map(|&(_, s)| s).sum::<f64>() / n as f64) as f32,
+        };
+        let kept_mask = group_ids
+            .iter()
+            .map(|g| kept_groups.binary_search(g).is_ok())
+            .collect();
+        Ok(Self {
+            kept_groups,
+            kept_mask,
+            std_before: self.std_before,
+            std_after,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_std_groups_are_dropped_from_what_was_kept() {
+        let (s, g) = example();
+        // Keep 3 of 4 by std (g2, g0, g3), then also every group: g1 (std 0) goes.
+        let kept = top_std_groups(&s, &g, 0.75).unwrap();
+        let dropped = kept.clone().without_zero_std(&s, &g).unwrap();
+        assert_eq!(dropped, kept, "nothing with std 0 was kept");
+        let all = top_std_groups(&s, &g, 1.0).unwrap();
+        let dropped = all.without_zero_std(&s, &g).unwrap();
+        assert_eq!(dropped.kept_groups, vec![0, 2, 3]);
+        assert_eq!(
+            dropped.kept_mask,
+            vec![true, true, false, false, true, true, true, true]
+        );
+        assert!((dropped.std_after - (0.707107 + 7.071068 + 0.353553) / 3.0).abs() < 1e-5);
+        // Nothing left: an empty update.
+        let flat = top_std_groups(&[1.0, 1.0], &[0, 0], 1.0).unwrap();
+        let none = flat.without_zero_std(&[1.0, 1.0], &[0, 0]).unwrap();
+        assert!(none.kept_groups.is_empty() && none.kept_mask == vec![false, false]);
+        assert_eq!(none.std_after, 0.0);
+    }
 
     // 4 groups of 2:
     //   g0 [0, 1]      std = |0−1|/√2 = 0.707107

@@ -47,6 +47,10 @@ pub struct RolloutConfig {
     pub feed_reward: bool,
     /// StarPO-S: keep this fraction of groups with the highest reward std.
     pub rollout_filter_ratio: f32,
+    /// Of the kept groups, drop those whose raw rewards all agree (std 0):
+    /// no task signal, only penalties, which collapse the entropy before a
+    /// first success is found.
+    pub drop_zero_std_groups: bool,
     /// A local model keeps each dialogue's KV cache between turns and encodes
     /// only what a turn adds (off: every turn re-encodes the whole dialogue).
     pub kv_cache_reuse: bool,
@@ -70,6 +74,7 @@ impl Default for RolloutConfig {
             show_valid_actions: false,
             feed_reward: true,
             rollout_filter_ratio: 0.25,
+            drop_zero_std_groups: false,
             kv_cache_reuse: true,
         }
     }

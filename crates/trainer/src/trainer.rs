@@ -570,7 +570,11 @@ impl Trainer {
 
         // StarPO-S: keep the groups whose raw rewards disagree most.
         let raw: Vec<f32> = trajs.iter().map(Trajectory::raw_score).collect();
-        let filter = algos::top_std_groups(&raw, &groups, self.cfg.rollout.rollout_filter_ratio)?;
+        let mut filter =
+            algos::top_std_groups(&raw, &groups, self.cfg.rollout.rollout_filter_ratio)?;
+        if self.cfg.rollout.drop_zero_std_groups {
+            filter = filter.without_zero_std(&raw, &groups)?;
+        }
         let lr = rl_learning_rates(&self.cfg, step);
         let mut m = StepMetrics::of_rollouts(step, &trajs, &filter);
         m.rollout_seconds = rollout_seconds;
