@@ -509,8 +509,9 @@ fn read(path: &Path) -> Result<Vec<u8>> {
     })
 }
 
+/// Atomically: a kill mid-save leaves the previous file whole.
 fn write(path: &Path, text: String) -> Result<()> {
-    std::fs::write(path, text).map_err(|source| TokenizerError::Io {
+    agentrl_durable::write(path, text).map_err(|source| TokenizerError::Io {
         path: path.to_path_buf(),
         source,
     })

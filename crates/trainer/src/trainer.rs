@@ -386,6 +386,9 @@ impl Trainer {
             critic.save_state(&dir.join(CRITIC_OPTIMIZER_FILE))?;
         }
         RunDir::write_state(&dir, &self.state)?;
+        // Every file above was synced as it was renamed into place; the logs
+        // and the new directory's entry go to disk before `latest` names it.
+        self.run.sync_logs()?;
         self.run.set_latest(self.state.step)?;
         Ok(())
     }
