@@ -44,6 +44,16 @@ pub const TRAINED_PRE_TOKENIZER: &str = r"</?[a-z_]+>| ?\p{Lu}\p{Ll}+| ?\p{Ll}+|
 /// Number of symbols in the byte-level alphabet: every byte is one symbol.
 const BYTE_ALPHABET: usize = 256;
 
+/// Smallest vocabulary a trained tokenizer can have: the 3 ChatML special
+/// tokens and the 256 bytes.
+pub const MIN_TRAINED_VOCAB: usize = CHATML_SPECIALS.len() + BYTE_ALPHABET;
+
+/// Largest vocabulary [`ChatTokenizer::train_bpe`] is asked for: 2^20
+/// (released vocabularies have at most ~262k tokens). The BPE trainer
+/// reserves memory for the target up front, so a target of 10^12 would abort
+/// the process instead of failing.
+pub const MAX_TRAINED_VOCAB: usize = 1 << 20;
+
 /// Why a tokenizer could not be loaded, trained, saved or used.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -214,10 +224,14 @@ impl ChatTokenizer {
     /// no more pairs to merge). Special-token strings inside `texts` are not
     /// learnt from. The same texts give the same tokenizer, byte for byte.
     pub fn train_bpe(texts: &[String], vocab_size: usize) -> Result<Self> {
-        let minimum = CHATML_SPECIALS.len() + BYTE_ALPHABET;
-        if vocab_size < minimum {
+        if vocab_size < MIN_TRAINED_VOCAB {
             return Err(TokenizerError::Train(format!(
-                "vocab_size {vocab_size} is below {minimum} (3 special tokens + 256 bytes)"
+                "vocab_size {vocab_size} is below {MIN_TRAINED_VOCAB} (3 special tokens + 256 bytes)"
+            )));
+        }
+        if vocab_size > MAX_TRAINED_VOCAB {
+            return Err(TokenizerError::Train(format!(
+                "vocab_size {vocab_size} is above the {MAX_TRAINED_VOCAB} tokens a trained tokenizer may have"
             )));
         }
         let specials: Vec<AddedToken> = CHATML_SPECIALS

@@ -218,6 +218,11 @@ fn bpe_vocab_size_is_respected() {
     assert!(small.vocab_size() < 300);
     let err = ChatTokenizer::train_bpe(&texts, 200).unwrap_err();
     assert!(matches!(err, TokenizerError::Train(_)));
+    // An absurd target is an error, not an abort on the trainer's up-front
+    // reservation (10^12 tokens).
+    let err = ChatTokenizer::train_bpe(&texts, 1_000_000_000_000).unwrap_err();
+    assert!(err.to_string().contains("1000000000000"), "{err}");
+    assert!(ChatTokenizer::train_bpe(&texts, agentrl_tokenizer::MAX_TRAINED_VOCAB).is_ok());
 }
 
 #[test]

@@ -65,6 +65,16 @@ impl RunDir {
     /// logs and checkpoints (an existing run is continued with
     /// [`RunDir::open`]).
     pub fn create(path: &Path) -> Result<Self, RunDirError> {
+        Self::check_new(path)?;
+        fs::create_dir_all(path.join("checkpoints")).map_err(|e| err(path, e))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Whether a new run may be created at `path`: it does not exist or is
+    /// an empty directory.
+    pub fn check_new(path: &Path) -> Result<(), RunDirError> {
         if path.exists() {
             let mut entries = fs::read_dir(path).map_err(|e| err(path, e))?;
             if entries.next().is_some() {
@@ -74,10 +84,7 @@ impl RunDir {
                 ));
             }
         }
-        fs::create_dir_all(path.join("checkpoints")).map_err(|e| err(path, e))?;
-        Ok(Self {
-            path: path.to_path_buf(),
-        })
+        Ok(())
     }
 
     /// Open an existing run directory (one with a `config.toml`).
@@ -311,7 +318,13 @@ mod tests {
         names.sort();
         assert_eq!(
             names,
-            ["checkpoints", "config.toml", "latest", "metrics.jsonl", "summary.json"]
+            [
+                "checkpoints",
+                "config.toml",
+                "latest",
+                "metrics.jsonl",
+                "summary.json"
+            ]
         );
         assert_eq!(
             fs::read_to_string(dir.path().join("checkpoints/latest")).unwrap(),

@@ -174,6 +174,8 @@ impl Trainer {
     ) -> Result<Self, TrainError> {
         // Wall time of the whole run: tokenizer, model, warm start, evaluations, RL.
         let started = Instant::now();
+        // A config built in code has not been through `TrainConfig::load`.
+        cfg.validate()?;
         let run = RunDir::create(run_path)?;
         run.write_config(&cfg.to_toml()?)?;
         let device = Device::Cpu;
