@@ -160,3 +160,22 @@ fn a_crash_at_any_write_while_resuming_a_finished_run_loses_nothing() {
     let n = crash_at_every_write(&r.finished, r.scratch.path(), &r.expected);
     assert!(n >= 10, "only {n} writes resuming a finished run");
 }
+
+/// transformers' `generate` on a checkpoint stops at `<|im_end|>`, as the
+/// rollouts do: every checkpoint's generation_config.json names it first.
+#[test]
+fn every_checkpoint_names_im_end_as_the_end_of_generation() {
+    let r = runs();
+    for step in 0..=2 {
+        let dir = r.finished.join(format!("checkpoints/step-{step}"));
+        let tokenizer = agentrl_tokenizer::ChatTokenizer::load(&dir).unwrap();
+        let text = fs::read_to_string(dir.join("generation_config.json")).unwrap();
+        let g: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(g["eos_token_id"][0], tokenizer.im_end_id(), "step {step}: {g}");
+        assert_eq!(
+            g["pad_token_id"],
+            tokenizer.endoftext_id().unwrap(),
+            "step {step}: {g}"
+        );
+    }
+}
