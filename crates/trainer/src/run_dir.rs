@@ -97,6 +97,36 @@ impl RunDir {
         })
     }
 
+    /// Remove the temporary files a killed writer left behind (named
+    /// `.NAME.XXXXXX.tmp` by agentrl-durable) in the run directory, its
+    /// `checkpoints/` and each checkpoint. Only the run's one writer may call
+    /// this: it would remove a file another process is about to rename.
+    pub fn remove_temporaries(&self) -> Result<usize, RunDirError> {
+        let checkpoints = self.path.join("checkpoints");
+        let mut dirs = vec![self.path.clone(), checkpoints.clone()];
+        if checkpoints.is_dir() {
+            for entry in fs::read_dir(&checkpoints).map_err(|e| err(&checkpoints, e))? {
+                let entry = entry.map_err(|e| err(&checkpoints, e))?;
+                if entry.path().is_dir() {
+                    dirs.push(entry.path());
+                }
+            }
+        }
+        let mut removed = 0;
+        for dir in dirs.iter().filter(|d| d.is_dir()) {
+            for entry in fs::read_dir(dir).map_err(|e| err(dir, e))? {
+                let entry = entry.map_err(|e| err(dir, e))?;
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with('.') && name.ends_with(".tmp") && entry.path().is_file() {
+                    fs::remove_file(entry.path()).map_err(|e| err(&entry.path(), e))?;
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     pub fn config_path(&self) -> PathBuf {
         self.path.join("config.toml")
     }
@@ -329,6 +359,36 @@ mod tests {
         assert_eq!(
             fs::read_to_string(dir.path().join("checkpoints/latest")).unwrap(),
             "step-1\n"
+        );
+    }
+
+    #[test]
+    fn temporaries_a_kill_left_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path()).unwrap();
+        let step = run.checkpoint_dir(3);
+        fs::create_dir_all(&step).unwrap();
+        for p in [
+            dir.path().join(".metrics.jsonl.aB3dEf.tmp"),
+            step.join(".model.safetensors.Xy12Zq.tmp"),
+            dir.path().join("checkpoints/.latest.Qq1Ww2.tmp"),
+        ] {
+            fs::write(p, "half").unwrap();
+        }
+        for keep in ["notes.tmp", ".hidden", "model.safetensors"] {
+            fs::write(step.join(keep), "x").unwrap();
+        }
+        assert_eq!(run.remove_temporaries().unwrap(), 3);
+        let mut left: Vec<String> = fs::read_dir(&step)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".hidden", "model.safetensors", "notes.tmp"]);
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "checkpoints/ only"
         );
     }
 

@@ -221,6 +221,8 @@ impl Trainer {
     /// Continue a run from its latest checkpoint.
     pub fn resume(run_path: &Path) -> Result<Self, TrainError> {
         let run = RunDir::open(run_path)?;
+        // A kill mid-write leaves a temporary file beside the one it replaced.
+        run.remove_temporaries()?;
         let cfg = TrainConfig::load(Some(&run.config_path()), &[])?;
         let ckpt = run.latest_checkpoint()?;
         let device = Device::Cpu;

@@ -10,6 +10,7 @@ use std::fs;
 use std::path::Path;
 
 use agentrl_durable::testing;
+use agentrl_trainer::run_dir::RunDir;
 use agentrl_trainer::{Silent, TrainConfig, TrainError, Trainer};
 use serde_json::Value;
 
@@ -105,6 +106,8 @@ fn crash_at_every_write(start: &Path, scratch: &Path, expected: &Outcome) -> usi
             outcome(&dir) == *expected,
             "after a crash at write {k} the logs differ from an uninterrupted run's"
         );
+        // The resumed run removed what the crash left half written.
+        assert_eq!(RunDir::open(&dir).unwrap().remove_temporaries().unwrap(), 0);
         fs::remove_dir_all(&dir).unwrap();
     }
     unreachable!()
@@ -171,7 +174,11 @@ fn every_checkpoint_names_im_end_as_the_end_of_generation() {
         let tokenizer = agentrl_tokenizer::ChatTokenizer::load(&dir).unwrap();
         let text = fs::read_to_string(dir.join("generation_config.json")).unwrap();
         let g: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(g["eos_token_id"][0], tokenizer.im_end_id(), "step {step}: {g}");
+        assert_eq!(
+            g["eos_token_id"][0],
+            tokenizer.im_end_id(),
+            "step {step}: {g}"
+        );
         assert_eq!(
             g["pad_token_id"],
             tokenizer.endoftext_id().unwrap(),
