@@ -411,8 +411,46 @@ impl TrainConfig {
         }
     }
 
+    /// [`TrainConfig::validate`] plus what a new run needs besides its
+    /// values: the model directory of `model.path` and the positions its
+    /// `config.json` allows. Not checked when resuming, which loads the
+    /// checkpoint instead (the directory may have moved since).
+    pub fn validate_for_new_run(&self) -> Result<(), ConfigError> {
+        let mut problems = self.problems();
+        problems.extend(self.model_source_problems());
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Problems(problems))
+        }
+    }
+
+    /// Problems with the model directory `model.path` names (none when the
+    /// tiny model is created).
+    pub fn model_source_problems(&self) -> Vec<ConfigProblem> {
+        let mut p = Problems::default();
+        if self.model.path.is_empty() {
+            return p.0;
+        }
+        let config = Path::new(&self.model.path).join("config.json");
+        match ModelConfig::from_file(&config) {
+            Ok(c) if self.rollout.max_context_tokens > c.max_position_embeddings => p.add(
+                "rollout.max_context_tokens",
+                format!(
+                    "{} is more than the model's max_position_embeddings {} ({})",
+                    self.rollout.max_context_tokens,
+                    c.max_position_embeddings,
+                    config.display()
+                ),
+            ),
+            Ok(_) => {}
+            Err(e) => p.add("model.path", e.to_string()),
+        }
+        p.0
+    }
+
     /// Every value that is out of range, or inconsistent with another, in
-    /// section order. Empty when the config is usable.
+    /// section order. Empty when the config is usable. Reads no file.
     pub fn problems(&self) -> Vec<ConfigProblem> {
         let mut p = Problems::default();
         self.check_name(&mut p);
@@ -442,23 +480,7 @@ impl TrainConfig {
     fn check_model(&self, p: &mut Problems) {
         let m = &self.model;
         if !m.path.is_empty() {
-            let config = Path::new(&m.path).join("config.json");
-            match ModelConfig::from_file(&config) {
-                Ok(c) => {
-                    if self.rollout.max_context_tokens > c.max_position_embeddings {
-                        p.add(
-                            "rollout.max_context_tokens",
-                            format!(
-                                "{} is more than the model's max_position_embeddings {} ({})",
-                                self.rollout.max_context_tokens,
-                                c.max_position_embeddings,
-                                config.display()
-                            ),
-                        );
-                    }
-                }
-                Err(e) => p.add("model.path", e.to_string()),
-            }
+            // A model directory is checked by `model_source_problems`.
             return;
         }
         // The tiny model is created from this config: check it now, not
@@ -907,7 +929,6 @@ mod tests {
                 "model.max_position_embeddings=1099511627776",
                 "model.max_position_embeddings",
             ),
-            ("model.path=/nonexistent", "model.path"),
             (
                 "trainer.total_training_steps=0",
                 "trainer.total_training_steps",
@@ -965,6 +986,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("top_k"), "{e}");
+        // A model directory is checked for a new run, not at every load.
+        let c = TrainConfig::load(None, &["model.path=/nonexistent".into()]).unwrap();
+        let e = c.validate_for_new_run().unwrap_err().to_string();
+        assert!(
+            e.contains("model.path: ") && e.contains("/nonexistent/config.json"),
+            "{e}"
+        );
         // Switched off, the warm start's own settings are not checked.
         assert!(TrainConfig::load(None, &["sft.demos=0".into(), "sft.lr=0".into()]).is_ok());
     }

@@ -174,8 +174,9 @@ impl Trainer {
     ) -> Result<Self, TrainError> {
         // Wall time of the whole run: tokenizer, model, warm start, evaluations, RL.
         let started = Instant::now();
-        // A config built in code has not been through `TrainConfig::load`.
-        cfg.validate()?;
+        // Before any work: values (a config built in code has not been
+        // through `TrainConfig::load`) and the model directory.
+        cfg.validate_for_new_run()?;
         let run = RunDir::create(run_path)?;
         run.write_config(&cfg.to_toml()?)?;
         let device = Device::Cpu;
