@@ -164,3 +164,69 @@ fn eval_random_is_worse_than_expert_and_deterministic() {
     ]);
     assert_eq!(bandit["success_rate"], 1.0);
 }
+
+#[test]
+fn a_gigabyte_action_line_is_an_error_not_an_abort() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentrl"))
+        .args(["play", "bandit"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // 1 GiB without a newline, written until the reader stops reading.
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![b'x'; 1 << 20];
+        let mut sent = 0usize;
+        while sent < 1 << 30 && stdin.write_all(&chunk).is_ok() {
+            sent += chunk.len();
+        }
+        sent
+    });
+    let out = child.wait_with_output().unwrap();
+    let sent = writer.join().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("line 1 of stdin is longer than 65536 bytes"),
+        "{err}"
+    );
+    assert!(
+        sent < 1 << 30,
+        "play stopped reading early ({sent} bytes sent)"
+    );
+}
+
+#[test]
+fn eval_seed_range_past_the_split_is_an_error() {
+    let out = agentrl(&[
+        "eval",
+        "--policy",
+        "random",
+        "--env",
+        "bandit",
+        "--seed-start",
+        "18446744073709551615",
+        "--n",
+        "5",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--seed-start 18446744073709551615"), "{err}");
+    // The last task of the split is fine.
+    let text = ok_stdout(&agentrl(&[
+        "eval",
+        "--policy",
+        "random",
+        "--env",
+        "bandit",
+        "--seed-start",
+        "4294967295",
+        "--n",
+        "1",
+        "--json",
+    ]));
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["n"], 1);
+}

@@ -122,3 +122,36 @@ fn bad_chat_json_is_named_in_the_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("broken-chat.json"), "{err}");
 }
+
+#[test]
+fn a_model_with_nan_weights_is_an_error_not_empty_text() {
+    use agentrl_model::PolicyModel;
+    use candle_core::{Device, Tensor};
+    let dir = tempfile::tempdir().unwrap();
+    let model = PolicyModel::load(&fixture_dir(), false, &Device::Cpu).unwrap();
+    for (name, var) in model.named_vars().unwrap() {
+        if name.contains("norm") {
+            let nan = Tensor::full(f32::NAN, var.shape(), &Device::Cpu).unwrap();
+            var.set(&nan).unwrap();
+        }
+    }
+    model.save(dir.path()).unwrap();
+    agentrl_tokenizer::ChatTokenizer::load(fixture_dir())
+        .unwrap()
+        .save(dir.path())
+        .unwrap();
+    for temperature in ["0", "1"] {
+        let out = agentrl(&[
+            "generate",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "--temperature",
+            temperature,
+        ]);
+        assert!(!out.status.success(), "temperature {temperature}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("not finite"), "{err}");
+    }
+}

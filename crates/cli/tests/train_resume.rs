@@ -115,6 +115,58 @@ fn killed_run_resumes_without_lost_or_repeated_steps() {
 }
 
 #[test]
+fn out_into_an_existing_run_is_an_error_unless_resuming() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::write(run.join("config.toml"), "name = \"earlier\"\n").unwrap();
+    std::fs::write(
+        run.join("metrics.jsonl"),
+        "{\"kind\":\"train\",\"step\":1}\n",
+    )
+    .unwrap();
+    let out = train(&run).stderr(Stdio::piped()).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--out") && err.contains("--resume"), "{err}");
+    // Nothing of the earlier run was touched, nothing of a new one written.
+    assert_eq!(
+        std::fs::read_to_string(run.join("metrics.jsonl")).unwrap(),
+        "{\"kind\":\"train\",\"step\":1}\n"
+    );
+    assert!(!run.join("checkpoints").exists());
+}
+
+#[test]
+fn config_problems_are_all_named_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = Command::new(BIN)
+        .args([
+            "train",
+            "rollout.temperature=-1",
+            "rollout.top_p=5",
+            "model.vocab_size=1000000000000",
+            "trainer.total_training_steps=0",
+            "--out",
+        ])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for key in [
+        "rollout.temperature",
+        "rollout.top_p",
+        "model.vocab_size",
+        "trainer.total_training_steps",
+    ] {
+        assert!(err.contains(key), "{key}: {err}");
+    }
+    assert!(!run.exists(), "no run directory for an invalid config");
+}
+
+#[test]
 fn bad_config_key_is_named() {
     let out = Command::new(BIN)
         .args(["train", "actor.lrr=1", "--print-config"])

@@ -108,13 +108,23 @@ pub(crate) fn write_tensors(
         .collect::<Result<Vec<_>, _>>()?;
     let metadata: HashMap<String, String> =
         HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| match e {
-        safetensors::SafeTensorError::IoError(io) => ModelError::io(path, io),
-        other => ModelError::CorruptFile {
-            path: path.to_path_buf(),
-            msg: other.to_string(),
-        },
+    write_safetensors(path, views, Some(metadata))
+}
+
+/// Writes a safetensors file atomically (a temporary file beside `path`,
+/// synced, renamed over it): a kill mid-save leaves the previous file whole.
+fn write_safetensors(
+    path: &Path,
+    views: Vec<(String, safetensors::tensor::TensorView<'_>)>,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(), ModelError> {
+    agentrl_durable::write_via_path(path, |tmp| {
+        safetensors::serialize_to_file(views, metadata, tmp).map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(io) => io,
+            other => std::io::Error::other(other.to_string()),
+        })
     })
+    .map_err(|e| ModelError::io(path, e))
 }
 
 /// Writes `tensors` to `path` as safetensors in their own dtype (for exact
@@ -167,11 +177,5 @@ pub(crate) fn write_tensors_exact(
                 })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    safetensors::serialize_to_file(views, None, path).map_err(|e| match e {
-        safetensors::SafeTensorError::IoError(io) => ModelError::io(path, io),
-        other => ModelError::CorruptFile {
-            path: path.to_path_buf(),
-            msg: other.to_string(),
-        },
-    })
+    write_safetensors(path, views, None)
 }

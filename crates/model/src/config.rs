@@ -7,6 +7,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::ModelError;
 
+/// Most parameters a configuration may describe: 10^11, 400 GB of f32
+/// weights before gradients and optimizer state. A larger count is a typo
+/// (a digit too many in `vocab_size`) that would otherwise abort the process
+/// on a failed allocation instead of failing with a message.
+pub const MAX_PARAMETERS: u64 = 100_000_000_000;
+
+/// Most positions the rotary tables are built for (2^24; the longest
+/// released context is 10M).
+pub const MAX_POSITIONS: usize = 1 << 24;
+
 /// The rotary-embedding block transformers 5 writes (`rope_parameters`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RopeParameters {
@@ -153,8 +163,20 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    /// Checks that the configuration describes a model this crate implements.
+    /// Checks that the configuration describes a model this crate implements
+    /// (the first of [`ModelConfig::problems`]).
     pub fn validate(&self) -> Result<(), String> {
+        match self.problems().into_iter().next() {
+            Some(p) => Err(p),
+            None => Ok(()),
+        }
+    }
+
+    /// Everything that keeps this configuration from describing a model this
+    /// crate implements and can hold in memory, each message starting with
+    /// the key it is about.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -167,24 +189,42 @@ impl ModelConfig {
         ];
         for (name, v) in positive {
             if v == 0 {
-                return Err(format!("{name} must be positive"));
+                out.push(format!("{name} must be positive"));
             }
         }
-        if !self.num_attention_heads.is_multiple_of(self.num_kv_heads()) {
-            return Err(format!(
+        if self.num_kv_heads() > 0 && !self.num_attention_heads.is_multiple_of(self.num_kv_heads())
+        {
+            out.push(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads,
                 self.num_kv_heads()
             ));
         }
         if !self.head_dim().is_multiple_of(2) {
-            return Err(format!(
+            out.push(format!(
                 "head_dim {} must be even for rotary embeddings",
                 self.head_dim()
             ));
         }
+        if self.max_position_embeddings > MAX_POSITIONS {
+            out.push(format!(
+                "max_position_embeddings {} is more than the {MAX_POSITIONS} positions a rotary table is built for",
+                self.max_position_embeddings
+            ));
+        }
+        match self.parameter_count() {
+            Some(n) if n <= MAX_PARAMETERS => {}
+            count => out.push(format!(
+                "vocab_size {} × hidden_size {} with {} layers of intermediate_size {} make {} parameters, more than the {MAX_PARAMETERS} this crate holds (a digit too many?)",
+                self.vocab_size,
+                self.hidden_size,
+                self.num_hidden_layers,
+                self.intermediate_size,
+                count.map_or("over 2^64".to_string(), |n| n.to_string()),
+            )),
+        }
         if self.hidden_act != "silu" {
-            return Err(format!(
+            out.push(format!(
                 "hidden_act `{}` is not supported (only silu)",
                 self.hidden_act
             ));
@@ -192,27 +232,63 @@ impl ModelConfig {
         if let Some(rp) = &self.rope_parameters {
             if let Some(t) = &rp.rope_type {
                 if t != "default" {
-                    return Err(format!("rope_type `{t}` is not supported (only default)"));
+                    out.push(format!("rope_type `{t}` is not supported (only default)"));
                 }
             }
         }
         if let Some(v) = self.extra.get("rope_scaling") {
             if !v.is_null() {
-                return Err("rope_scaling is not supported".to_string());
+                out.push("rope_scaling is not supported".to_string());
             }
         }
         if let Some(v) = self.extra.get("mlp_bias") {
             if v.as_bool() == Some(true) {
-                return Err("mlp_bias = true is not supported".to_string());
+                out.push("mlp_bias = true is not supported".to_string());
             }
         }
         if !(self.rope_theta().is_finite() && self.rope_theta() > 0.0) {
-            return Err("rope_theta must be positive".to_string());
+            out.push("rope_theta must be positive".to_string());
         }
-        if self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 {
-            return Err("rms_norm_eps must be non-negative".to_string());
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            out.push("rms_norm_eps must be finite and non-negative".to_string());
         }
-        Ok(())
+        if !(self.initializer_range.is_finite() && self.initializer_range >= 0.0) {
+            out.push("initializer_range must be finite and non-negative".to_string());
+        }
+        out
+    }
+
+    /// Number of weights the configuration implies (embeddings; per layer the
+    /// attention projections with their q/k/v biases, the SwiGLU MLP and two
+    /// norms; the final norm; an untied LM head), or `None` when the count
+    /// overflows 64 bits. The value head is not counted.
+    pub fn parameter_count(&self) -> Option<u64> {
+        let n = |x: usize| x as u64;
+        let (d, v, hd) = (n(self.hidden_size), n(self.vocab_size), n(self.head_dim()));
+        let q_width = n(self.num_attention_heads).checked_mul(hd)?;
+        let kv_width = n(self.num_kv_heads()).checked_mul(hd)?;
+        let bias = if self.qkv_bias() {
+            q_width.checked_add(kv_width.checked_mul(2)?)?
+        } else {
+            0
+        };
+        let attention = d
+            .checked_mul(q_width.checked_add(kv_width.checked_mul(2)?)?)?
+            .checked_add(q_width.checked_mul(d)?)?
+            .checked_add(bias)?;
+        let mlp = d.checked_mul(n(self.intermediate_size))?.checked_mul(3)?;
+        let layer = attention.checked_add(mlp)?.checked_add(d.checked_mul(2)?)?;
+        let embeddings = v.checked_mul(d)?;
+        let head = if self.tie_word_embeddings {
+            0
+        } else {
+            embeddings
+        };
+        n(self.num_hidden_layers)
+            .checked_mul(layer)?
+            .checked_add(embeddings)?
+            .checked_add(head)?
+            .checked_add(d)
     }
 
     /// Key/value heads (GQA); the query head count when unset.
@@ -238,5 +314,62 @@ impl ModelConfig {
     /// Whether q/k/v projections carry biases (Qwen2 yes, Llama no unless `attention_bias`).
     pub fn qkv_bias(&self) -> bool {
         self.attention_bias.unwrap_or(self.model_type == "qwen2")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PolicyModel;
+    use candle_core::Device;
+
+    #[test]
+    fn parameter_count_is_the_number_of_weights_a_model_gets() {
+        let tied = ModelConfig::new_qwen2(300, 32, 2, 4, 2, 64);
+        let untied_llama = ModelConfig {
+            model_type: "llama".into(),
+            tie_word_embeddings: false,
+            ..ModelConfig::new_qwen2(300, 32, 3, 4, 1, 48)
+        };
+        for cfg in [tied, untied_llama] {
+            let model = PolicyModel::new_random(&cfg, false, 0, &Device::Cpu).unwrap();
+            assert_eq!(
+                cfg.parameter_count(),
+                Some(model.num_parameters().unwrap() as u64),
+                "{cfg:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_absurd_shape_is_a_problem_not_an_allocation() {
+        let huge = ModelConfig::new_qwen2(1_000_000_000_000, 128, 2, 4, 2, 384);
+        let e = huge.validate().unwrap_err();
+        assert!(e.starts_with("vocab_size 1000000000000"), "{e}");
+        let overflow = ModelConfig::new_qwen2(usize::MAX, usize::MAX / 2, 2, 4, 2, 384);
+        assert!(overflow.parameter_count().is_none());
+        assert!(
+            overflow.problems().iter().any(|p| p.contains("over 2^64")),
+            "{:?}",
+            overflow.problems()
+        );
+        let long = ModelConfig {
+            max_position_embeddings: 1 << 40,
+            ..ModelConfig::new_qwen2(300, 32, 2, 4, 2, 64)
+        };
+        assert!(long
+            .validate()
+            .unwrap_err()
+            .starts_with("max_position_embeddings"));
+        // Every problem is reported, not only the first.
+        let zeros = ModelConfig {
+            hidden_act: "gelu".into(),
+            ..ModelConfig::new_qwen2(0, 32, 0, 4, 2, 64)
+        };
+        let all = zeros.problems();
+        assert!(all.len() >= 3, "{all:?}");
+        assert!(ModelConfig::new_qwen2(300, 32, 2, 4, 2, 64)
+            .problems()
+            .is_empty());
     }
 }

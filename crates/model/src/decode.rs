@@ -644,7 +644,7 @@ pub(crate) fn generate(
             let mut still = Vec::with_capacity(active.len());
             for (j, &i) in active.iter().enumerate() {
                 let logits = &scratch.logits[j * vocab..(j + 1) * vocab];
-                let (tok, lp) = sample_row(logits, params, rng);
+                let (tok, lp) = sample_row(logits, params, rng)?;
                 let g = &mut gens[i];
                 g.tokens.push(tok);
                 g.logprobs.push(lp);

@@ -62,6 +62,15 @@ pub enum ModelError {
     /// token id out of range, bad sampling parameters, ...).
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// The model produced a NaN or infinite logit, so no token can be
+    /// sampled: its weights hold NaN or infinite values, or overflow.
+    #[error("the model's logits are not finite (token {token}: {value}): its weights hold NaN or infinite values, or overflow")]
+    NonFiniteLogits {
+        /// The first token id whose logit is not finite.
+        token: usize,
+        /// That logit.
+        value: f32,
+    },
     /// An error from the tensor library.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

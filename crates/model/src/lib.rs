@@ -23,7 +23,7 @@ pub mod sampling;
 pub use candle_core;
 /// candle's NN helpers (VarMap), re-exported for the same reason.
 pub use candle_nn;
-pub use config::{ModelConfig, RopeParameters};
+pub use config::{ModelConfig, RopeParameters, MAX_PARAMETERS, MAX_POSITIONS};
 pub use decode::SequenceCache;
 pub use error::ModelError;
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};

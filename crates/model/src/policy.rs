@@ -218,7 +218,8 @@ impl PolicyModel {
 
     /// Writes `config.json` and `model.safetensors` (f32, Hugging Face names;
     /// no `lm_head.weight` when tied; the value head as `value_head.*`, which
-    /// transformers ignores). Tokenizer files are the caller's.
+    /// transformers ignores), each atomically: a kill mid-save leaves every
+    /// file either as it was or fully written. Tokenizer files are the caller's.
     pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
         std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
         let mut config = self.config.clone();
@@ -236,7 +237,7 @@ impl PolicyModel {
             msg: e.to_string(),
         })?;
         let cfg_path = dir.join(CONFIG_FILE);
-        std::fs::write(&cfg_path, json).map_err(|e| ModelError::io(&cfg_path, e))?;
+        agentrl_durable::write(&cfg_path, json).map_err(|e| ModelError::io(&cfg_path, e))?;
         let tensors: BTreeMap<String, Tensor> = self
             .named_vars()?
             .into_iter()

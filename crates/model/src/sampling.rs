@@ -74,12 +74,20 @@ pub struct Generation {
 }
 
 /// Picks the next token from one row of raw logits; returns it with its
-/// untempered log-probability `log_softmax(logits)[token]`.
+/// untempered log-probability `log_softmax(logits)[token]`. A NaN or
+/// infinite logit (weights that hold NaN, or overflow) is an error: no token
+/// can be drawn from such a row.
 pub(crate) fn sample_row(
     logits: &[f32],
     params: &SamplingParams,
     rng: &mut ChaCha8Rng,
-) -> (u32, f32) {
+) -> Result<(u32, f32), ModelError> {
+    if let Some(i) = logits.iter().position(|x| !x.is_finite()) {
+        return Err(ModelError::NonFiniteLogits {
+            token: i,
+            value: logits[i],
+        });
+    }
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let lse = max as f64
         + logits
@@ -93,7 +101,7 @@ pub(crate) fn sample_row(
         sample_tempered(logits, params, rng)
     };
     let lp = (logits[token] as f64 - lse) as f32;
-    (token as u32, lp)
+    Ok((token as u32, lp))
 }
 
 /// Index of the largest logit (the lowest index among equal maxima).
@@ -185,7 +193,8 @@ mod tests {
     #[test]
     fn greedy_picks_lowest_id_among_ties() {
         let mut rng = ChaCha8Rng::seed_from_u64(0);
-        let (t, _) = sample_row(&[0.0, 2.0, 2.0, 1.0], &SamplingParams::greedy(1), &mut rng);
+        let (t, _) =
+            sample_row(&[0.0, 2.0, 2.0, 1.0], &SamplingParams::greedy(1), &mut rng).unwrap();
         assert_eq!(t, 1);
     }
 
@@ -197,9 +206,23 @@ mod tests {
             temperature: 0.3,
             ..SamplingParams::default()
         };
-        let (t, lp) = sample_row(&logits, &p, &mut rng);
+        let (t, lp) = sample_row(&logits, &p, &mut rng).unwrap();
         let lse = (1f64.exp() + 2f64.exp() + 3f64.exp()).ln();
         assert!((lp as f64 - (logits[t as usize] as f64 - lse)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_non_finite_logit_is_an_error_not_a_token() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for p in [SamplingParams::greedy(1), SamplingParams::default()] {
+                let e = sample_row(&[0.0, bad, 1.0], &p, &mut rng).unwrap_err();
+                assert!(
+                    matches!(e, ModelError::NonFiniteLogits { token: 1, .. }),
+                    "{e}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -211,7 +234,7 @@ mod tests {
             ..SamplingParams::default()
         };
         for _ in 0..20 {
-            assert_eq!(sample_row(&[0.1, 0.5, 0.2], &p, &mut rng).0, 1);
+            assert_eq!(sample_row(&[0.1, 0.5, 0.2], &p, &mut rng).unwrap().0, 1);
         }
     }
 
@@ -226,7 +249,7 @@ mod tests {
         };
         let mut seen = [0usize; 3];
         for _ in 0..400 {
-            seen[sample_row(&logits, &p, &mut rng).0 as usize] += 1;
+            seen[sample_row(&logits, &p, &mut rng).unwrap().0 as usize] += 1;
         }
         assert_eq!(seen[2], 0);
         assert!(seen[0] > 0 && seen[1] > 0);
@@ -263,7 +286,7 @@ mod tests {
         };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         for _ in 0..200 {
-            let t = sample_row(&logits, &p, &mut rng).0 as usize;
+            let t = sample_row(&logits, &p, &mut rng).unwrap().0 as usize;
             assert!(sorted[..7].contains(&t), "{t} is outside the top 7");
         }
     }
@@ -275,7 +298,7 @@ mod tests {
         let p = SamplingParams::default();
         let n = 4000;
         let ones = (0..n)
-            .filter(|_| sample_row(&logits, &p, &mut rng).0 == 1)
+            .filter(|_| sample_row(&logits, &p, &mut rng).unwrap().0 == 1)
             .count();
         let frac = ones as f64 / n as f64;
         assert!((frac - 0.75).abs() < 0.03, "{frac}");

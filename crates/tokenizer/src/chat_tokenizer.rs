@@ -41,8 +41,21 @@ const CHATML_SPECIALS: [&str; 3] = [ENDOFTEXT, IM_START, IM_END];
 /// depends on the row's contents.)
 pub const TRAINED_PRE_TOKENIZER: &str = r"</?[a-z_]+>| ?\p{Lu}\p{Ll}+| ?\p{Ll}+|\s+(?!\S)|\s+|.";
 
+/// transformers' generation defaults, beside the model's `config.json`.
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
 /// Number of symbols in the byte-level alphabet: every byte is one symbol.
 const BYTE_ALPHABET: usize = 256;
+
+/// Smallest vocabulary a trained tokenizer can have: the 3 ChatML special
+/// tokens and the 256 bytes.
+pub const MIN_TRAINED_VOCAB: usize = CHATML_SPECIALS.len() + BYTE_ALPHABET;
+
+/// Largest vocabulary [`ChatTokenizer::train_bpe`] is asked for: 2^20
+/// (released vocabularies have at most ~262k tokens). The BPE trainer
+/// reserves memory for the target up front, so a target of 10^12 would abort
+/// the process instead of failing.
+pub const MAX_TRAINED_VOCAB: usize = 1 << 20;
 
 /// Why a tokenizer could not be loaded, trained, saved or used.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +107,10 @@ pub struct ChatTokenizer {
     /// `tokenizer_config.json` as read, kept so that `save` writes back the
     /// keys this type does not interpret.
     config: Map<String, Value>,
+    /// `generation_config.json` of the directory loaded from (sampling
+    /// defaults and all), kept so that `save` writes it back with the ChatML
+    /// stop tokens; empty for a trained tokenizer.
+    generation: Map<String, Value>,
     template: Option<ChatTemplate>,
     tokens: TemplateTokens,
     im_start: u32,
@@ -162,7 +179,15 @@ impl ChatTokenizer {
             unk: special_token(&config, "unk_token", &config_path)?,
         };
         let template = template_source.map(ChatTemplate::new).transpose()?;
-        Self::assemble(tokenizer, config, template, tokens, dir)
+        let generation_path = dir.join(GENERATION_CONFIG_FILE);
+        let generation = if generation_path.exists() {
+            read_json_object(&generation_path)?
+        } else {
+            Map::new()
+        };
+        let mut t = Self::assemble(tokenizer, config, template, tokens, dir)?;
+        t.generation = generation;
+        Ok(t)
     }
 
     /// Check the ChatML tokens and fix the ids every caller needs.
@@ -197,6 +222,7 @@ impl ChatTokenizer {
         Ok(Self {
             tokenizer,
             config,
+            generation: Map::new(),
             template,
             tokens,
             im_start,
@@ -214,10 +240,14 @@ impl ChatTokenizer {
     /// no more pairs to merge). Special-token strings inside `texts` are not
     /// learnt from. The same texts give the same tokenizer, byte for byte.
     pub fn train_bpe(texts: &[String], vocab_size: usize) -> Result<Self> {
-        let minimum = CHATML_SPECIALS.len() + BYTE_ALPHABET;
-        if vocab_size < minimum {
+        if vocab_size < MIN_TRAINED_VOCAB {
             return Err(TokenizerError::Train(format!(
-                "vocab_size {vocab_size} is below {minimum} (3 special tokens + 256 bytes)"
+                "vocab_size {vocab_size} is below {MIN_TRAINED_VOCAB} (3 special tokens + 256 bytes)"
+            )));
+        }
+        if vocab_size > MAX_TRAINED_VOCAB {
+            return Err(TokenizerError::Train(format!(
+                "vocab_size {vocab_size} is above the {MAX_TRAINED_VOCAB} tokens a trained tokenizer may have"
             )));
         }
         let specials: Vec<AddedToken> = CHATML_SPECIALS
@@ -287,7 +317,9 @@ impl ChatTokenizer {
     /// Write `tokenizer.json`, `tokenizer_config.json` (special tokens,
     /// `added_tokens_decoder`, chat template) and `special_tokens_map.json`
     /// into `dir` (created if needed), the layout transformers' `AutoTokenizer`
-    /// loads.
+    /// loads, and `generation_config.json` ([`ChatTokenizer::generation_config`])
+    /// so that transformers' `generate` stops where agentrl's does. Each file
+    /// is replaced atomically.
     pub fn save(&self, dir: impl AsRef<Path>) -> Result<()> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|source| TokenizerError::Io {
@@ -356,7 +388,55 @@ impl ChatTokenizer {
             .map(|(_, t)| t.content.as_str())
             .collect();
         map.insert("additional_special_tokens".into(), json!(additional));
-        write_json(&dir.join("special_tokens_map.json"), &Value::Object(map))
+        write_json(&dir.join("special_tokens_map.json"), &Value::Object(map))?;
+        write_json(
+            &dir.join(GENERATION_CONFIG_FILE),
+            &Value::Object(self.generation_config()),
+        )
+    }
+
+    /// transformers' `GenerationConfig` for a model using this tokenizer, as
+    /// Qwen2.5 writes it: `eos_token_id` lists the tokens that end a reply
+    /// ([`ChatTokenizer::stop_ids`]: `<|im_end|>` first, then
+    /// `<|endoftext|>`), `bos_token_id` is the configured bos token (else
+    /// `<|endoftext|>`), `pad_token_id` the pad token. The loaded directory's
+    /// own `generation_config.json` is kept (sampling defaults, other stop
+    /// tokens after ours); without `<|im_end|>` in `eos_token_id`,
+    /// transformers' `generate` runs past the end of the turn.
+    pub fn generation_config(&self) -> Map<String, Value> {
+        let mut g = self.generation.clone();
+        // The file no longer mirrors config.json: transformers must not
+        // rebuild it from there.
+        g.remove("_from_model_config");
+        let mut eos = self.stop_ids();
+        let theirs = match g.get("eos_token_id") {
+            Some(Value::Array(ids)) => ids.iter().filter_map(Value::as_u64).collect(),
+            Some(v) => v.as_u64().into_iter().collect(),
+            None => Vec::new(),
+        };
+        for id in theirs {
+            if let Ok(id) = u32::try_from(id) {
+                if !eos.contains(&id) {
+                    eos.push(id);
+                }
+            }
+        }
+        g.insert("eos_token_id".into(), json!(eos));
+        let bos = self
+            .tokens
+            .bos
+            .as_deref()
+            .and_then(|t| self.token_id(t))
+            .or(self.endoftext);
+        if let Some(bos) = bos {
+            if g.get("bos_token_id").is_none_or(Value::is_null) {
+                g.insert("bos_token_id".into(), json!(bos));
+            }
+        }
+        if g.get("pad_token_id").is_none_or(Value::is_null) {
+            g.insert("pad_token_id".into(), json!(self.pad_id()));
+        }
+        g
     }
 
     /// Token ids of `text`, adding no special tokens; special-token strings
@@ -509,8 +589,9 @@ fn read(path: &Path) -> Result<Vec<u8>> {
     })
 }
 
+/// Atomically: a kill mid-save leaves the previous file whole.
 fn write(path: &Path, text: String) -> Result<()> {
-    std::fs::write(path, text).map_err(|source| TokenizerError::Io {
+    agentrl_durable::write(path, text).map_err(|source| TokenizerError::Io {
         path: path.to_path_buf(),
         source,
     })

@@ -10,5 +10,6 @@ pub use chat_template::{
     ChatMessage, ChatTemplate, TemplateError, TemplateTokens, CHATML_TEMPLATE,
 };
 pub use chat_tokenizer::{
-    ChatTokenizer, TokenizerError, ENDOFTEXT, IM_END, IM_START, TRAINED_PRE_TOKENIZER,
+    ChatTokenizer, TokenizerError, ENDOFTEXT, GENERATION_CONFIG_FILE, IM_END, IM_START,
+    MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB, TRAINED_PRE_TOKENIZER,
 };

@@ -156,6 +156,64 @@ fn fixture_save_then_load_keeps_encodings_and_template() {
     assert_eq!(map["pad_token"], "<|endoftext|>");
 }
 
+fn generation_config(dir: &std::path::Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("generation_config.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// transformers' `generate` stops at `eos_token_id` of generation_config.json
+/// (a list, as Qwen2.5 writes it); without `<|im_end|>` there it runs past
+/// the end of the turn.
+#[test]
+fn saved_tokenizers_name_im_end_as_the_end_of_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let trained = ChatTokenizer::train_bpe(&env_corpus(6, 30), 300).unwrap();
+    trained.save(dir.path()).unwrap();
+    // <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2.
+    assert_eq!(
+        generation_config(dir.path()),
+        serde_json::json!({"bos_token_id": 0, "eos_token_id": [2, 0], "pad_token_id": 0})
+    );
+
+    // A model directory's own file keeps its other keys and stop tokens;
+    // ours come first, and it no longer claims to mirror config.json.
+    let source = tempfile::tempdir().unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixture_dir().join(f), source.path().join(f)).unwrap();
+    }
+    std::fs::write(
+        source.path().join("generation_config.json"),
+        r#"{"_from_model_config": true, "eos_token_id": 5, "temperature": 0.7, "top_p": 0.8, "transformers_version": "4.37.0"}"#,
+    )
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    ChatTokenizer::load(source.path())
+        .unwrap()
+        .save(out.path())
+        .unwrap();
+    assert_eq!(
+        generation_config(out.path()),
+        serde_json::json!({
+            "bos_token_id": 0,
+            "eos_token_id": [2, 0, 5],
+            "pad_token_id": 0,
+            "temperature": 0.7,
+            "top_p": 0.8,
+            "transformers_version": "4.37.0"
+        })
+    );
+    // Saved again from what was saved: the same file.
+    let again = tempfile::tempdir().unwrap();
+    ChatTokenizer::load(out.path())
+        .unwrap()
+        .save(again.path())
+        .unwrap();
+    assert_eq!(
+        generation_config(again.path()),
+        generation_config(out.path())
+    );
+}
+
 #[test]
 fn bpe_training_is_deterministic_and_independent_of_input_order() {
     let texts = env_corpus(7, 120);
@@ -218,6 +276,11 @@ fn bpe_vocab_size_is_respected() {
     assert!(small.vocab_size() < 300);
     let err = ChatTokenizer::train_bpe(&texts, 200).unwrap_err();
     assert!(matches!(err, TokenizerError::Train(_)));
+    // An absurd target is an error, not an abort on the trainer's up-front
+    // reservation (10^12 tokens).
+    let err = ChatTokenizer::train_bpe(&texts, 1_000_000_000_000).unwrap_err();
+    assert!(err.to_string().contains("1000000000000"), "{err}");
+    assert!(ChatTokenizer::train_bpe(&texts, agentrl_tokenizer::MAX_TRAINED_VOCAB).is_ok());
 }
 
 #[test]

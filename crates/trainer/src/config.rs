@@ -4,8 +4,10 @@
 use std::path::Path;
 
 use agentrl_algos::{AdvEstimator, KlKind, LossAgg};
+use agentrl_env_core::SPLIT_STRIDE;
 use agentrl_model::ModelConfig;
 use agentrl_rollout::RolloutConfig;
+use agentrl_tokenizer::{MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB};
 use serde::{Deserialize, Serialize};
 
 /// The embedded default: a tiny model, SFT warm start, GRPO + StarPO-S.
@@ -24,6 +26,9 @@ pub enum ConfigError {
     NotATable { key: String, section: String },
     #[error("invalid config: {0}")]
     Invalid(String),
+    /// Values out of range, every one of them, each with its key.
+    #[error("invalid config ({} problem{}):{}", .0.len(), if .0.len() == 1 { "" } else { "s" }, format_problems(.0))]
+    Problems(Vec<ConfigProblem>),
     #[error("cannot render the config as TOML: {0}")]
     Render(String),
 }
@@ -399,58 +404,316 @@ impl TrainConfig {
         toml::to_string_pretty(self).map_err(|e| ConfigError::Render(e.to_string()))
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |k: &str, why: &str| Err(ConfigError::Invalid(format!("{k}: {why}")));
-        if self.rollout.n == 0 || self.rollout.env_groups == 0 {
-            return bad("rollout.n / rollout.env_groups", "must be at least 1");
+    /// Check the whole config before any work starts: every problem at
+    /// once, each naming its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Problems(problems))
         }
-        if self.rollout.max_turns == 0 || self.rollout.response_length == 0 {
-            return bad(
-                "rollout.max_turns / rollout.response_length",
-                "must be at least 1",
-            );
-        }
-        if !(0.0..=1.0).contains(&self.rollout.rollout_filter_ratio)
-            || self.rollout.rollout_filter_ratio == 0.0
-        {
-            return bad("rollout.rollout_filter_ratio", "must be in (0, 1]");
-        }
-        if self.actor.ppo_mini_batch_size == 0 || self.actor.ppo_epochs == 0 {
-            return bad(
-                "actor.ppo_mini_batch_size / actor.ppo_epochs",
-                "must be at least 1",
-            );
-        }
-        if self.actor.adam_eps <= 0.0 || !self.actor.adam_eps.is_finite() {
-            return bad("actor.adam_eps", "must be a positive number");
-        }
-        if !(0.0..=1.0).contains(&self.sft.expert_noise) {
-            return bad("sft.expert_noise", "must be a probability in [0, 1]");
-        }
-        if self.actor.lr <= 0.0 || !self.actor.lr.is_finite() {
-            return bad("actor.lr", "must be a positive number");
-        }
-        if self.critic.lr <= 0.0 || !self.critic.lr.is_finite() {
-            return bad("critic.lr", "must be a positive number");
-        }
-        if self.env.endpoint.is_empty() {
-            // Remote servers may host environments we do not ship (SciWorld, WebArena).
-            if let Err(e) = agentrl_envs::find(&self.env.name) {
-                return bad("env.name", &e.to_string());
-            }
-        }
-        if self.trainer.val_tasks == 0 {
-            return bad("trainer.val_tasks", "must be at least 1");
-        }
-        if self.model.path.is_empty() {
-            // The tiny model is created from this config: check it now, not
-            // after the tokenizer has been trained.
-            if let Err(why) = self.model.config.validate() {
-                return bad("model", &why);
-            }
-        }
-        Ok(())
     }
+
+    /// [`TrainConfig::validate`] plus what a new run needs besides its
+    /// values: the model directory of `model.path` and the positions its
+    /// `config.json` allows. Not checked when resuming, which loads the
+    /// checkpoint instead (the directory may have moved since).
+    pub fn validate_for_new_run(&self) -> Result<(), ConfigError> {
+        let mut problems = self.problems();
+        problems.extend(self.model_source_problems());
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Problems(problems))
+        }
+    }
+
+    /// Problems with the model directory `model.path` names (none when the
+    /// tiny model is created).
+    pub fn model_source_problems(&self) -> Vec<ConfigProblem> {
+        let mut p = Problems::default();
+        if self.model.path.is_empty() {
+            return p.0;
+        }
+        let config = Path::new(&self.model.path).join("config.json");
+        match ModelConfig::from_file(&config) {
+            Ok(c) if self.rollout.max_context_tokens > c.max_position_embeddings => p.add(
+                "rollout.max_context_tokens",
+                format!(
+                    "{} is more than the model's max_position_embeddings {} ({})",
+                    self.rollout.max_context_tokens,
+                    c.max_position_embeddings,
+                    config.display()
+                ),
+            ),
+            Ok(_) => {}
+            Err(e) => p.add("model.path", e.to_string()),
+        }
+        p.0
+    }
+
+    /// Every value that is out of range, or inconsistent with another, in
+    /// section order. Empty when the config is usable. Reads no file.
+    pub fn problems(&self) -> Vec<ConfigProblem> {
+        let mut p = Problems::default();
+        self.check_name(&mut p);
+        self.check_model(&mut p);
+        self.check_algorithm(&mut p);
+        self.check_actor(&mut p);
+        self.check_critic(&mut p);
+        self.check_rollout(&mut p);
+        self.check_trainer(&mut p);
+        self.check_env(&mut p);
+        self.check_sft(&mut p);
+        p.0
+    }
+
+    fn check_name(&self, p: &mut Problems) {
+        // The run directory is runs/<name>-<timestamp>: a path in the name
+        // would put it elsewhere.
+        let n = &self.name;
+        if n.is_empty() || n == "." || n == ".." || n.contains(['/', '\\', '\0']) {
+            p.add(
+                "name",
+                format!("{n:?} must be a plain name (no path separators)"),
+            );
+        }
+    }
+
+    fn check_model(&self, p: &mut Problems) {
+        let m = &self.model;
+        if !m.path.is_empty() {
+            // A model directory is checked by `model_source_problems`.
+            return;
+        }
+        // The tiny model is created from this config: check it now, not
+        // after the tokenizer has been trained.
+        let c = &m.config;
+        let vocab_in_range = (MIN_TRAINED_VOCAB..=MAX_TRAINED_VOCAB).contains(&c.vocab_size);
+        if !vocab_in_range {
+            p.add(
+                "model.vocab_size",
+                format!(
+                    "{} is the size the tokenizer is trained to: it must be in {MIN_TRAINED_VOCAB}..={MAX_TRAINED_VOCAB}",
+                    c.vocab_size
+                ),
+            );
+        }
+        for why in c.problems() {
+            // ModelConfig's messages start with the key they are about.
+            let key = why.split([' ', '`']).next().unwrap_or_default();
+            // An out-of-range vocabulary is reported once, above.
+            if key != "vocab_size" || vocab_in_range {
+                p.add(&format!("model.{key}"), why);
+            }
+        }
+        if self.rollout.max_context_tokens > c.max_position_embeddings {
+            p.add(
+                "rollout.max_context_tokens",
+                format!(
+                    "{} is more than model.max_position_embeddings {}",
+                    self.rollout.max_context_tokens, c.max_position_embeddings
+                ),
+            );
+        }
+    }
+
+    fn check_algorithm(&self, p: &mut Problems) {
+        let a = &self.algorithm;
+        p.in_range("algorithm.gamma", a.gamma as f64, 0.0..=1.0);
+        p.in_range("algorithm.lam", a.lam as f64, 0.0..=1.0);
+        p.non_negative("algorithm.gigpo_step_weight", a.gigpo_step_weight as f64);
+        p.non_negative("algorithm.kl_coef", a.kl_coef as f64);
+    }
+
+    fn check_actor(&self, p: &mut Problems) {
+        let a = &self.actor;
+        p.positive("actor.lr", a.lr);
+        p.non_negative("actor.weight_decay", a.weight_decay);
+        p.at_least_one("actor.ppo_mini_batch_size", a.ppo_mini_batch_size);
+        p.at_least_one("actor.ppo_epochs", a.ppo_epochs);
+        let low = a.clip_ratio_low as f64;
+        if !(low.is_finite() && (0.0..1.0).contains(&low)) {
+            p.add("actor.clip_ratio_low", format!("{low} must be in [0, 1)"));
+        }
+        p.non_negative("actor.clip_ratio_high", a.clip_ratio_high as f64);
+        let c = a.clip_ratio_c as f64;
+        if !(c == 0.0 || (c.is_finite() && c > 1.0)) {
+            p.add(
+                "actor.clip_ratio_c",
+                format!("{c} must be 0 (no dual clip) or above 1"),
+            );
+        }
+        p.non_negative("actor.kl_loss_coef", a.kl_loss_coef as f64);
+        p.non_negative("actor.entropy_coeff", a.entropy_coeff as f64);
+        p.positive("actor.grad_clip", a.grad_clip);
+        p.positive("actor.adam_eps", a.adam_eps);
+    }
+
+    fn check_critic(&self, p: &mut Problems) {
+        let c = &self.critic;
+        p.positive("critic.lr", c.lr);
+        p.non_negative("critic.cliprange_value", c.cliprange_value as f64);
+        p.non_negative("critic.value_loss_coef", c.value_loss_coef as f64);
+    }
+
+    fn check_rollout(&self, p: &mut Problems) {
+        let r = &self.rollout;
+        p.at_least_one("rollout.n", r.n);
+        p.at_least_one("rollout.env_groups", r.env_groups);
+        p.non_negative("rollout.temperature", r.temperature);
+        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            p.add("rollout.top_p", format!("{} must be in (0, 1]", r.top_p));
+        }
+        p.at_least_one("rollout.max_turns", r.max_turns);
+        p.at_least_one("rollout.max_actions_per_turn", r.max_actions_per_turn);
+        p.at_least_one("rollout.max_actions", r.max_actions);
+        p.at_least_one("rollout.response_length", r.response_length);
+        if r.max_context_tokens <= r.response_length {
+            p.add(
+                "rollout.max_context_tokens",
+                format!(
+                    "{} leaves no room for a prompt before a reply of rollout.response_length {}",
+                    r.max_context_tokens, r.response_length
+                ),
+            );
+        }
+        let penalty = r.format_penalty as f64;
+        if !(penalty.is_finite() && penalty <= 0.0) {
+            p.add(
+                "rollout.format_penalty",
+                format!("{penalty} must be a finite number <= 0"),
+            );
+        }
+        let ratio = r.rollout_filter_ratio as f64;
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            p.add(
+                "rollout.rollout_filter_ratio",
+                format!("{ratio} must be in (0, 1]"),
+            );
+        }
+    }
+
+    fn check_trainer(&self, p: &mut Problems) {
+        let t = &self.trainer;
+        // 0 steps would only evaluate the starting policy: `agentrl eval` does that.
+        if t.total_training_steps == 0 {
+            p.add(
+                "trainer.total_training_steps",
+                "must be at least 1 (to only evaluate a policy, use `agentrl eval`)".to_string(),
+            );
+        }
+        if !(1..=SPLIT_STRIDE).contains(&(t.val_tasks as u64)) {
+            p.add(
+                "trainer.val_tasks",
+                format!(
+                    "{} must be in 1..={SPLIT_STRIDE} (the validation split's size)",
+                    t.val_tasks
+                ),
+            );
+        }
+        p.non_negative("trainer.val_temperature", t.val_temperature);
+    }
+
+    fn check_env(&self, p: &mut Problems) {
+        let e = &self.env;
+        if e.endpoint.is_empty() {
+            // Remote servers may host environments we do not ship (SciWorld, WebArena).
+            match agentrl_envs::find(&e.name) {
+                Ok(d) if !d.difficulties.contains(&e.difficulty.as_str()) => p.add(
+                    "env.difficulty",
+                    format!(
+                        "{:?} is not a difficulty of {} (one of: {})",
+                        e.difficulty,
+                        e.name,
+                        d.difficulties.join(", ")
+                    ),
+                ),
+                Ok(_) => {}
+                Err(err) => p.add("env.name", err.to_string()),
+            }
+        } else if !(e.endpoint.starts_with("http://") || e.endpoint.starts_with("https://")) {
+            p.add(
+                "env.endpoint",
+                format!("{:?} must start with http:// or https://", e.endpoint),
+            );
+        }
+        // The upper half of the train split holds the warm start's demonstrations.
+        if e.train_tasks > SPLIT_STRIDE / 2 {
+            p.add(
+                "env.train_tasks",
+                format!(
+                    "{} is more than the {} train seeds RL draws from",
+                    e.train_tasks,
+                    SPLIT_STRIDE / 2
+                ),
+            );
+        }
+    }
+
+    fn check_sft(&self, p: &mut Problems) {
+        let s = &self.sft;
+        p.in_range("sft.expert_noise", s.expert_noise, 0.0..=1.0);
+        if s.demos > 0 && s.epochs > 0 {
+            p.positive("sft.lr", s.lr);
+            p.at_least_one("sft.batch_size", s.batch_size);
+            p.at_least_one("sft.actions_per_turn", s.actions_per_turn);
+        }
+    }
+}
+
+/// One value out of range: its key (`section.key`) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    pub key: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// The problems found so far, with the range checks most keys share.
+#[derive(Default)]
+struct Problems(Vec<ConfigProblem>);
+
+impl Problems {
+    fn add(&mut self, key: &str, message: String) {
+        self.0.push(ConfigProblem {
+            key: key.to_string(),
+            message,
+        });
+    }
+    fn positive(&mut self, key: &str, v: f64) {
+        if !(v.is_finite() && v > 0.0) {
+            self.add(key, format!("{v} must be a finite number > 0"));
+        }
+    }
+    fn non_negative(&mut self, key: &str, v: f64) {
+        if !(v.is_finite() && v >= 0.0) {
+            self.add(key, format!("{v} must be a finite number >= 0"));
+        }
+    }
+    fn in_range(&mut self, key: &str, v: f64, range: std::ops::RangeInclusive<f64>) {
+        if !range.contains(&v) {
+            self.add(
+                key,
+                format!("{v} must be in [{}, {}]", range.start(), range.end()),
+            );
+        }
+    }
+    fn at_least_one(&mut self, key: &str, v: usize) {
+        if v == 0 {
+            self.add(key, "must be at least 1".to_string());
+        }
+    }
+}
+
+fn format_problems(problems: &[ConfigProblem]) -> String {
+    problems.iter().map(|p| format!("\n  {p}")).collect()
 }
 
 /// Set `a.b.c = value` in a TOML table; the value is read as a TOML literal
@@ -626,6 +889,132 @@ mod tests {
             ]
         )
         .is_ok());
+    }
+
+    /// The keys of every problem `overrides` give, in order.
+    fn problem_keys(overrides: &[&str]) -> Vec<String> {
+        let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        match TrainConfig::load(None, &o) {
+            Err(ConfigError::Problems(p)) => {
+                let mut keys: Vec<String> = p.into_iter().map(|p| p.key).collect();
+                keys.dedup();
+                keys
+            }
+            other => panic!("{overrides:?}: expected problems, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_out_of_range_value_is_named_before_any_work() {
+        for (o, key) in [
+            ("rollout.temperature=-1", "rollout.temperature"),
+            ("rollout.temperature=nan", "rollout.temperature"),
+            ("rollout.top_p=5", "rollout.top_p"),
+            ("rollout.top_p=0", "rollout.top_p"),
+            ("rollout.response_length=0", "rollout.response_length"),
+            (
+                "rollout.max_context_tokens=16",
+                "rollout.max_context_tokens",
+            ),
+            (
+                "rollout.max_context_tokens=100000",
+                "rollout.max_context_tokens",
+            ),
+            ("rollout.format_penalty=0.5", "rollout.format_penalty"),
+            (
+                "rollout.rollout_filter_ratio=0",
+                "rollout.rollout_filter_ratio",
+            ),
+            ("rollout.max_actions=0", "rollout.max_actions"),
+            ("model.vocab_size=1000000000000", "model.vocab_size"),
+            ("model.vocab_size=100", "model.vocab_size"),
+            ("model.hidden_size=0", "model.hidden_size"),
+            (
+                "model.max_position_embeddings=1099511627776",
+                "model.max_position_embeddings",
+            ),
+            (
+                "trainer.total_training_steps=0",
+                "trainer.total_training_steps",
+            ),
+            ("trainer.val_tasks=0", "trainer.val_tasks"),
+            ("trainer.val_tasks=5000000000", "trainer.val_tasks"),
+            ("trainer.val_temperature=-0.5", "trainer.val_temperature"),
+            ("algorithm.gamma=1.5", "algorithm.gamma"),
+            ("algorithm.lam=-1", "algorithm.lam"),
+            ("algorithm.kl_coef=-1", "algorithm.kl_coef"),
+            ("actor.lr=0", "actor.lr"),
+            ("actor.lr=inf", "actor.lr"),
+            ("actor.weight_decay=-0.1", "actor.weight_decay"),
+            ("actor.clip_ratio_low=1", "actor.clip_ratio_low"),
+            ("actor.clip_ratio_high=-0.2", "actor.clip_ratio_high"),
+            ("actor.clip_ratio_c=0.5", "actor.clip_ratio_c"),
+            ("actor.grad_clip=0", "actor.grad_clip"),
+            ("actor.entropy_coeff=-1", "actor.entropy_coeff"),
+            ("actor.ppo_epochs=0", "actor.ppo_epochs"),
+            ("critic.lr=-1", "critic.lr"),
+            ("critic.value_loss_coef=nan", "critic.value_loss_coef"),
+            ("sft.lr=0", "sft.lr"),
+            ("sft.batch_size=0", "sft.batch_size"),
+            ("sft.expert_noise=2", "sft.expert_noise"),
+            ("env.difficulty=impossible", "env.difficulty"),
+            ("env.train_tasks=4294967296", "env.train_tasks"),
+            ("env.endpoint=ftp://x", "env.endpoint"),
+            ("name=../elsewhere", "name"),
+        ] {
+            let keys = problem_keys(&[o]);
+            // hidden_size 0 also makes head_dim 0; nothing else is touched.
+            assert_eq!(keys[0], key, "{o}: {keys:?}");
+            assert!(
+                keys.iter()
+                    .all(|k| k.starts_with(key.split('.').next().unwrap())),
+                "{o}: {keys:?}"
+            );
+        }
+        // Every problem at once, each on its own line with its key.
+        let e = TrainConfig::load(
+            None,
+            &[
+                "rollout.temperature=-1".into(),
+                "rollout.top_p=5".into(),
+                "trainer.total_training_steps=0".into(),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("invalid config (3 problems):"), "{e}");
+        assert!(e.contains("\n  rollout.temperature: -1 must be"), "{e}");
+        assert!(e.contains("\n  rollout.top_p: 5 must be in (0, 1]"), "{e}");
+        // A negative count is a type error that names the key.
+        let e = TrainConfig::load(None, &["rollout.top_k=-1".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("top_k"), "{e}");
+        // A model directory is checked for a new run, not at every load.
+        let c = TrainConfig::load(None, &["model.path=/nonexistent".into()]).unwrap();
+        let e = c.validate_for_new_run().unwrap_err().to_string();
+        assert!(
+            e.contains("model.path: ") && e.contains("/nonexistent/config.json"),
+            "{e}"
+        );
+        // Switched off, the warm start's own settings are not checked.
+        assert!(TrainConfig::load(None, &["sft.demos=0".into(), "sft.lr=0".into()]).is_ok());
+    }
+
+    #[test]
+    fn the_example_configs_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                if let Err(e) = TrainConfig::load(Some(&path), &[]) {
+                    panic!("{}: {e}", path.display());
+                }
+                n += 1;
+            }
+        }
+        assert!(n >= 5, "{n} configs");
     }
 
     #[test]

@@ -36,6 +36,9 @@ pub fn evaluate(
     actor: &mut dyn Actor,
     plan: &EvalPlan<'_>,
 ) -> Result<(EvalStats, Vec<Trajectory>), EvalError> {
+    if plan.seeds.is_empty() {
+        return Err(EvalError::NoTasks);
+    }
     let batch = (plan.rollout.n * plan.rollout.env_groups).max(1);
     let mut rng = ChaCha8Rng::seed_from_u64(plan.seed);
     let mut all = Vec::new();
@@ -68,4 +71,7 @@ pub enum EvalError {
     Env(#[from] EnvError),
     #[error(transparent)]
     Rollout(#[from] RolloutError),
+    /// The plan's seed range is empty: figures over no task would be zeros.
+    #[error("no tasks to evaluate (the seed range is empty)")]
+    NoTasks,
 }

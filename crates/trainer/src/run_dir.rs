@@ -10,9 +10,16 @@
 //! RUN_DIR/checkpoints/latest     name of the newest complete checkpoint
 //! RUN_DIR/summary.json           before/after success on held-out seeds
 //! ```
+//!
+//! Every file that is rewritten (checkpoint files, `latest`, `summary.json`,
+//! `config.toml`, the logs when a resumed run drops the lines of steps after
+//! its checkpoint) is replaced atomically: a kill at any moment leaves each
+//! either as it was or fully written. Log lines are appended, and synced to
+//! disk before `latest` names a checkpoint, so a checkpoint never refers to
+//! lines that could be lost.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -46,9 +53,13 @@ pub struct BestCheckpoint {
     pub success_rate: f64,
 }
 
+/// A run's directory (see the module documentation for its layout).
 pub struct RunDir {
     pub path: PathBuf,
 }
+
+/// The logs a run appends to.
+const LOG_FILES: [&str; 2] = ["metrics.jsonl", "trajectories.jsonl"];
 
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {reason}")]
@@ -65,13 +76,34 @@ fn err(path: &Path, e: impl std::fmt::Display) -> RunDirError {
 }
 
 impl RunDir {
+    /// Create the directory of a new run. A directory that already holds
+    /// files is refused: writing a second run into it would mix the two runs'
+    /// logs and checkpoints (an existing run is continued with
+    /// [`RunDir::open`]).
     pub fn create(path: &Path) -> Result<Self, RunDirError> {
+        Self::check_new(path)?;
         fs::create_dir_all(path.join("checkpoints")).map_err(|e| err(path, e))?;
         Ok(Self {
             path: path.to_path_buf(),
         })
     }
 
+    /// Whether a new run may be created at `path`: it does not exist or is
+    /// an empty directory.
+    pub fn check_new(path: &Path) -> Result<(), RunDirError> {
+        if path.exists() {
+            let mut entries = fs::read_dir(path).map_err(|e| err(path, e))?;
+            if entries.next().is_some() {
+                return Err(err(
+                    path,
+                    "already exists and is not empty (a run directory is only continued by resuming it)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Open an existing run directory (one with a `config.toml`).
     pub fn open(path: &Path) -> Result<Self, RunDirError> {
         if !path.join("config.toml").is_file() {
             return Err(err(path, "not a run directory (no config.toml)"));
@@ -81,23 +113,62 @@ impl RunDir {
         })
     }
 
+    /// Remove the temporary files a killed writer left behind (named
+    /// `.NAME.XXXXXX.tmp` by agentrl-durable) in the run directory, its
+    /// `checkpoints/` and each checkpoint. Only the run's one writer may call
+    /// this: it would remove a file another process is about to rename.
+    pub fn remove_temporaries(&self) -> Result<usize, RunDirError> {
+        let checkpoints = self.path.join("checkpoints");
+        let mut dirs = vec![self.path.clone(), checkpoints.clone()];
+        if checkpoints.is_dir() {
+            for entry in fs::read_dir(&checkpoints).map_err(|e| err(&checkpoints, e))? {
+                let entry = entry.map_err(|e| err(&checkpoints, e))?;
+                if entry.path().is_dir() {
+                    dirs.push(entry.path());
+                }
+            }
+        }
+        let mut removed = 0;
+        for dir in dirs.iter().filter(|d| d.is_dir()) {
+            for entry in fs::read_dir(dir).map_err(|e| err(dir, e))? {
+                let entry = entry.map_err(|e| err(dir, e))?;
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with('.') && name.ends_with(".tmp") && entry.path().is_file() {
+                    fs::remove_file(entry.path()).map_err(|e| err(&entry.path(), e))?;
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     pub fn config_path(&self) -> PathBuf {
         self.path.join("config.toml")
     }
 
     pub fn write_config(&self, text: &str) -> Result<(), RunDirError> {
         let p = self.config_path();
-        fs::write(&p, text).map_err(|e| err(&p, e))
+        agentrl_durable::write(&p, text).map_err(|e| err(&p, e))
     }
 
     fn append_line(&self, file: &str, value: &serde_json::Value) -> Result<(), RunDirError> {
         let p = self.path.join(file);
-        let mut f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&p)
-            .map_err(|e| err(&p, e))?;
-        writeln!(f, "{value}").map_err(|e| err(&p, e))
+        agentrl_durable::append(&p, format!("{value}\n").as_bytes()).map_err(|e| err(&p, e))
+    }
+
+    /// Put the logs' appended lines, and the directory entries of the logs
+    /// and checkpoints, on disk (before `latest` names a new checkpoint).
+    pub fn sync_logs(&self) -> Result<(), RunDirError> {
+        for file in LOG_FILES {
+            let p = self.path.join(file);
+            if p.exists() {
+                agentrl_durable::sync_file(&p).map_err(|e| err(&p, e))?;
+            }
+        }
+        let checkpoints = self.path.join("checkpoints");
+        agentrl_durable::sync_dir(&checkpoints).map_err(|e| err(&checkpoints, e))?;
+        agentrl_durable::sync_dir(&self.path).map_err(|e| err(&self.path, e))
     }
 
     pub fn log_metrics(&self, value: &serde_json::Value) -> Result<(), RunDirError> {
@@ -135,9 +206,10 @@ impl RunDir {
 
     /// Drop metric and trajectory lines of steps after `step` (they were
     /// written after the last checkpoint by a run that was then killed), so a
-    /// resumed run neither loses nor repeats a step.
+    /// resumed run neither loses nor repeats a step. Each log is replaced
+    /// atomically: a kill during the rewrite leaves it as it was.
     pub fn truncate_logs_after(&self, step: usize) -> Result<(), RunDirError> {
-        for file in ["metrics.jsonl", "trajectories.jsonl"] {
+        for file in LOG_FILES {
             let p = self.path.join(file);
             if !p.exists() {
                 continue;
@@ -157,7 +229,7 @@ impl RunDir {
                     kept.push('\n');
                 }
             }
-            fs::write(&p, kept).map_err(|e| err(&p, e))?;
+            agentrl_durable::write(&p, kept).map_err(|e| err(&p, e))?;
         }
         Ok(())
     }
@@ -174,15 +246,18 @@ impl RunDir {
     /// Mark a fully written checkpoint as the one to resume from.
     pub fn set_latest(&self, step: usize) -> Result<(), RunDirError> {
         let p = self.path.join("checkpoints").join("latest");
-        let tmp = p.with_extension("tmp");
-        fs::write(&tmp, format!("step-{step}\n")).map_err(|e| err(&tmp, e))?;
-        fs::rename(&tmp, &p).map_err(|e| err(&p, e))
+        agentrl_durable::write(&p, format!("step-{step}\n")).map_err(|e| err(&p, e))
     }
 
     pub fn latest_checkpoint(&self) -> Result<PathBuf, RunDirError> {
         let p = self.path.join("checkpoints").join("latest");
-        let name = fs::read_to_string(&p)
-            .map_err(|e| err(&p, format!("no checkpoint to resume from ({e})")))?;
+        let name = fs::read_to_string(&p).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => err(
+                &p,
+                "no checkpoint to resume from: the run stopped before its first checkpoint (start it again in a new directory)",
+            ),
+            _ => err(&p, format!("no checkpoint to resume from ({e})")),
+        })?;
         let dir = self.path.join("checkpoints").join(name.trim());
         if !dir.is_dir() {
             return Err(err(&dir, "checkpoint named by 'latest' is missing"));
@@ -193,7 +268,7 @@ impl RunDir {
     pub fn write_state(dir: &Path, state: &TrainerState) -> Result<(), RunDirError> {
         let p = dir.join("trainer_state.json");
         let text = serde_json::to_string_pretty(state).map_err(|e| err(&p, e))?;
-        fs::write(&p, text).map_err(|e| err(&p, e))
+        agentrl_durable::write(&p, text).map_err(|e| err(&p, e))
     }
 
     pub fn read_state(dir: &Path) -> Result<TrainerState, RunDirError> {
@@ -207,7 +282,7 @@ impl RunDir {
         // Through a `Value` so the keys come out sorted, as they always have.
         let value = serde_json::to_value(summary).map_err(|e| err(&p, e))?;
         let text = serde_json::to_string_pretty(&value).map_err(|e| err(&p, e))?;
-        fs::write(&p, text + "\n").map_err(|e| err(&p, e))
+        agentrl_durable::write(&p, text + "\n").map_err(|e| err(&p, e))
     }
 }
 
@@ -257,6 +332,86 @@ mod tests {
             .unwrap();
         let line = fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
         assert_eq!(line, "{\"a\":1,\"kind\":\"train\"}\n");
+    }
+
+    #[test]
+    fn a_new_run_is_not_created_over_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        fs::create_dir(&empty).unwrap();
+        RunDir::create(&empty).unwrap();
+        RunDir::create(&dir.path().join("fresh")).unwrap();
+        // A run directory (config.toml) and any directory that holds files.
+        fs::write(empty.join("config.toml"), "").unwrap();
+        let e = RunDir::create(&empty).err().unwrap().to_string();
+        assert!(e.contains("empty") && e.contains("not empty"), "{e}");
+        let other = dir.path().join("other");
+        fs::create_dir(&other).unwrap();
+        fs::write(other.join("notes.txt"), "mine").unwrap();
+        assert!(RunDir::create(&other).is_err());
+        assert_eq!(fs::read_to_string(other.join("notes.txt")).unwrap(), "mine");
+    }
+
+    #[test]
+    fn rewritten_files_leave_no_temporary_files_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path()).unwrap();
+        run.write_config("x = 1\n").unwrap();
+        run.log_metrics(&serde_json::json!({"step": 1})).unwrap();
+        run.truncate_logs_after(1).unwrap();
+        run.set_latest(1).unwrap();
+        run.write_summary(&serde_json::json!({"a": 1})).unwrap();
+        run.sync_logs().unwrap();
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .chain(fs::read_dir(dir.path().join("checkpoints")).unwrap())
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "checkpoints",
+                "config.toml",
+                "latest",
+                "metrics.jsonl",
+                "summary.json"
+            ]
+        );
+        assert_eq!(
+            fs::read_to_string(dir.path().join("checkpoints/latest")).unwrap(),
+            "step-1\n"
+        );
+    }
+
+    #[test]
+    fn temporaries_a_kill_left_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path()).unwrap();
+        let step = run.checkpoint_dir(3);
+        fs::create_dir_all(&step).unwrap();
+        for p in [
+            dir.path().join(".metrics.jsonl.aB3dEf.tmp"),
+            step.join(".model.safetensors.Xy12Zq.tmp"),
+            dir.path().join("checkpoints/.latest.Qq1Ww2.tmp"),
+        ] {
+            fs::write(p, "half").unwrap();
+        }
+        for keep in ["notes.tmp", ".hidden", "model.safetensors"] {
+            fs::write(step.join(keep), "x").unwrap();
+        }
+        assert_eq!(run.remove_temporaries().unwrap(), 3);
+        let mut left: Vec<String> = fs::read_dir(&step)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".hidden", "model.safetensors", "notes.tmp"]);
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "checkpoints/ only"
+        );
     }
 
     #[test]

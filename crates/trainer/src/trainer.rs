@@ -180,6 +180,9 @@ impl Trainer {
     ) -> Result<Self, TrainError> {
         // Wall time of the whole run: tokenizer, model, warm start, evaluations, RL.
         let started = Instant::now();
+        // Before any work: values (a config built in code has not been
+        // through `TrainConfig::load`) and the model directory.
+        cfg.validate_for_new_run()?;
         let run = RunDir::create(run_path)?;
         run.write_config(&cfg.to_toml()?)?;
         let device = Device::Cpu;
@@ -229,6 +232,8 @@ impl Trainer {
     /// Continue a run from its latest checkpoint.
     pub fn resume(run_path: &Path) -> Result<Self, TrainError> {
         let run = RunDir::open(run_path)?;
+        // A kill mid-write leaves a temporary file beside the one it replaced.
+        run.remove_temporaries()?;
         let cfg = TrainConfig::load(Some(&run.config_path()), &[])?;
         let ckpt = run.latest_checkpoint()?;
         let device = Device::Cpu;
@@ -448,6 +453,9 @@ impl Trainer {
             critic.save_state(&dir.join(CRITIC_OPTIMIZER_FILE))?;
         }
         RunDir::write_state(&dir, &self.state)?;
+        // Every file above was synced as it was renamed into place; the logs
+        // and the new directory's entry go to disk before `latest` names it.
+        self.run.sync_logs()?;
         self.run.set_latest(self.state.step)?;
         Ok(())
     }

@@ -40,7 +40,7 @@ env_groups = 2
 max_turns = 1
 response_length = 8
 [trainer]
-total_training_steps = 0
+total_training_steps = 1
 val_tasks = 2
 "#;
 

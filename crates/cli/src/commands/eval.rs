@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use agentrl_env_core::{EnvParams, TaskSpec};
+use agentrl_env_core::{EnvParams, TaskSpec, SPLIT_STRIDE};
 use agentrl_rollout::{
     EvalStats, ExpertActor, PolicyActor, RandomActor, RolloutConfig, SamplingParams,
 };
@@ -70,6 +70,17 @@ pub struct EvalArgs {
     json: bool,
 }
 
+/// Task indices `start..start + n`, which must lie inside a split
+/// (`0..SPLIT_STRIDE`).
+fn task_range(start: u64, n: u64) -> anyhow::Result<std::ops::Range<u64>> {
+    match start.checked_add(n) {
+        Some(end) if end <= SPLIT_STRIDE => Ok(start..end),
+        _ => anyhow::bail!(
+            "--seed-start {start} with --n {n} runs past the split: task indices are 0..{SPLIT_STRIDE}"
+        ),
+    }
+}
+
 /// What `agentrl eval` reports: the tasks, the policy and its figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct EvalReport {
@@ -99,7 +110,7 @@ fn evaluate_policy(
         difficulty: &template.difficulty,
         params,
         split: template.split,
-        seeds: args.seed_start..args.seed_start.saturating_add(args.n),
+        seeds: task_range(args.seed_start, args.n)?,
         codec: None,
         rollout: &scripted,
         seed: args.policy_seed,
@@ -148,6 +159,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     if args.n == 0 {
         anyhow::bail!("--n must be at least 1");
     }
+    task_range(args.seed_start, args.n)?;
     let template = make_spec(
         &args.env,
         args.difficulty.as_deref(),
@@ -186,6 +198,18 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn task_ranges_stay_inside_a_split() {
+        assert_eq!(task_range(0, 100).unwrap(), 0..100);
+        assert_eq!(
+            task_range(SPLIT_STRIDE - 1, 1).unwrap(),
+            SPLIT_STRIDE - 1..SPLIT_STRIDE
+        );
+        let e = task_range(u64::MAX, 100).unwrap_err().to_string();
+        assert!(e.contains("--seed-start 18446744073709551615"), "{e}");
+        assert!(task_range(SPLIT_STRIDE - 1, 2).is_err());
+    }
 
     #[test]
     fn policy_kind_parses_keywords_and_paths() {

@@ -1,7 +1,7 @@
 //! `agentrl play ENV`: a person (or a script) plays an environment in the
 //! terminal, one action per line on stdin.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 
 use agentrl_env_core::{EnvParams, Split, StepError, TaskSpec};
 use anyhow::Context;
@@ -63,6 +63,32 @@ pub(crate) fn make_spec(
     Ok(TaskSpec::new(env, split, difficulty, seed))
 }
 
+/// Longest action line `play` reads: 64 KiB (an action is one short line;
+/// reading an unbounded one would hold all of it in memory).
+pub(crate) const MAX_ACTION_LINE: usize = 64 * 1024;
+
+/// Read the next line of `input` into `buf` (newline included), reading at
+/// most `max` bytes of it. `Ok(false)` at the end of the input; a longer line
+/// is an error naming its number, read no further.
+fn read_action_line(
+    input: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+    line_no: usize,
+) -> anyhow::Result<bool> {
+    buf.clear();
+    let n = input
+        .take(max as u64 + 1)
+        .read_until(b'\n', buf)
+        .with_context(|| format!("reading line {line_no} of stdin"))?;
+    if n > max && buf.last() != Some(&b'\n') {
+        anyhow::bail!(
+            "line {line_no} of stdin is longer than {max} bytes: an action is one short line"
+        );
+    }
+    Ok(n > 0)
+}
+
 /// Play one episode, reading actions from stdin until the episode ends or
 /// the input does.
 pub fn run(args: PlayArgs) -> anyhow::Result<()> {
@@ -94,9 +120,10 @@ pub fn run(args: PlayArgs) -> anyhow::Result<()> {
     let mut input = stdin.lock();
     let mut buf = Vec::new();
     let mut ended_by_input = true;
+    let mut line_no = 0;
     loop {
-        buf.clear();
-        if input.read_until(b'\n', &mut buf)? == 0 {
+        line_no += 1;
+        if !read_action_line(&mut input, &mut buf, MAX_ACTION_LINE, line_no)? {
             break;
         }
         // Lossy: a stray non-UTF-8 byte is an invalid action, not a crash.
@@ -160,5 +187,36 @@ fn fmt_reward(r: f64) -> String {
         "0".to_string()
     } else {
         s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn action_lines_are_read_up_to_a_bound() {
+        let mut input = std::io::Cursor::new(b"Up\nabcdefgh\nabcdefghi\nlast".to_vec());
+        let mut buf = Vec::new();
+        assert!(read_action_line(&mut input, &mut buf, 8, 1).unwrap());
+        assert_eq!(buf, b"Up\n");
+        // Exactly the bound, newline beyond it: still a line.
+        assert!(read_action_line(&mut input, &mut buf, 8, 2).unwrap());
+        assert_eq!(buf, b"abcdefgh\n");
+        let e = read_action_line(&mut input, &mut buf, 8, 3).unwrap_err();
+        assert!(
+            e.to_string().contains("line 3") && e.to_string().contains("8 bytes"),
+            "{e}"
+        );
+        assert_eq!(buf.len(), 9, "read no further than the bound");
+    }
+
+    #[test]
+    fn the_last_line_needs_no_newline() {
+        let mut input = std::io::Cursor::new(b"Left".to_vec());
+        let mut buf = Vec::new();
+        assert!(read_action_line(&mut input, &mut buf, 8, 1).unwrap());
+        assert_eq!(buf, b"Left");
+        assert!(!read_action_line(&mut input, &mut buf, 8, 2).unwrap());
     }
 }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use agentrl_trainer::run_dir::RunDir;
 use agentrl_trainer::{Progress, TrainConfig, Trainer};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -13,7 +14,8 @@ pub struct TrainArgs {
     /// `section.key=value` overrides.
     #[arg(value_name = "CONFIG_OR_OVERRIDE")]
     args: Vec<String>,
-    /// Run directory (default: runs/<name>-<timestamp>).
+    /// Run directory (default: runs/<name>-<timestamp>); it must not exist or
+    /// be empty (an existing run is continued with --resume).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Continue a killed run from its latest checkpoint.
@@ -110,6 +112,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
                 .unwrap_or(0);
             PathBuf::from("runs").join(format!("{}-{ts}", cfg.name))
         });
+        RunDir::check_new(&out).with_context(|| {
+            format!(
+                "--out {}: a new run is not written into an existing one; continue that run with `agentrl train --resume {}`, or choose another directory",
+                out.display(),
+                out.display()
+            )
+        })?;
         eprintln!("run directory: {}", out.display());
         Trainer::start(cfg, &out, &mut bars)?
     };
