@@ -28,7 +28,7 @@ max_turns = 4
 response_length = 6
 temperature = 1.0
 [trainer]
-total_training_steps = 0
+total_training_steps = 1
 val_tasks = 2
 "#;
 
