@@ -101,10 +101,16 @@ impl AlfWorld {
         let level = level_of(&spec.difficulty)
             .ok_or_else(|| EnvError::unknown_difficulty(NAME, &spec.difficulty, DIFFICULTIES))?;
         let mut rng = task_rng(spec)?;
-        Ok(Self::from_world(
-            spec.clone(),
-            generator::generate(&mut rng, level),
-        ))
+        let world = generator::generate(&mut rng, level).ok_or_else(|| {
+            EnvError::generation(
+                NAME,
+                format!(
+                    "no task fitting the level in {} draws",
+                    generator::MAX_TASK_DRAWS
+                ),
+            )
+        })?;
+        Ok(Self::from_world(spec.clone(), world))
     }
 
     /// An episode on a given household (hand-made layouts in tests).

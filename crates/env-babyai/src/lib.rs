@@ -109,7 +109,15 @@ impl BabyAi {
             .ok_or_else(|| EnvError::unknown_difficulty(NAME, &spec.difficulty, DIFFICULTIES))?;
         let mut rng = task_rng(spec)?;
         let family = *families.choose(&mut rng).unwrap_or(&Family::GoToLocal);
-        let (state, mission) = generator::generate(&mut rng, family);
+        let (state, mission) = generator::generate(&mut rng, family).ok_or_else(|| {
+            EnvError::generation(
+                NAME,
+                format!(
+                    "no valid {family:?} layout in {} draws",
+                    generator::MAX_LAYOUT_DRAWS
+                ),
+            )
+        })?;
         let mut env = Self::from_parts(spec.clone(), family, state, mission);
         env.show_actions = params.show_available_actions;
         env.reset();
