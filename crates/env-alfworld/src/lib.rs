@@ -75,6 +75,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "ALFWorld-style household tasks (pick & place, look in light, clean, heat, cool, pick two)",
         difficulties: DIFFICULTIES,
         default_max_turns: 30,
+        request_params: &[],
+        operator_params: &[],
         factory: |spec, params| Ok(Box::new(AlfWorld::new(spec, params)?)),
     }
 }

@@ -72,6 +72,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "BabyAI grid missions (go to, pick up, open, unlock, put next to) with a partial egocentric text view",
         difficulties: DIFFICULTIES,
         default_max_turns: 20,
+        request_params: &["show_available_actions"],
+        operator_params: &[],
         factory: |spec, params| Ok(Box::new(BabyAi::new(spec, params)?)),
     }
 }

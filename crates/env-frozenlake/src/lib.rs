@@ -37,6 +37,8 @@ pub fn descriptor() -> EnvDescriptor {
             "slippery N×N ice with holes; reach the goal (RAGEN FrozenLake; easy 4×4, hard 6×6)",
         difficulties: DIFFICULTIES,
         default_max_turns: 5,
+        request_params: &["slip", "is_slippery", "size", "frozen_prob", "max_steps"],
+        operator_params: &[],
         factory: |spec, params| Ok(Box::new(FrozenLake::new(spec, params)?)),
     }
 }

@@ -50,6 +50,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "Multi-hop questions over a corpus with a BM25 search tool: search[query], answer[text]; exact-match reward",
         difficulties: &["easy", "hard"],
         default_max_turns: 5,
+        request_params: &["corpus_size", "retry_wrong_answer", "top_k", "max_steps"],
+        operator_params: &["corpus", "qa_file", "cache_dir"],
         factory: |spec, params| Ok(Box::new(SearchQaEnv::new(spec, params)?)),
     }
 }

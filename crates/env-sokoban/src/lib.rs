@@ -43,6 +43,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "push boxes onto targets in generated rooms (RAGEN Sokoban; easy 6×6 1 box, hard 8×8 2 boxes)",
         difficulties: DIFFICULTIES,
         default_max_turns: 5,
+        request_params: &["size", "boxes", "reverse_steps", "min_solution_len", "max_solution_len", "max_steps"],
+        operator_params: &[],
         factory: |spec, params| Ok(Box::new(Sokoban::new(spec, params)?)),
     }
 }

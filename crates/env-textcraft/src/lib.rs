@@ -45,6 +45,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "Minecraft-style crafting: get base items, craft the goal through a recipe tree (depth 1-4)",
         difficulties: DIFFICULTIES,
         default_max_turns: 30,
+        request_params: &[],
+        operator_params: &["data_dir"],
         factory: |spec, params| Ok(Box::new(TextCraft::new(spec, params)?)),
     }
 }

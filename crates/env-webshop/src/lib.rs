@@ -53,6 +53,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "Shop a product catalog with a BM25 search engine: search[query], click[...]; WebShop's attribute/option/price reward",
         difficulties: &["easy", "hard"],
         default_max_turns: 15,
+        request_params: &["catalog_size", "goals", "max_steps"],
+        operator_params: &["data_dir", "cache_dir"],
         factory: |spec, params| Ok(Box::new(WebShopEnv::new(spec, params)?)),
     }
 }
