@@ -45,17 +45,19 @@ struct Choice {
     source: &'static str,
 }
 
-fn choose(rng: &mut TaskRng, tasks: &[TaskType]) -> Choice {
-    loop {
+/// Task draws at most before [`generate`] gives up; the tables give a valid
+/// choice on most draws, so this only stops a table edit from hanging.
+pub const MAX_TASK_DRAWS: usize = 1000;
+
+fn choose(rng: &mut TaskRng, tasks: &[TaskType]) -> Option<Choice> {
+    (0..MAX_TASK_DRAWS).find_map(|_| {
         let task = *tasks.choose(rng).unwrap_or(&TaskType::PickAndPlace);
         let room = *task.rooms().choose(rng).unwrap_or(&RoomKind::Kitchen);
         let objs: Vec<&'static ObjDef> = OBJECTS
             .iter()
             .filter(|o| o.in_room(room) && task.accepts(o) && !plausible(o, room).is_empty())
             .collect();
-        let Some(&obj) = objs.choose(rng) else {
-            continue;
-        };
+        let &obj = objs.choose(rng)?;
         let places = plausible(obj, room);
         let target = if task == TaskType::LookAtObjInLight {
             None
@@ -65,27 +67,22 @@ fn choose(rng: &mut TaskRng, tasks: &[TaskType]) -> Choice {
                 .copied()
                 .filter(|&t| t != "garbagecan" && Some(t) != task.appliance())
                 .collect();
-            match targets.choose(rng) {
-                Some(&t) => Some(t),
-                None => continue,
-            }
+            Some(*targets.choose(rng)?)
         };
         let sources: Vec<&'static str> = places
             .iter()
             .copied()
             .filter(|&s| Some(s) != target)
             .collect();
-        let Some(&source) = sources.choose(rng) else {
-            continue;
-        };
-        return Choice {
+        let &source = sources.choose(rng)?;
+        Some(Choice {
             task,
             room,
             obj,
             target,
             source,
-        };
-    }
+        })
+    })
 }
 
 fn goal_text(rng: &mut TaskRng, c: &Choice) -> String {
@@ -114,9 +111,10 @@ fn goal_text(rng: &mut TaskRng, c: &Choice) -> String {
     }
 }
 
-/// Generate one household task for `level`.
-pub fn generate(rng: &mut TaskRng, level: Level) -> World {
-    let c = choose(rng, level.tasks);
+/// Generate one household task for `level`; `None` when no task, room and
+/// objects fitting `level` came up in [`MAX_TASK_DRAWS`] draws.
+pub fn generate(rng: &mut TaskRng, level: Level) -> Option<World> {
+    let c = choose(rng, level.tasks)?;
     let room = c.room;
     let pool = types_in(room);
 
@@ -238,7 +236,7 @@ pub fn generate(rng: &mut TaskRng, level: Level) -> World {
 
     let text = goal_text(rng, &c);
     let seen = vec![false; receps.len()];
-    World {
+    Some(World {
         room,
         receps,
         objs,
@@ -251,5 +249,5 @@ pub fn generate(rng: &mut TaskRng, level: Level) -> World {
             target: c.target,
             text,
         },
-    }
+    })
 }

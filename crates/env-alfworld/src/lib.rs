@@ -75,6 +75,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "ALFWorld-style household tasks (pick & place, look in light, clean, heat, cool, pick two)",
         difficulties: DIFFICULTIES,
         default_max_turns: 30,
+        request_params: &[],
+        operator_params: &[],
         factory: |spec, params| Ok(Box::new(AlfWorld::new(spec, params)?)),
     }
 }
@@ -101,10 +103,16 @@ impl AlfWorld {
         let level = level_of(&spec.difficulty)
             .ok_or_else(|| EnvError::unknown_difficulty(NAME, &spec.difficulty, DIFFICULTIES))?;
         let mut rng = task_rng(spec)?;
-        Ok(Self::from_world(
-            spec.clone(),
-            generator::generate(&mut rng, level),
-        ))
+        let world = generator::generate(&mut rng, level).ok_or_else(|| {
+            EnvError::generation(
+                NAME,
+                format!(
+                    "no task fitting the level in {} draws",
+                    generator::MAX_TASK_DRAWS
+                ),
+            )
+        })?;
+        Ok(Self::from_world(spec.clone(), world))
     }
 
     /// An episode on a given household (hand-made layouts in tests).

@@ -460,28 +460,11 @@ fn try_generate(rng: &mut TaskRng, family: Family) -> Option<(State, Mission)> {
     Some((b.s, mission))
 }
 
+/// Layouts drawn at most for one level; every family succeeds on most draws.
+pub const MAX_LAYOUT_DRAWS: usize = 1000;
+
 /// Generate a level of `family`, redrawing (from the same RNG stream) until
-/// the layout is valid.
-pub fn generate(rng: &mut TaskRng, family: Family) -> (State, Mission) {
-    for _ in 0..1000 {
-        if let Some(x) = try_generate(rng, family) {
-            return x;
-        }
-    }
-    // Unreachable in practice: every family succeeds on most draws. Fall
-    // back to the simplest level so creation never fails.
-    let mut s = rooms(1, 1);
-    s.pos = (1, 1);
-    s.set(
-        (3, 3),
-        Cell::Obj(Obj {
-            kind: Kind::Ball,
-            color: Color::Red,
-            id: 0,
-        }),
-    );
-    (
-        s,
-        Mission::single(Instr::GoTo(Desc::obj(Kind::Ball, Color::Red))),
-    )
+/// the layout is valid; `None` after [`MAX_LAYOUT_DRAWS`] invalid layouts.
+pub fn generate(rng: &mut TaskRng, family: Family) -> Option<(State, Mission)> {
+    (0..MAX_LAYOUT_DRAWS).find_map(|_| try_generate(rng, family))
 }

@@ -72,6 +72,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "BabyAI grid missions (go to, pick up, open, unlock, put next to) with a partial egocentric text view",
         difficulties: DIFFICULTIES,
         default_max_turns: 20,
+        request_params: &["show_available_actions"],
+        operator_params: &[],
         factory: |spec, params| Ok(Box::new(BabyAi::new(spec, params)?)),
     }
 }
@@ -109,7 +111,15 @@ impl BabyAi {
             .ok_or_else(|| EnvError::unknown_difficulty(NAME, &spec.difficulty, DIFFICULTIES))?;
         let mut rng = task_rng(spec)?;
         let family = *families.choose(&mut rng).unwrap_or(&Family::GoToLocal);
-        let (state, mission) = generator::generate(&mut rng, family);
+        let (state, mission) = generator::generate(&mut rng, family).ok_or_else(|| {
+            EnvError::generation(
+                NAME,
+                format!(
+                    "no valid {family:?} layout in {} draws",
+                    generator::MAX_LAYOUT_DRAWS
+                ),
+            )
+        })?;
         let mut env = Self::from_parts(spec.clone(), family, state, mission);
         env.show_actions = params.show_available_actions;
         env.reset();

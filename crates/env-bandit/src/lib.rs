@@ -35,9 +35,14 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "two named arms, one pull: a safe 0.1 or a 25% chance of 1.0 (RAGEN Bandit; test uses held-out names)",
         difficulties: DIFFICULTIES,
         default_max_turns: 1,
+        request_params: &["low_reward", "high_reward", "high_prob"],
+        operator_params: &[],
         factory: |spec, params| Ok(Box::new(Bandit::new(spec, params)?)),
     }
 }
+
+/// The largest payout magnitude the params accept (RAGEN's are 0.1 and 1).
+pub const REWARD_BOUND: f64 = 1000.0;
 
 /// Payouts, from the `[env]` params.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,17 +86,15 @@ impl Config {
     /// `high_prob`; the risky arm must keep the higher expectation (the task).
     pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
         let p: Params = parse_params(NAME, params)?;
-        let finite = |key: &str, v: Option<f64>| match v {
-            Some(x) if !x.is_finite() => Err(param_error(NAME, key, "must be finite")),
-            _ => Ok(v),
-        };
-        if let Some(v) = finite("low_reward", p.low_reward)? {
-            self.low_reward = v;
+        // NaN fails every range check, so the ranges also refuse it.
+        if let Some(v) = p.low_reward {
+            self.low_reward = param_in_range(NAME, "low_reward", v, -REWARD_BOUND..=REWARD_BOUND)?;
         }
-        if let Some(v) = finite("high_reward", p.high_reward)? {
-            self.high_reward = v;
+        if let Some(v) = p.high_reward {
+            self.high_reward =
+                param_in_range(NAME, "high_reward", v, -REWARD_BOUND..=REWARD_BOUND)?;
         }
-        if let Some(v) = finite("high_prob", p.high_prob)? {
+        if let Some(v) = p.high_prob {
             self.high_prob = param_in_range(NAME, "high_prob", v, 0.0..=1.0)?;
         }
         let (low, high) = expected_payouts(self.low_reward, self.high_reward, self.high_prob);

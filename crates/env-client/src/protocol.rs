@@ -7,7 +7,9 @@
 use agentrl_env_core::{ActionError, EnvParams, StepInfo, TaskSpec};
 use serde::{Deserialize, Serialize};
 
-/// A session id. Ids are unique across every environment of one server.
+/// A session id. Ids are unique across every environment of one server and
+/// drawn at random below 2^53 (exact in every JSON parser, JavaScript's
+/// included), so that one client cannot guess another's session.
 pub type SessionId = u64;
 
 /// `POST /create` and `POST /{env}/create`. Every field is optional: an
@@ -150,6 +152,10 @@ pub struct EnvEntry {
     pub summary: String,
     pub difficulties: Vec<String>,
     pub default_max_turns: usize,
+    /// The `params` keys a client may send with `create`; the server's
+    /// operator sets the others (`agentrl serve --env-param`).
+    #[serde(default)]
+    pub request_params: Vec<String>,
 }
 
 /// What kind of error an error body reports, for programs to branch on.
@@ -172,6 +178,11 @@ pub enum ErrorKind {
     EpisodeOver,
     /// The environment could not be created (bad difficulty, seed, params).
     InvalidSpec,
+    /// A param only the server's operator may set (a file path, a cache
+    /// directory) came in a request.
+    ForbiddenParam,
+    /// The request took longer than the server's request timeout.
+    Timeout,
     /// A bug: an environment panicked.
     Internal,
 }

@@ -77,11 +77,23 @@ pub enum EnvError {
         path: String,
         reason: String,
     },
+    /// The task generator used up its attempt budget without finding a
+    /// task that fits the params (extreme settings, e.g. almost no ice).
+    #[error("cannot generate a {env} task: {reason}")]
+    Generation { env: String, reason: String },
     #[error("remote environment error: {0}")]
     Remote(String),
 }
 
 impl EnvError {
+    /// `env`'s generator gave up; `reason` says on what and how to fix it.
+    pub fn generation(env: &str, reason: impl Into<String>) -> Self {
+        EnvError::Generation {
+            env: env.to_string(),
+            reason: reason.into(),
+        }
+    }
+
     /// `difficulty` is not one of the levels `env` offers.
     pub fn unknown_difficulty(env: &str, difficulty: &str, available: &[&str]) -> Self {
         EnvError::UnknownDifficulty {

@@ -26,6 +26,6 @@ pub use descriptor::{EnvDescriptor, EnvFactory, EnvParams};
 pub use env::{Env, Step, StepInfo};
 pub use episode::{Episode, Outcome};
 pub use error::{ActionError, EnvError, StepError};
-pub use params::{param_error, param_in_range, parse_params};
+pub use params::{param_error, param_in_range, parse_params, MAX_STEPS_PARAM};
 pub use seed::{stable_hash, task_rng, TaskRng};
 pub use spec::{Split, TaskSpec, SPLIT_STRIDE};

@@ -9,6 +9,11 @@ use serde::de::DeserializeOwned;
 
 use crate::{EnvError, EnvParams};
 
+/// The largest `max_steps` param any env accepts: every LLM turn budget in
+/// use (RAGEN, AgentGym) is far below it, and a bound keeps a request from
+/// asking for endless episodes.
+pub const MAX_STEPS_PARAM: usize = 1000;
+
 /// Read `params` into an env's typed params struct. A wrong type, an unknown
 /// key (serde's message lists the known ones), a null or a value the struct's
 /// own deserializer refuses is an [`EnvError::InvalidParam`] naming `env` and

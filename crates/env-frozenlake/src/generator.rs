@@ -78,11 +78,17 @@ impl Map {
     }
 }
 
+/// Maps drawn at most before [`generate_map`] gives up: about 30 ms at
+/// 16×16, while every default draws a solvable map within a few tries.
+pub const MAX_MAP_DRAWS: usize = 10_000;
+
 /// Draw maps until one is solvable: each cell is frozen with probability
 /// `frozen_prob`, else a hole; start and goal are fixed corners. `size` must be
-/// at least 2 and `frozen_prob` in (0, 1] (the caller validates both).
-pub fn generate_map<R: Rng>(rng: &mut R, size: usize, frozen_prob: f64) -> Map {
-    loop {
+/// at least 2 and `frozen_prob` in (0, 1] (the caller validates both). `None`
+/// after [`MAX_MAP_DRAWS`] unsolvable draws (a `frozen_prob` so low that
+/// almost no map connects the corners).
+pub fn generate_map<R: Rng>(rng: &mut R, size: usize, frozen_prob: f64) -> Option<Map> {
+    (0..MAX_MAP_DRAWS).find_map(|_| {
         let mut tiles: Vec<Tile> = (0..size * size)
             .map(|_| {
                 if rng.random::<f64>() < frozen_prob {
@@ -95,10 +101,8 @@ pub fn generate_map<R: Rng>(rng: &mut R, size: usize, frozen_prob: f64) -> Map {
         tiles[0] = Tile::Start;
         tiles[size * size - 1] = Tile::Goal;
         let map = Map { size, tiles };
-        if map.is_solvable() {
-            return map;
-        }
-    }
+        map.is_solvable().then_some(map)
+    })
 }
 
 #[cfg(test)]
@@ -112,7 +116,7 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         for size in [2, 4, 6, 8] {
             for _ in 0..200 {
-                let m = generate_map(&mut rng, size, 0.8);
+                let m = generate_map(&mut rng, size, 0.8).unwrap();
                 assert!(m.is_solvable());
                 assert_eq!(m.tiles[0], Tile::Start);
                 assert_eq!(m.tiles[size * size - 1], Tile::Goal);
@@ -125,13 +129,22 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         let (mut holes, mut cells) = (0, 0);
         for _ in 0..500 {
-            let m = generate_map(&mut rng, 6, 0.8);
+            let m = generate_map(&mut rng, 6, 0.8).unwrap();
             holes += m.tiles.iter().filter(|t| **t == Tile::Hole).count();
             cells += m.tiles.len() - 2;
         }
         let rate = holes as f64 / cells as f64;
         // Rejection of unsolvable maps lowers the rate a little below 0.2.
         assert!(rate > 0.10 && rate < 0.21, "hole rate {rate}");
+    }
+
+    #[test]
+    fn hopeless_frozen_prob_gives_up_within_the_budget() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let t = std::time::Instant::now();
+        assert_eq!(generate_map(&mut rng, 16, 1e-9), None);
+        // The budget bounds the work: well under a second even unoptimised.
+        assert!(t.elapsed().as_secs_f64() < 2.0, "{:?}", t.elapsed());
     }
 
     #[test]

@@ -12,13 +12,13 @@ mod solver;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, Step, StepError, TaskSpec,
+    EnvParams, Episode, Outcome, Step, StepError, TaskSpec, MAX_STEPS_PARAM,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
 
-pub use generator::{generate_map, Map, Tile};
+pub use generator::{generate_map, Map, Tile, MAX_MAP_DRAWS};
 pub use parser::{parse_action, Action, MAX_ACTION_LEN};
 pub use solver::{outcomes, solve, Policy};
 
@@ -37,6 +37,8 @@ pub fn descriptor() -> EnvDescriptor {
             "slippery N×N ice with holes; reach the goal (RAGEN FrozenLake; easy 4×4, hard 6×6)",
         difficulties: DIFFICULTIES,
         default_max_turns: 5,
+        request_params: &["slip", "is_slippery", "size", "frozen_prob", "max_steps"],
+        operator_params: &[],
         factory: |spec, params| Ok(Box::new(FrozenLake::new(spec, params)?)),
     }
 }
@@ -83,7 +85,7 @@ impl Config {
 
     /// This config with `[env]` params applied: `slip` (0 ≤ slip ≤ 1),
     /// `is_slippery` (bool; false means `slip = 0`), `size` (2–16),
-    /// `frozen_prob` (0 < p ≤ 1), `max_steps` (≥ 1).
+    /// `frozen_prob` (0 < p ≤ 1), `max_steps` (1–1000).
     pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
         let p: Params = parse_params(NAME, params)?;
         if let Some(slip) = p.slip {
@@ -109,10 +111,7 @@ impl Config {
             self.frozen_prob = frozen_prob;
         }
         if let Some(max_steps) = p.max_steps {
-            if max_steps == 0 {
-                return Err(param_error(NAME, "max_steps", "must be at least 1"));
-            }
-            self.max_steps = max_steps;
+            self.max_steps = param_in_range(NAME, "max_steps", max_steps, 1..=MAX_STEPS_PARAM)?;
         }
         Ok(self)
     }
@@ -147,7 +146,16 @@ impl FrozenLake {
     /// Generate the task of `spec` with an explicit config.
     pub fn with_config(spec: &TaskSpec, config: Config) -> Result<Self, EnvError> {
         let mut rng = task_rng(spec)?;
-        let map = generate_map(&mut rng, config.size, config.frozen_prob);
+        let map = generate_map(&mut rng, config.size, config.frozen_prob).ok_or_else(|| {
+            EnvError::generation(
+                NAME,
+                format!(
+                    "no {0}×{0} map with frozen_prob {1} had a path from start to goal in \
+                     {MAX_MAP_DRAWS} draws; raise frozen_prob or lower size",
+                    config.size, config.frozen_prob
+                ),
+            )
+        })?;
         Self::from_map(spec, config, map)
     }
 

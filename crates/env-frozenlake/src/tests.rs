@@ -248,6 +248,7 @@ fn params_set_slip_and_reject_unknown_keys() {
         r#"{"slip": "high"}"#,
         r#"{"size": 1}"#,
         r#"{"max_steps": 0}"#,
+        r#"{"max_steps": 1001}"#,
         r#"{"is_slippery": false, "slip": 0.3}"#,
     ] {
         assert!(
@@ -258,6 +259,19 @@ fn params_set_slip_and_reject_unknown_keys() {
             "{bad}"
         );
     }
+}
+
+#[test]
+fn hopeless_frozen_prob_is_an_error_not_a_hang() {
+    let t = std::time::Instant::now();
+    let err = FrozenLake::new(
+        &spec("easy", 0),
+        &params(r#"{"frozen_prob": 1e-9, "size": 16}"#),
+    )
+    .unwrap_err();
+    assert!(matches!(err, EnvError::Generation { .. }), "{err}");
+    assert!(err.to_string().contains("raise frozen_prob"), "{err}");
+    assert!(t.elapsed().as_secs_f64() < 2.0, "{:?}", t.elapsed());
 }
 
 /// Run the expert on `n` tasks; returns the success rate.

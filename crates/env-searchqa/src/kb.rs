@@ -145,26 +145,30 @@ fn word(rng: &mut ChaCha8Rng, syllables: usize) -> String {
         .collect()
 }
 
-/// A name not used before (names are unique across the whole KB).
+/// Draws at most for one fresh name: [`stem_len`] leaves at least 3 in 4
+/// draws fresh, so this only stops a table edit from hanging the generator.
+const MAX_NAME_DRAWS: usize = 1000;
+
+/// A name not used before (names are unique across the whole KB); `None`
+/// after [`MAX_NAME_DRAWS`] taken names in a row.
 fn unique(
     rng: &mut ChaCha8Rng,
     used: &mut BTreeSet<String>,
     mut make: impl FnMut(&mut ChaCha8Rng) -> String,
-) -> String {
-    loop {
+) -> Option<String> {
+    (0..MAX_NAME_DRAWS).find_map(|_| {
         let n = make(rng);
-        if used.insert(n.to_lowercase()) {
-            return n;
-        }
-    }
+        used.insert(n.to_lowercase()).then_some(n)
+    })
 }
 
 /// Fixed seed: the KB is a function of its size only.
 const KB_SEED: u64 = 0x5345_4152_4348_5141;
 
 impl Kb {
-    /// Generate a KB with about `size` passages (at least 40).
-    pub fn generate(size: usize) -> Kb {
+    /// Generate a KB with about `size` passages (at least 40); `None` if the
+    /// name tables ran out of fresh names.
+    pub fn generate(size: usize) -> Option<Kb> {
         let size = size.max(40);
         let mut rng = ChaCha8Rng::seed_from_u64(KB_SEED ^ size as u64);
         let mut used = BTreeSet::new();
@@ -186,38 +190,38 @@ impl Kb {
         );
         let languages: Vec<String> = (0..n_languages)
             .map(|_| unique(&mut rng, &mut used, |r| cap(&word(r, k_lang)) + "ic"))
-            .collect();
+            .collect::<Option<_>>()?;
         let mut countries: Vec<Country> = (0..n_countries)
             .map(|_| {
                 let name = unique(&mut rng, &mut used, |r| {
                     cap(&word(r, k_country)) + COUNTRY_SUFFIXES.choose(r).copied().unwrap_or("ia")
-                });
+                })?;
                 let language = languages.choose(&mut rng).cloned().unwrap_or_default();
-                Country {
+                Some(Country {
                     name,
                     capital: 0,
                     language,
-                }
+                })
             })
-            .collect();
+            .collect::<Option<_>>()?;
         let cities: Vec<City> = (0..n_cities)
             .map(|i| {
                 let name = unique(&mut rng, &mut used, |r| {
                     cap(&word(r, k_city)) + CITY_SUFFIXES.choose(r).copied().unwrap_or("ton")
-                });
+                })?;
                 // Every country gets a city first; its first city is its capital.
                 let country = if i < n_countries {
                     i
                 } else {
                     rng.random_range(0..n_countries)
                 };
-                City {
+                Some(City {
                     name,
                     country,
                     population: rng.random_range(5..2000) * 1000,
-                }
+                })
             })
-            .collect();
+            .collect::<Option<_>>()?;
         for (i, c) in countries.iter_mut().enumerate() {
             c.capital = i;
         }
@@ -226,30 +230,30 @@ impl Kb {
                 let (industry, suffix) = *INDUSTRIES.choose(&mut rng).unwrap_or(&INDUSTRIES[0]);
                 let name = unique(&mut rng, &mut used, |r| {
                     format!("{} {suffix}", cap(&word(r, k_company)))
-                });
-                Company {
+                })?;
+                Some(Company {
                     name,
                     industry,
                     city: rng.random_range(0..n_cities),
                     year: rng.random_range(1850..2020),
                     founder: 0,
-                }
+                })
             })
-            .collect();
+            .collect::<Option<_>>()?;
         let people: Vec<Person> = (0..n_people)
             .map(|_| {
                 let name = unique(&mut rng, &mut used, |r| {
                     format!("{} {}", cap(&word(r, 2)), cap(&word(r, 3)))
-                });
-                Person {
+                })?;
+                Some(Person {
                     name,
                     occupation: OCCUPATIONS.choose(&mut rng).copied().unwrap_or("chemist"),
                     city: rng.random_range(0..n_cities),
                     year: rng.random_range(1900..2000),
                     employer: rng.random_range(0..n_companies.max(1)),
-                }
+                })
             })
-            .collect();
+            .collect::<Option<_>>()?;
         for c in companies.iter_mut() {
             c.founder = rng.random_range(0..n_people);
         }
@@ -262,7 +266,7 @@ impl Kb {
             passages: Vec::new(),
         };
         kb.passages = kb.render();
-        kb
+        Some(kb)
     }
 
     fn render(&self) -> Vec<Passage> {
@@ -492,8 +496,8 @@ mod tests {
 
     #[test]
     fn kb_is_deterministic_with_unique_titles() {
-        let a = Kb::generate(500);
-        let b = Kb::generate(500);
+        let a = Kb::generate(500).unwrap();
+        let b = Kb::generate(500).unwrap();
         assert_eq!(a.passages, b.passages);
         assert_eq!(a.passages.len(), 500);
         let titles: BTreeSet<String> = a.passages.iter().map(|p| p.title.to_lowercase()).collect();
@@ -502,7 +506,7 @@ mod tests {
 
     #[test]
     fn every_hop_passage_states_the_next_entity_and_the_last_the_answer() {
-        let kb = Kb::generate(500);
+        let kb = Kb::generate(500).unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         for hops in 1..=3 {
             for _ in 0..50 {

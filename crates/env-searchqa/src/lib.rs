@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, SharedCache, Step, StepError, TaskSpec,
+    EnvParams, Episode, Outcome, SharedCache, Step, StepError, TaskSpec, MAX_STEPS_PARAM,
 };
 use agentrl_search_index::{data_hash, shared_index, IndexError, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
@@ -50,6 +50,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "Multi-hop questions over a corpus with a BM25 search tool: search[query], answer[text]; exact-match reward",
         difficulties: &["easy", "hard"],
         default_max_turns: 5,
+        request_params: &["corpus_size", "retry_wrong_answer", "top_k", "max_steps"],
+        operator_params: &["corpus", "qa_file", "cache_dir"],
         factory: |spec, params| Ok(Box::new(SearchQaEnv::new(spec, params)?)),
     }
 }
@@ -111,7 +113,7 @@ impl Params {
             param_in_range(NAME, "corpus_size", n, 100..=200_000)?;
         }
         param_in_range(NAME, "top_k", p.top_k, 1..=10)?;
-        param_in_range(NAME, "max_steps", p.max_steps, 1..=1000)?;
+        param_in_range(NAME, "max_steps", p.max_steps, 1..=MAX_STEPS_PARAM)?;
         match (&p.corpus, &p.qa_file) {
             (Some(_), Some(_)) if p.corpus_size.is_some() => Err(param_error(
                 NAME,
@@ -132,7 +134,9 @@ impl Params {
 /// source: every task of a run builds an env, and none may regenerate or
 /// reload the corpus.
 fn corpus_for(p: &Params) -> Result<Arc<Corpus>, EnvError> {
-    static CORPORA: SharedCache<String, Corpus> = SharedCache::new();
+    // A few corpus sizes; a client cycling through sizes evicts the oldest
+    // instead of growing memory.
+    static CORPORA: SharedCache<String, Corpus> = SharedCache::new(4);
     let size = p.corpus_size.unwrap_or(DEFAULT_CORPUS_SIZE);
     let key = match (&p.corpus, &p.qa_file) {
         (Some(c), Some(q)) => format!("files:{}:{}", c.display(), q.display()),
@@ -142,7 +146,9 @@ fn corpus_for(p: &Params) -> Result<Arc<Corpus>, EnvError> {
         let (passages, source) = match (&p.corpus, &p.qa_file) {
             (Some(c), Some(q)) => (loader::load_corpus(c)?, Source::Files(loader::load_qa(q)?)),
             _ => {
-                let kb = Kb::generate(size);
+                let kb = Kb::generate(size).ok_or_else(|| {
+                    EnvError::generation(NAME, "the name tables ran out of fresh names")
+                })?;
                 (kb.passages.clone(), Source::Generated(kb))
             }
         };
@@ -375,5 +381,40 @@ impl Env for SearchQaEnv {
 
     fn episode(&self) -> Option<&Episode> {
         Some(&self.episode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentrl_env_core::Split;
+
+    #[test]
+    fn corpora_of_many_sizes_do_not_stay_in_memory() {
+        // A client asking for one corpus size after another, closing each
+        // session at once: only the cache's few corpora stay alive.
+        let mut freed = Vec::new();
+        for size in 100..112u64 {
+            let mut p = EnvParams::new();
+            p.insert("corpus_size".into(), size.into());
+            p.insert("cache_dir".into(), "memory".into());
+            let env = SearchQaEnv::new(&TaskSpec::new(NAME, Split::Train, "easy", 0), &p).unwrap();
+            freed.push((
+                Arc::downgrade(&env.corpus),
+                Arc::downgrade(&env.corpus.index),
+            ));
+        }
+        let alive_corpora = freed.iter().filter(|(c, _)| c.strong_count() > 0).count();
+        let alive_indexes = freed.iter().filter(|(_, i)| i.strong_count() > 0).count();
+        assert!(
+            alive_corpora <= 4,
+            "{alive_corpora} corpora still in memory"
+        );
+        assert!(
+            alive_indexes <= 8,
+            "{alive_indexes} indexes still in memory"
+        );
+        assert_eq!(freed[0].0.strong_count(), 0, "the oldest corpus was freed");
+        assert_eq!(freed[0].1.strong_count(), 0, "and its index with it");
     }
 }

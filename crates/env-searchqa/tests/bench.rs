@@ -15,7 +15,7 @@ use serde_json::json;
 #[test]
 #[ignore]
 fn bench_search_latency_on_100k_documents() {
-    let kb = Kb::generate(100_000);
+    let kb = Kb::generate(100_000).expect("a 100000-passage KB");
     let docs = search_docs(&kb.passages);
     let dir = tempfile::tempdir().unwrap();
     let loc = IndexLocation::Dir(dir.path().to_path_buf());

@@ -8,7 +8,7 @@ use rand::seq::IndexedRandom;
 use rand::Rng;
 
 use crate::parser::Action;
-use crate::solver::solve;
+use crate::solver::{solve_within, MAX_NODES};
 
 /// Most boxes a room may hold (the state is a fixed-size array).
 pub const MAX_BOXES: usize = 4;
@@ -174,6 +174,8 @@ pub struct Generated {
     pub solution: Vec<Action>,
     /// Rooms drawn (and rejected) before this one, plus one.
     pub attempts: usize,
+    /// Reverse moves played plus solver states explored, over all attempts.
+    pub work: usize,
 }
 
 /// gym-sokoban's carving masks.
@@ -311,11 +313,30 @@ pub fn reverse_play<R: Rng>(
     Some(best)
 }
 
+/// Work one task generation may spend in all (the env passes it to
+/// [`generate`]), counted in reverse moves played plus solver states
+/// explored: about 2 s on one core, while the defaults use under 1% of it.
+/// It bounds what extreme params (16×16, 4 boxes, long reverse walks, a long
+/// minimum solution) can cost.
+pub const WORK_BUDGET: usize = 4_000_000;
+
 /// Draw rooms until one is unsolved at the start and its optimal solution
 /// length lies in `[min_solution_len, max_solution_len]`; gives up (None)
-/// after `max_attempts` draws, which only happens with extreme configs.
-pub fn generate<R: Rng>(rng: &mut R, cfg: &GenConfig, max_attempts: usize) -> Option<Generated> {
+/// after `max_attempts` draws or `max_work` units of work (reverse moves
+/// plus solver states), which only happens with extreme configs.
+pub fn generate<R: Rng>(
+    rng: &mut R,
+    cfg: &GenConfig,
+    max_attempts: usize,
+    max_work: usize,
+) -> Option<Generated> {
+    let mut work = 0;
     for attempt in 1..=max_attempts {
+        // Reverse play costs its steps even when it fails early.
+        work += cfg.reverse_steps.max(1);
+        if work > max_work {
+            return None;
+        }
         let mut room = topology(rng, cfg.size);
         let Some(start) = reverse_play(rng, &mut room, cfg.boxes, cfg.reverse_steps) else {
             continue;
@@ -323,13 +344,17 @@ pub fn generate<R: Rng>(rng: &mut R, cfg: &GenConfig, max_attempts: usize) -> Op
         if start.is_solved(&room) {
             continue;
         }
-        if let Some(solution) = solve(&room, &start, cfg.max_solution_len) {
+        let node_cap = (max_work - work).min(MAX_NODES);
+        let (solution, explored) = solve_within(&room, &start, cfg.max_solution_len, node_cap);
+        work += explored;
+        if let Some(solution) = solution {
             if solution.len() >= cfg.min_solution_len {
                 return Some(Generated {
                     room,
                     start,
                     solution,
                     attempts: attempt,
+                    work,
                 });
             }
         }

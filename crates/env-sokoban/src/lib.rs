@@ -12,13 +12,13 @@ mod solver;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, Step, StepError, TaskSpec,
+    EnvParams, Episode, Outcome, Step, StepError, TaskSpec, MAX_STEPS_PARAM,
 };
 use serde::Deserialize;
 
 pub use generator::{
     generate, parse_room, reverse_play, topology, GenConfig, Generated, Room, State, Tile,
-    MAX_BOXES, MAX_SIDE,
+    MAX_BOXES, MAX_SIDE, WORK_BUDGET,
 };
 pub use parser::{parse_action, Action, MAX_ACTION_LEN};
 pub use solver::{solve, MAX_NODES};
@@ -43,6 +43,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "push boxes onto targets in generated rooms (RAGEN Sokoban; easy 6×6 1 box, hard 8×8 2 boxes)",
         difficulties: DIFFICULTIES,
         default_max_turns: 5,
+        request_params: &["size", "boxes", "reverse_steps", "min_solution_len", "max_solution_len", "max_steps"],
+        operator_params: &[],
         factory: |spec, params| Ok(Box::new(Sokoban::new(spec, params)?)),
     }
 }
@@ -85,7 +87,7 @@ impl Config {
 
     /// This config with `[env]` params applied: `size` (5–16), `boxes`
     /// (1–4), `reverse_steps`, `min_solution_len`, `max_solution_len`
-    /// (≤ `max_steps`), `max_steps` (≥ 1).
+    /// (≤ `max_steps`), `max_steps` (1–1000).
     pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
         let p: Params = parse_params(NAME, params)?;
         let g = &mut self.generation;
@@ -108,10 +110,7 @@ impl Config {
             g.max_solution_len = max;
         }
         if let Some(max_steps) = p.max_steps {
-            if max_steps == 0 {
-                return Err(param_error(NAME, "max_steps", "must be at least 1"));
-            }
-            self.max_steps = max_steps;
+            self.max_steps = param_in_range(NAME, "max_steps", max_steps, 1..=MAX_STEPS_PARAM)?;
         }
         let g = &self.generation;
         if g.max_solution_len > self.max_steps {
@@ -169,12 +168,17 @@ impl Sokoban {
     /// Generate the task of `spec` with an explicit config.
     pub fn with_config(spec: &TaskSpec, config: Config) -> Result<Self, EnvError> {
         let mut rng = task_rng(spec)?;
-        let g = generate(&mut rng, &config.generation, MAX_ATTEMPTS).ok_or_else(|| {
-            EnvError::InvalidSpec(format!(
-                "no sokoban room matching {:?} found in {MAX_ATTEMPTS} draws",
-                config.generation
-            ))
-        })?;
+        let g =
+            generate(&mut rng, &config.generation, MAX_ATTEMPTS, WORK_BUDGET).ok_or_else(|| {
+                EnvError::generation(
+                    NAME,
+                    format!(
+                        "no room matching {:?} found in {MAX_ATTEMPTS} draws or {WORK_BUDGET} \
+                     units of search; lower min_solution_len, boxes or size",
+                        config.generation
+                    ),
+                )
+            })?;
         let mut env = Self::from_room(spec, config, g.room, g.start)?;
         env.set_plan(g.solution);
         Ok(env)

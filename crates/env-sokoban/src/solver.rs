@@ -13,8 +13,19 @@ pub const MAX_NODES: usize = 2_000_000;
 /// The shortest move sequence that solves the room from `start`, if one of
 /// at most `max_len` moves exists (an empty plan when already solved).
 pub fn solve(room: &Room, start: &State, max_len: usize) -> Option<Vec<Action>> {
+    solve_within(room, start, max_len, MAX_NODES).0
+}
+
+/// [`solve`] exploring at most `max_nodes` states; also returns how many it
+/// explored, so that a caller drawing many rooms can bound its total work.
+pub fn solve_within(
+    room: &Room,
+    start: &State,
+    max_len: usize,
+    max_nodes: usize,
+) -> (Option<Vec<Action>>, usize) {
     if start.is_solved(room) {
-        return Some(Vec::new());
+        return (Some(Vec::new()), 1);
     }
     // nodes[i] = (state, parent index, action from parent); BFS layer by layer.
     let mut nodes: Vec<(State, u32, Action)> = vec![(*start, u32::MAX, Action::Up)];
@@ -41,16 +52,16 @@ pub fn solve(room: &Room, start: &State, max_len: usize) -> Option<Vec<Action>> 
                         j = nodes[j].1 as usize;
                     }
                     plan.reverse();
-                    return Some(plan);
+                    return (Some(plan), nodes.len());
                 }
             }
         }
-        if nodes.len() == end || nodes.len() > MAX_NODES {
-            return None;
+        if nodes.len() == end || nodes.len() > max_nodes {
+            return (None, nodes.len());
         }
         layer = end..nodes.len();
     }
-    None
+    (None, nodes.len())
 }
 
 #[cfg(test)]

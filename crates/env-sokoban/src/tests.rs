@@ -289,3 +289,54 @@ proptest! {
         prop_assert_eq!((e.steps(), e.invalid_actions()), (valid, invalid));
     }
 }
+
+fn extreme() -> Config {
+    // Rooms of hundreds of moves cannot come from reverse play: every draw
+    // is searched in full, and the work budget, not the attempt count, ends it.
+    let p: EnvParams = serde_json::from_str(
+        r#"{"size": 16, "boxes": 4, "reverse_steps": 100000, "min_solution_len": 900,
+            "max_solution_len": 1000, "max_steps": 1000}"#,
+    )
+    .unwrap();
+    Config::for_difficulty("hard")
+        .unwrap()
+        .with_params(&p)
+        .unwrap()
+}
+
+#[test]
+fn extreme_params_give_up_once_the_work_budget_is_spent() {
+    let mut rng = agentrl_env_core::task_rng(&spec("hard", 0)).unwrap();
+    let t = std::time::Instant::now();
+    // A small budget keeps the test fast; the env passes WORK_BUDGET.
+    assert!(generate(&mut rng, &extreme().generation, 10_000, 300_000).is_none());
+    assert!(t.elapsed().as_secs_f64() < 2.0, "{:?}", t.elapsed());
+}
+
+#[test]
+fn generation_failure_is_an_error_naming_the_knobs() {
+    let p: EnvParams = serde_json::from_str(
+        r#"{"size": 5, "boxes": 1, "reverse_steps": 1, "min_solution_len": 90, "max_solution_len": 100}"#,
+    )
+    .unwrap();
+    let err = Sokoban::new(&spec("hard", 0), &p).unwrap_err();
+    assert!(matches!(err, EnvError::Generation { .. }), "{err}");
+    assert!(err.to_string().contains("lower min_solution_len"), "{err}");
+}
+
+#[test]
+fn default_generation_uses_a_small_part_of_the_work_budget() {
+    for (d, seed) in [("easy", 0..50), ("hard", 0..20)]
+        .into_iter()
+        .flat_map(|(d, r)| r.map(move |s| (d, s)))
+    {
+        let config = Config::for_difficulty(d).unwrap();
+        let mut rng = agentrl_env_core::task_rng(&spec(d, seed)).unwrap();
+        let g = generate(&mut rng, &config.generation, 10_000, WORK_BUDGET).unwrap();
+        assert!(
+            g.work < WORK_BUDGET / 100,
+            "{d} seed {seed}: {} units",
+            g.work
+        );
+    }
+}

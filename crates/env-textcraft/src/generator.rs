@@ -111,16 +111,18 @@ struct Names {
     used: BTreeSet<String>,
 }
 
+/// Name draws at most for one fresh name; the name space is far larger than
+/// one world, so this only stops a table edit from hanging the generator.
+const MAX_NAME_DRAWS: usize = 1000;
+
 impl Names {
-    fn fresh(&mut self, rng: &mut TaskRng, forms: &[&str]) -> String {
-        loop {
+    fn fresh(&mut self, rng: &mut TaskRng, forms: &[&str]) -> Option<String> {
+        (0..MAX_NAME_DRAWS).find_map(|_| {
             let m = MATERIALS[rng.random_range(0..MATERIALS.len())];
             let f = forms[rng.random_range(0..forms.len())];
             let name = format!("{m} {f}");
-            if self.used.insert(name.clone()) {
-                return name;
-            }
-        }
+            self.used.insert(name.clone()).then_some(name)
+        })
     }
 }
 
@@ -132,19 +134,19 @@ struct Gen<'a> {
 }
 
 impl Gen<'_> {
-    fn base_item(&mut self) -> String {
+    fn base_item(&mut self) -> Option<String> {
         // Reuse an existing base item half the time, so branches share materials.
         if !self.bases.is_empty() && self.rng.random_bool(0.5) {
             let i = self.rng.random_range(0..self.bases.len());
-            return self.bases[i].clone();
+            return Some(self.bases[i].clone());
         }
-        let name = self.names.fresh(self.rng, RAW_FORMS);
+        let name = self.names.fresh(self.rng, RAW_FORMS)?;
         self.bases.push(name.clone());
-        name
+        Some(name)
     }
 
     /// A new crafted item of exactly `depth` (≥ 1), with its recipe subtree.
-    fn crafted(&mut self, depth: u32) -> String {
+    fn crafted(&mut self, depth: u32) -> Option<String> {
         let n_inputs = self.rng.random_range(1..=3usize);
         let mut inputs: Vec<(String, u32)> = Vec::new();
         for k in 0..n_inputs {
@@ -158,9 +160,9 @@ impl Gen<'_> {
                 0
             };
             let item = if d == 0 {
-                self.base_item()
+                self.base_item()?
             } else {
-                self.crafted(d)
+                self.crafted(d)?
             };
             if inputs.iter().any(|(i, _)| *i == item) {
                 continue;
@@ -168,15 +170,16 @@ impl Gen<'_> {
             inputs.push((item, self.rng.random_range(1..=4)));
         }
         let out_count = [1, 1, 1, 2, 4][self.rng.random_range(0..5usize)];
-        let name = self.names.fresh(self.rng, PRODUCTS);
+        let name = self.names.fresh(self.rng, PRODUCTS)?;
         self.recipes
             .push(Recipe::new(name.clone(), out_count, &inputs));
-        name
+        Some(name)
     }
 }
 
-/// A fresh procedural crafting world whose goal has recipe depth `depth`.
-pub fn generate(rng: &mut TaskRng, depth: u32) -> Task {
+/// A fresh procedural crafting world whose goal has recipe depth `depth`;
+/// `None` if the name tables ran out of fresh names.
+pub fn generate(rng: &mut TaskRng, depth: u32) -> Option<Task> {
     let depth = depth.clamp(1, 4);
     let mut g = Gen {
         rng,
@@ -186,14 +189,14 @@ pub fn generate(rng: &mut TaskRng, depth: u32) -> Task {
         bases: Vec::new(),
         recipes: Vec::new(),
     };
-    let goal = g.crafted(depth);
+    let goal = g.crafted(depth)?;
     let needed_n = g.recipes.len();
     // Distractors: recipes for items the goal does not need, built partly from
     // the same base items so that reading the recipe list matters.
     let n_distractors = g.rng.random_range(3..=MAX_DISTRACTORS);
     for _ in 0..n_distractors {
         let d = g.rng.random_range(1..=2);
-        g.crafted(d);
+        g.crafted(d)?;
     }
     let recipes = std::mem::take(&mut g.recipes);
     let needed: Vec<Recipe> = recipes[..needed_n].to_vec();
@@ -205,12 +208,12 @@ pub fn generate(rng: &mut TaskRng, depth: u32) -> Task {
     shown.extend(distractors.into_iter().rev().take(keep));
     shown.shuffle(g.rng);
     let depth = book.depth.get(&goal).copied().unwrap_or(depth);
-    Task {
+    Some(Task {
         goal,
         depth,
         book: Arc::new(book),
         shown,
-    }
+    })
 }
 
 /// A task on a loaded book: a goal of one of `depths`, its needed recipes and

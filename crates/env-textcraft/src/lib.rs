@@ -45,6 +45,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "Minecraft-style crafting: get base items, craft the goal through a recipe tree (depth 1-4)",
         difficulties: DIFFICULTIES,
         default_max_turns: 30,
+        request_params: &[],
+        operator_params: &["data_dir"],
         factory: |spec, params| Ok(Box::new(TextCraft::new(spec, params)?)),
     }
 }
@@ -63,7 +65,8 @@ pub fn depths_of(difficulty: &str) -> Option<&'static [u32]> {
 
 /// Loaded books by directory, so that creating many envs reads the files once.
 fn load_cached(dir: &Path) -> Result<Arc<RecipeBook>, EnvError> {
-    static BOOKS: SharedCache<PathBuf, RecipeBook> = SharedCache::new();
+    // Data directories come from the operator; a few at most.
+    static BOOKS: SharedCache<PathBuf, RecipeBook> = SharedCache::new(4);
     BOOKS.get_or_try_build(dir.to_path_buf(), || {
         loader::load_dir(dir).map_err(|e| EnvError::Data {
             env: NAME.into(),
@@ -106,7 +109,9 @@ impl TextCraft {
                 } else {
                     depths[rand::Rng::random_range(&mut rng, 0..depths.len())]
                 };
-                generator::generate(&mut rng, d)
+                generator::generate(&mut rng, d).ok_or_else(|| {
+                    EnvError::generation(NAME, "the item-name tables ran out of fresh names")
+                })?
             }
             Some(dir) => {
                 let book = load_cached(&dir)?;

@@ -619,17 +619,19 @@ fn render(d: &Draft, asin: String, rng: &mut ChaCha8Rng) -> Product {
     }
 }
 
-fn asin(rng: &mut ChaCha8Rng, used: &mut BTreeSet<String>) -> String {
+/// Draws at most for one fresh ASIN: 36^8 tails against at most 100,000
+/// products, so this only stops a table edit from hanging the generator.
+const MAX_ASIN_DRAWS: usize = 1000;
+
+fn asin(rng: &mut ChaCha8Rng, used: &mut BTreeSet<String>) -> Option<String> {
     const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ";
-    loop {
+    (0..MAX_ASIN_DRAWS).find_map(|_| {
         let tail: String = (0..8)
             .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
             .collect();
         let a = format!("B0{tail}");
-        if used.insert(a.clone()) {
-            return a;
-        }
-    }
+        used.insert(a.clone()).then_some(a)
+    })
 }
 
 /// The near-twin variants of a base draft (hard catalogs).
@@ -675,8 +677,9 @@ fn variant(base: &Draft, which: usize, rng: &mut ChaCha8Rng) -> Draft {
 }
 
 /// The built-in catalog for a generator setting: deterministic, sorted by
-/// nothing but generation order (the same on every machine).
-pub fn generate(cfg: GenConfig) -> Vec<Product> {
+/// nothing but generation order (the same on every machine). `None` if no
+/// fresh product id came up (see `MAX_ASIN_DRAWS`).
+pub fn generate(cfg: GenConfig) -> Option<Vec<Product>> {
     let mut rng =
         ChaCha8Rng::seed_from_u64(CATALOG_SEED ^ (cfg.size as u64) ^ ((cfg.family as u64) << 40));
     let mut used = BTreeSet::new();
@@ -684,18 +687,18 @@ pub fn generate(cfg: GenConfig) -> Vec<Product> {
     let family = cfg.family.max(1);
     while out.len() < cfg.size {
         let base = draft(rng.random_range(0..KINDS.len()), &mut rng);
-        let a = asin(&mut rng, &mut used);
+        let a = asin(&mut rng, &mut used)?;
         out.push(render(&base, a, &mut rng));
         for v in 1..family {
             if out.len() >= cfg.size {
                 break;
             }
             let d = variant(&base, v - 1, &mut rng);
-            let a = asin(&mut rng, &mut used);
+            let a = asin(&mut rng, &mut used)?;
             out.push(render(&d, a, &mut rng));
         }
     }
-    out
+    Some(out)
 }
 
 /// Builds a goal whose target is `target`: `n_attrs` of its attributes,
@@ -744,8 +747,8 @@ mod tests {
             size: 300,
             family: 4,
         };
-        let a = generate(cfg);
-        let b = generate(cfg);
+        let a = generate(cfg).unwrap();
+        let b = generate(cfg).unwrap();
         assert_eq!(a, b);
         assert_eq!(a.len(), 300);
         let ids: BTreeSet<&str> = a.iter().map(|p| p.asin.as_str()).collect();

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, ActionError, Env,
     EnvDescriptor, EnvError, EnvParams, Episode, Outcome, SharedCache, Step, StepError, TaskSpec,
+    MAX_STEPS_PARAM,
 };
 use agentrl_search_index::{data_hash, shared_index, IndexError, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
@@ -52,6 +53,8 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "Shop a product catalog with a BM25 search engine: search[query], click[...]; WebShop's attribute/option/price reward",
         difficulties: &["easy", "hard"],
         default_max_turns: 15,
+        request_params: &["catalog_size", "goals", "max_steps"],
+        operator_params: &["data_dir", "cache_dir"],
         factory: |spec, params| Ok(Box::new(WebShopEnv::new(spec, params)?)),
     }
 }
@@ -111,7 +114,7 @@ impl Params {
                 ));
             }
         }
-        param_in_range(NAME, "max_steps", p.max_steps, 1..=1000)?;
+        param_in_range(NAME, "max_steps", p.max_steps, 1..=MAX_STEPS_PARAM)?;
         Ok(p)
     }
 }
@@ -151,7 +154,9 @@ fn build_world(
 /// and rollouts create one env per task, and none may regenerate, reload or
 /// re-hash the catalog.
 fn world_for(difficulty: &str, p: &Params) -> Result<Arc<World>, EnvError> {
-    static WORLDS: SharedCache<String, World> = SharedCache::new();
+    // Both difficulties plus a couple of catalog sizes; a client cycling
+    // through sizes evicts the oldest instead of growing memory.
+    static WORLDS: SharedCache<String, World> = SharedCache::new(4);
     let key = match &p.data_dir {
         Some(dir) => format!("dir:{}:{:?}", dir.display(), p.goals),
         None => {
@@ -164,11 +169,11 @@ fn world_for(difficulty: &str, p: &Params) -> Result<Arc<World>, EnvError> {
             let data = loader::load_dir(dir, p.goals)?;
             build_world(data.products, GoalPool::Loaded(data.goals), &p.cache_dir)
         }
-        None => build_world(
-            catalog::generate(gen_config(difficulty, p.catalog_size)),
-            GoalPool::Generated,
-            &p.cache_dir,
-        ),
+        None => {
+            let products = catalog::generate(gen_config(difficulty, p.catalog_size))
+                .ok_or_else(|| EnvError::generation(NAME, "no fresh product id came up"))?;
+            build_world(products, GoalPool::Generated, &p.cache_dir)
+        }
     })
 }
 
@@ -697,5 +702,34 @@ impl Env for WebShopEnv {
 
     fn episode(&self) -> Option<&Episode> {
         Some(&self.episode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentrl_env_core::Split;
+
+    #[test]
+    fn catalogs_of_many_sizes_do_not_stay_in_memory() {
+        // A client asking for one catalog size after another, closing each
+        // session at once: only the cache's few catalogs stay alive.
+        let mut freed = Vec::new();
+        for size in 100..112u64 {
+            let mut p = EnvParams::new();
+            p.insert("catalog_size".into(), size.into());
+            p.insert("cache_dir".into(), "memory".into());
+            let env = WebShopEnv::new(&TaskSpec::new(NAME, Split::Train, "easy", 0), &p).unwrap();
+            freed.push((Arc::downgrade(&env.world), Arc::downgrade(&env.world.index)));
+        }
+        let alive_worlds = freed.iter().filter(|(w, _)| w.strong_count() > 0).count();
+        let alive_indexes = freed.iter().filter(|(_, i)| i.strong_count() > 0).count();
+        assert!(alive_worlds <= 4, "{alive_worlds} catalogs still in memory");
+        assert!(
+            alive_indexes <= 8,
+            "{alive_indexes} indexes still in memory"
+        );
+        assert_eq!(freed[0].0.strong_count(), 0, "the oldest catalog was freed");
+        assert_eq!(freed[0].1.strong_count(), 0, "and its index with it");
     }
 }

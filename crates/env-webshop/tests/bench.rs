@@ -19,7 +19,8 @@ fn bench_search_latency_on_100k_products() {
     let products = generate(GenConfig {
         size: 100_000,
         family: 4,
-    });
+    })
+    .expect("a 100000-product catalog");
     let gen = t.elapsed().as_secs_f64();
     let bodies = search_bodies(&products);
     let docs = search_docs(&products, &bodies);

@@ -218,6 +218,52 @@ fn unknown_env_difficulty_and_param_are_errors() {
     }
 }
 
+/// The param names an env's parser knows, read from the serde message that
+/// refuses an unknown key ("expected one of `a`, `b`" / "there are no fields").
+fn parser_keys(d: &EnvDescriptor) -> Vec<String> {
+    let mut p = EnvParams::new();
+    p.insert("no_such_param".into(), 1.into());
+    let spec = TaskSpec::new(d.name, Split::Train, d.difficulties[0], 0);
+    let Err(EnvError::InvalidParam { reason, .. }) = make_env(&spec, &p) else {
+        panic!("{}: an unknown param must be refused", d.name);
+    };
+    let Some((_, expected)) = reason.split_once("expected") else {
+        assert!(reason.contains("there are no fields"), "{reason}");
+        return Vec::new();
+    };
+    let mut keys: Vec<String> = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    keys.sort();
+    keys
+}
+
+#[test]
+fn every_param_is_listed_as_a_request_or_an_operator_param() {
+    // The server's allow-list is only safe if it is complete: a new key that
+    // is in neither list is refused from clients, but it must be placed.
+    for d in descriptors() {
+        let mut listed: Vec<String> = d
+            .request_params
+            .iter()
+            .chain(d.operator_params)
+            .map(|k| k.to_string())
+            .collect();
+        listed.sort();
+        assert_eq!(listed, parser_keys(&d), "{}", d.name);
+        for key in d.request_params {
+            assert!(
+                !d.operator_params.contains(key),
+                "{}: {key} in both",
+                d.name
+            );
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 

@@ -459,7 +459,9 @@ pub fn shared_index(
     hash: u64,
     location: &IndexLocation,
 ) -> Result<Arc<SearchIndex>, IndexError> {
-    static INDEXES: SharedCache<u64, SearchIndex> = SharedCache::new();
+    // As many as the webshop and searchqa caches hold together, so that an
+    // index evicted with its catalog is freed with it.
+    static INDEXES: SharedCache<u64, SearchIndex> = SharedCache::new(8);
     INDEXES.get_or_try_build(hash, || SearchIndex::open_or_build(docs, hash, location))
 }
 

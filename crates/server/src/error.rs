@@ -64,6 +64,31 @@ impl ApiError {
         )
     }
 
+    /// A param only the operator may set came in a request.
+    pub(crate) fn forbidden_param(env: &str, key: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            ErrorKind::ForbiddenParam,
+            format!(
+                "parameter '{key}' of {env} may not come from a request: it names a file or \
+                 directory on the server; the server's operator sets it with \
+                 `agentrl serve --env-param {env}.{key}=VALUE`"
+            ),
+        )
+    }
+
+    /// The request ran past the server's request timeout.
+    pub(crate) fn timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Timeout,
+            format!(
+                "the request took longer than the server's request timeout ({:.1} s)",
+                limit.as_secs_f64()
+            ),
+        )
+    }
+
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -101,7 +126,8 @@ impl From<EnvError> for ApiError {
             EnvError::UnknownEnv { .. } => {
                 Self::new(StatusCode::NOT_FOUND, ErrorKind::NotFound, e.to_string())
             }
-            // Data errors come from user-given params (a data path) here.
+            // Params, data and generation failures all come from what the
+            // request asked for.
             _ => Self::new(
                 StatusCode::BAD_REQUEST,
                 ErrorKind::InvalidSpec,
@@ -143,6 +169,8 @@ pub enum ServerError {
     NoEnvs,
     #[error("invalid server configuration: {0}")]
     Config(String),
+    #[error("--env-param: {0}")]
+    EnvParam(String),
     #[error("server i/o error: {0}")]
     Io(#[from] std::io::Error),
 }

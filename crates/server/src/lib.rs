@@ -15,9 +15,16 @@
 //! structured reason; the session stays usable and its invalid-action counter
 //! went up, exactly as in-process. `HttpEnv` turns it back into
 //! `StepError::InvalidAction`.
+//!
+//! Limits: a request's `params` may hold only its env's `request_params`
+//! (file paths and cache locations come from the operator's `env_params`);
+//! connections are capped and must send a request head within the header
+//! timeout; each request has a timeout; session ids are random.
 
+mod connections;
 mod error;
 mod openapi;
+mod params;
 mod routes;
 mod server;
 mod sessions;

@@ -143,7 +143,8 @@ pub(crate) fn document(envs: &[&str]) -> Value {
         "components": { "schemas": {
             "CreateRequest": { "type": "object", "properties": {
                 "env": { "type": "string" }, "seed": { "type": "integer" }, "data_idx": { "type": "integer", "description": "same as seed" },
-                "difficulty": { "type": "string" }, "split": { "type": "string", "enum": ["train", "val", "test"] }, "params": { "type": "object" } } },
+                "difficulty": { "type": "string" }, "split": { "type": "string", "enum": ["train", "val", "test"] },
+                "params": { "type": "object", "description": "env params; only the env's request_params (see GET /envs), others answer 403 kind=forbidden_param" } } },
             "ResetRequest": { "type": "object", "required": ["id"], "properties": {
                 "env": { "type": "string" }, "id": { "type": "integer" }, "seed": { "type": "integer" }, "data_idx": { "type": "integer" },
                 "difficulty": { "type": "string" }, "split": { "type": "string" } } },
@@ -160,11 +161,13 @@ pub(crate) fn document(envs: &[&str]) -> Value {
                 "status": { "type": "string" }, "sessions": { "type": "integer" }, "max_sessions": { "type": "integer" } } },
             "EnvEntry": { "type": "object", "properties": {
                 "name": { "type": "string" }, "summary": { "type": "string" },
-                "difficulties": { "type": "array", "items": { "type": "string" } }, "default_max_turns": { "type": "integer" } } },
+                "difficulties": { "type": "array", "items": { "type": "string" } }, "default_max_turns": { "type": "integer" },
+                "request_params": { "type": "array", "items": { "type": "string" } } } },
             "Error": { "type": "object", "required": ["error", "kind"], "properties": {
                 "error": { "type": "string" },
                 "kind": { "type": "string", "enum": ["bad_request", "unauthorized", "not_found", "method_not_allowed",
-                    "payload_too_large", "full", "invalid_action", "episode_over", "invalid_spec", "internal"] },
+                    "payload_too_large", "full", "invalid_action", "episode_over", "invalid_spec", "forbidden_param",
+                    "timeout", "internal"] },
                 "action_error": { "type": "object" }, "status": { "type": "object" } } }
         } }
     })

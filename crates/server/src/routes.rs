@@ -7,9 +7,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use agentrl_env_core::{Env, EnvDescriptor, Split, TaskSpec};
 use axum::body::{Body, Bytes};
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
@@ -20,11 +22,15 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tower::timeout::error::Elapsed;
+use tower::timeout::TimeoutLayer;
+use tower::{BoxError, ServiceBuilder};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::error::ApiError;
 use crate::openapi;
+use crate::params::OperatorParams;
 use crate::sessions::{Session, SessionState, SessionStore};
 use agentrl_env_client::protocol::{
     BatchStepResult, CloseRequest, CloseResponse, CreateRequest, EnvEntry, ErrorKind,
@@ -37,12 +43,14 @@ pub(crate) struct AppState {
     pub envs: BTreeMap<&'static str, EnvDescriptor>,
     pub sessions: SessionStore,
     pub token: Option<String>,
+    pub operator_params: OperatorParams,
 }
 
 type Shared = Arc<AppState>;
 
-/// The full application: routes plus auth, body limit, panic and JSON-error layers.
-pub(crate) fn router(state: Shared, body_limit: usize) -> Router {
+/// The full application: routes plus auth, request timeout, body limit,
+/// panic and JSON-error layers.
+pub(crate) fn router(state: Shared, body_limit: usize, request_timeout: Duration) -> Router {
     let routes = Router::new()
         .route("/", get(root))
         .route("/health", get(health))
@@ -53,8 +61,21 @@ pub(crate) fn router(state: Shared, body_limit: usize) -> Router {
         .merge(session_routes())
         .nest("/{env}", session_routes())
         .fallback(not_found);
+    // The timeout drops the request's future: the client hears 503 at once.
+    // Work already handed to spawn_blocking runs to its end, which the
+    // generators' attempt budgets bound.
+    let timeout = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(move |e: BoxError| async move {
+            if e.is::<Elapsed>() {
+                ApiError::timeout(request_timeout)
+            } else {
+                ApiError::internal(format!("internal error: {e}"))
+            }
+        }))
+        .layer(TimeoutLayer::new(request_timeout));
     routes
         .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
+        .layer(timeout)
         // The tower-http layer is the limit; axum's own 2 MB default is turned
         // off so that there is exactly one, configurable, limit.
         .layer(DefaultBodyLimit::disable())
@@ -387,6 +408,7 @@ fn entry(d: &EnvDescriptor) -> EnvEntry {
         summary: d.summary.to_string(),
         difficulties: d.difficulties.iter().map(|s| s.to_string()).collect(),
         default_max_turns: d.default_max_turns,
+        request_params: d.request_params.iter().map(|s| s.to_string()).collect(),
     }
 }
 
@@ -430,7 +452,9 @@ async fn create(
             .unwrap_or_default(),
     };
     let spec = TaskSpec::new(desc.name, split, difficulty, seed);
-    let params = req.params.unwrap_or_default();
+    let params = st
+        .operator_params
+        .merge(&desc, req.params.unwrap_or_default())?;
     let build_params = params.clone();
     let build_spec = spec.clone();
     let (env, observation, instructions) = blocking(move || {

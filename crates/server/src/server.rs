@@ -7,17 +7,22 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentrl_env_core::EnvDescriptor;
+use agentrl_env_core::{EnvDescriptor, Split, TaskSpec};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::connections::{self, ConnectionLimits};
 use crate::error::ServerError;
+use crate::params::OperatorParams;
 use crate::routes::{router, AppState};
 use crate::sessions::SessionStore;
 
 /// The default port, AgentGym's first env-server port.
 pub const DEFAULT_PORT: u16 = 36001;
+
+/// The largest connection cap accepted (far above any descriptor limit).
+pub const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -34,6 +39,18 @@ pub struct ServerConfig {
     pub reap_interval: Option<Duration>,
     /// Largest accepted request body in bytes; larger bodies get 413.
     pub body_limit: usize,
+    /// Open connections at most; a client over the cap waits while the
+    /// oldest open connections are asked to close once idle.
+    pub max_connections: usize,
+    /// Time a connection has to send a whole request head, from opening or
+    /// from its previous response: closes slowloris and idle connections.
+    pub header_timeout: Duration,
+    /// Time one request may take, body included; beyond it 503 `timeout`.
+    pub request_timeout: Duration,
+    /// The operator's env params, `[ENV.]KEY=VALUE` each (file paths, cache
+    /// directories, defaults): requests' params lie over them, and a
+    /// request may not set the operator-only ones.
+    pub env_params: Vec<String>,
     /// How long shutdown waits for in-flight requests before giving up on them.
     pub drain_timeout: Duration,
 }
@@ -47,6 +64,13 @@ impl Default for ServerConfig {
             ttl: Duration::from_secs(600),
             reap_interval: None,
             body_limit: 1 << 20,
+            // Below the usual 1024-descriptor soft limit, with room for the
+            // index files and the rest of the process.
+            max_connections: 512,
+            header_timeout: Duration::from_secs(30),
+            // Under HttpEnv's 60 s client timeout, so the client hears why.
+            request_timeout: Duration::from_secs(30),
+            env_params: Vec::new(),
             drain_timeout: Duration::from_secs(10),
         }
     }
@@ -72,6 +96,21 @@ impl ServerConfig {
         }
         if self.token.as_deref().is_some_and(str::is_empty) {
             return Err(ServerError::Config("the token must not be empty".into()));
+        }
+        if self.body_limit == 0 {
+            return Err(ServerError::Config(
+                "the body limit must be at least 1 byte (an empty body is read as {})".into(),
+            ));
+        }
+        if !(1..=MAX_CONNECTIONS_LIMIT).contains(&self.max_connections) {
+            return Err(ServerError::Config(format!(
+                "max_connections must be between 1 and {MAX_CONNECTIONS_LIMIT}"
+            )));
+        }
+        if self.header_timeout.is_zero() || self.request_timeout.is_zero() {
+            return Err(ServerError::Config(
+                "the header and request timeouts must be positive".into(),
+            ));
         }
         Ok(())
     }
@@ -199,12 +238,15 @@ async fn start(
     if !config.addr.ip().is_loopback() && config.token.is_none() {
         tracing::warn!(addr = %config.addr, "serving on a non-loopback address without --token");
     }
+    let operator_params = OperatorParams::parse(&config.env_params, &descriptors)?;
+    check_operator_params(&operator_params, &descriptors).await?;
     let envs: BTreeMap<&'static str, EnvDescriptor> =
         descriptors.into_iter().map(|d| (d.name, d)).collect();
     let state = Arc::new(AppState {
         envs,
         sessions: SessionStore::new(config.max_sessions),
         token: config.token.clone(),
+        operator_params,
     });
     let listener = TcpListener::bind(config.addr)
         .await
@@ -213,7 +255,15 @@ async fn start(
             source,
         })?;
     let addr = listener.local_addr()?;
-    let app = router(Arc::clone(&state), config.body_limit);
+    let app = router(
+        Arc::clone(&state),
+        config.body_limit,
+        config.request_timeout,
+    );
+    let limits = ConnectionLimits {
+        max_connections: config.max_connections,
+        header_timeout: config.header_timeout,
+    };
 
     let reaper = {
         let state = Arc::clone(&state);
@@ -233,13 +283,32 @@ async fn start(
     };
 
     let task = tokio::spawn(async move {
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(signal)
-            .await;
+        connections::serve(listener, app, limits, signal).await;
         reaper.abort();
-        result.map_err(ServerError::Io)
+        Ok(())
     });
     Ok((addr, state, task))
+}
+
+/// Build one task of each env the operator set params for, so that a bad
+/// path or value stops the server at start instead of failing every client.
+async fn check_operator_params(
+    params: &OperatorParams,
+    descriptors: &[EnvDescriptor],
+) -> Result<(), ServerError> {
+    for (name, env_params) in params.iter() {
+        let Some(desc) = descriptors.iter().find(|d| d.name == name).cloned() else {
+            continue;
+        };
+        let difficulty = desc.difficulties.first().copied().unwrap_or_default();
+        let spec = TaskSpec::new(name, Split::Train, difficulty, 0);
+        let env_params = env_params.clone();
+        let built = tokio::task::spawn_blocking(move || desc.create(&spec, &env_params).map(drop))
+            .await
+            .map_err(|e| ServerError::EnvParam(format!("{name}: building a task panicked: {e}")))?;
+        built.map_err(|e| ServerError::EnvParam(format!("{name}: {e}")))?;
+    }
+    Ok(())
 }
 
 /// A server on its own tokio runtime, for synchronous code (tests, benches,

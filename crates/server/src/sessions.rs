@@ -1,5 +1,8 @@
 //! Live sessions: one environment each, behind its own lock, with an idle TTL.
 //!
+//! Session ids are random (below 2^53, see [`SessionId`]): any client can
+//! close any session it can name, so ids must not be guessable.
+//!
 //! The map lock is held only to look a session up, insert or remove it; the
 //! environment itself sits behind a per-session `tokio::sync::Mutex`, so two
 //! requests for one session run one after the other while requests for
@@ -46,10 +49,19 @@ pub(crate) struct Session {
     last_used_ms: AtomicU64,
 }
 
+/// Bits of a session id: integers below 2^53 are exact in every JSON parser
+/// (JavaScript's numbers included), and AgentGym clients keep ids as
+/// integers; 53 random bits are far beyond guessing one live id.
+const SESSION_ID_BITS: u32 = 53;
+
+/// A fresh id from the thread-local CSPRNG (ChaCha, seeded by the OS).
+fn random_session_id() -> SessionId {
+    rand::random::<u64>() >> (64 - SESSION_ID_BITS)
+}
+
 /// Every live session of a server.
 pub(crate) struct SessionStore {
     sessions: Mutex<HashMap<SessionId, Arc<Session>>>,
-    next_id: AtomicU64,
     epoch: Instant,
     pub max_sessions: usize,
 }
@@ -58,7 +70,6 @@ impl SessionStore {
     pub(crate) fn new(max_sessions: usize) -> Self {
         Self {
             sessions: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(0),
             epoch: Instant::now(),
             max_sessions,
         }
@@ -102,7 +113,13 @@ impl SessionStore {
         if map.len() >= self.max_sessions {
             return None;
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = loop {
+            let id = random_session_id();
+            // A clash with a live id is one in 2^53 / live sessions: redraw.
+            if !map.contains_key(&id) {
+                break id;
+            }
+        };
         map.insert(id, session);
         Some(id)
     }
@@ -146,5 +163,20 @@ impl SessionStore {
         let n = removed.len();
         drop(removed);
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_random_json_safe_integers() {
+        let ids: Vec<SessionId> = (0..1000).map(|_| random_session_id()).collect();
+        assert!(ids.iter().all(|&id| id < 1 << 53));
+        let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        // Far from a counter: most ids use the top of the range.
+        assert!(ids.iter().filter(|&&id| id > 1 << 48).count() > 900);
     }
 }

@@ -28,9 +28,26 @@ pub struct ServeArgs {
     /// Close sessions idle for this many seconds.
     #[arg(long, default_value_t = 600)]
     ttl_secs: u64,
-    /// Largest request body in bytes (413 beyond).
+    /// Largest request body in bytes (413 beyond); at least 1.
     #[arg(long, default_value_t = 1 << 20)]
     body_limit: usize,
+    /// Open connections at most; over it, a new client waits while the
+    /// connection idle the longest (at least 1 s) is closed to make room.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// Seconds a connection has to send a whole request head, from opening
+    /// or from its previous answer (closes slowloris and idle connections).
+    #[arg(long, default_value_t = 30)]
+    header_timeout_secs: u64,
+    /// Seconds one request may take, body included (503 kind=timeout beyond).
+    #[arg(long, default_value_t = 30)]
+    request_timeout_secs: u64,
+    /// An env param set by the operator, `[ENV.]KEY=VALUE` (repeatable): file
+    /// paths and cache directories, which a request may not send, or defaults
+    /// that a request's params override. KEY alone applies to every served
+    /// env that has it. VALUE is JSON or a bare string.
+    #[arg(long = "env-param", value_name = "[ENV.]KEY=VALUE")]
+    env_params: Vec<String>,
     /// Tokio worker threads (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
@@ -48,6 +65,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_sessions: args.max_sessions,
         ttl: Duration::from_secs(args.ttl_secs),
         body_limit: args.body_limit,
+        max_connections: args.max_connections,
+        header_timeout: Duration::from_secs(args.header_timeout_secs),
+        request_timeout: Duration::from_secs(args.request_timeout_secs),
+        env_params: args.env_params,
         ..ServerConfig::default()
     };
     if !args.host.is_loopback() && config.token.is_none() {

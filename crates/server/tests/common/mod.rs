@@ -27,15 +27,20 @@ pub struct Counter {
 
 pub fn counter_factory(spec: &TaskSpec, params: &EnvParams) -> Result<Box<dyn Env>, EnvError> {
     let mut max_steps = if spec.difficulty == "hard" { 20 } else { 10 };
+    let integer = |k: &String, v: &serde_json::Value| {
+        v.as_u64().ok_or_else(|| EnvError::InvalidParam {
+            env: "counter".into(),
+            key: k.clone(),
+            reason: "expected a positive integer".into(),
+        })
+    };
     for (k, v) in params {
         match k.as_str() {
-            "max_steps" => {
-                max_steps = v.as_u64().ok_or_else(|| EnvError::InvalidParam {
-                    env: "counter".into(),
-                    key: k.clone(),
-                    reason: "expected a positive integer".into(),
-                })? as usize
-            }
+            "max_steps" => max_steps = integer(k, v)? as usize,
+            // A slow build (a large catalog, say), for the request timeout.
+            "build_ms" => std::thread::sleep(std::time::Duration::from_millis(integer(k, v)?)),
+            // An operator-only param; the counter reads no files.
+            "data_dir" => {}
             _ => {
                 return Err(EnvError::InvalidParam {
                     env: "counter".into(),
@@ -68,6 +73,8 @@ pub fn counter_descriptor() -> EnvDescriptor {
         summary: "test env: count up to a target",
         difficulties: &["easy", "hard"],
         default_max_turns: 10,
+        request_params: &["max_steps", "build_ms"],
+        operator_params: &["data_dir"],
         factory: counter_factory,
     }
 }

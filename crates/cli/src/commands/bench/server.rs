@@ -65,6 +65,9 @@ pub fn run(args: BenchServerArgs) -> anyhow::Result<()> {
             ServerConfig {
                 addr: SocketAddr::from(([127, 0, 0, 1], 0)),
                 max_sessions: (2 * max_level).max(4096),
+                // One connection per load-generator session, and room to spare:
+                // the bench measures the envs, not the connection cap.
+                max_connections: (2 * max_level).max(ServerConfig::default().max_connections),
                 ..ServerConfig::default()
             },
             descriptors,
