@@ -51,14 +51,7 @@ pub fn top_std_groups(
             reason: format!("must be in (0, 1], got {keep_ratio}"),
         });
     }
-    // (group id, std) in ascending id order.
-    let stds: Vec<(usize, f64)> = group_members(group_ids)
-        .into_iter()
-        .map(|(g, members)| {
-            let xs: Vec<f64> = members.iter().map(|&i| raw_scores[i] as f64).collect();
-            (g, unbiased_std(&xs))
-        })
-        .collect();
+    let stds = group_stds(raw_scores, group_ids);
     let n_groups = stds.len();
     let k =
         ((keep_ratio as f64 * n_groups as f64 - 1e-6).ceil() as usize).clamp(1, n_groups.max(1));
@@ -96,6 +89,17 @@ pub fn top_std_groups(
     })
 }
 
+/// (group id, unbiased std of its members' raw scores), in ascending id order.
+fn group_stds(raw_scores: &[f32], group_ids: &[usize]) -> Vec<(usize, f64)> {
+    group_members(group_ids)
+        .into_iter()
+        .map(|(g, members)| {
+            let xs: Vec<f64> = members.iter().map(|&i| raw_scores[i] as f64).collect();
+            (g, unbiased_std(&xs))
+        })
+        .collect()
+}
+
 impl GroupFilterResult {
     /// The same result without the kept groups whose raw scores all agree
     /// (std 0): they carry no task signal, only whatever penalties differ,
@@ -108,12 +112,8 @@ impl GroupFilterResult {
     pub fn without_zero_std(self, raw_scores: &[f32], group_ids: &[usize]) -> Result<Self> {
         check_len("group_ids", raw_scores.len(), group_ids.len())?;
         check_len("kept_mask", group_ids.len(), self.kept_mask.len())?;
-        let stds: Vec<(usize, f64)> = group_members(group_ids)
+        let stds: Vec<(usize, f64)> = group_stds(raw_scores, group_ids)
             .into_iter()
-            .map(|(g, members)| {
-                let xs: Vec<f64> = members.iter().map(|&i| raw_scores[i] as f64).collect();
-                (g, unbiased_std(&xs))
-            })
             .filter(|&(g, _)| self.kept_groups.binary_search(&g).is_ok())
             .filter(|&(_, s)| s > 0.0)
             .collect();

@@ -89,17 +89,23 @@ impl SequenceCache {
         }
     }
 
-    /// Points the cache at `context`: keeps the cached positions of the
-    /// common prefix (but always leaves the last context token to encode, whose
-    /// logits the next sample needs) and returns where encoding starts.
-    fn retarget(&mut self, context: &[u32]) -> usize {
+    /// How many leading positions of `context` this cache would serve: the
+    /// cached part of the common prefix, short of the context's last token
+    /// (always encoded: the next sample needs its logits).
+    pub fn reusable_for(&self, context: &[u32]) -> usize {
         let common = self
             .tokens
             .iter()
             .zip(context)
             .take_while(|(a, b)| a == b)
             .count();
-        let keep = common.min(self.cached).min(context.len().saturating_sub(1));
+        common.min(self.cached).min(context.len().saturating_sub(1))
+    }
+
+    /// Points the cache at `context`, keeping what [`Self::reusable_for`]
+    /// says, and returns where encoding starts.
+    fn retarget(&mut self, context: &[u32]) -> usize {
+        let keep = self.reusable_for(context);
         self.cached = keep;
         self.tokens.clear();
         self.tokens.extend_from_slice(context);

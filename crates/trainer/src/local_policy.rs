@@ -80,16 +80,10 @@ impl Policy for LocalPolicy<'_> {
             Some(pool) => {
                 let mut caches =
                     pick_caches(std::mem::take(pool), prompts, || self.model.new_cache());
-                // What `generate_cached` keeps: the cached part of the common
-                // prefix, short of the prompt's last token (always encoded).
                 let reused: usize = caches
                     .iter()
                     .zip(prompts)
-                    .map(|(c, p)| {
-                        common_prefix(c.tokens(), p)
-                            .min(c.cached_len())
-                            .min(p.len().saturating_sub(1))
-                    })
+                    .map(|(c, p)| c.reusable_for(p))
                     .sum();
                 self.reused += reused;
                 self.encoded += total - reused;

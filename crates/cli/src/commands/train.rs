@@ -94,13 +94,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         );
         t
     } else {
-        let (config, overrides): (Option<PathBuf>, Vec<String>) = match args.args.split_first() {
-            Some((first, rest)) if !first.contains('=') => {
-                (Some(PathBuf::from(first)), rest.to_vec())
-            }
-            _ => (None, args.args.clone()),
-        };
-        let cfg = TrainConfig::load(config.as_deref(), &overrides)?;
+        let cfg = load_config(&args.args)?;
         if args.print_config {
             print!("{}", cfg.to_toml()?);
             return Ok(());
@@ -154,4 +148,14 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         summary.run_dir.join("summary.json").display()
     );
     Ok(())
+}
+
+/// The config named by `args`: an optional TOML path first (anything without
+/// `=`), then `section.key=value` overrides; the embedded default without a path.
+pub fn load_config(args: &[String]) -> anyhow::Result<TrainConfig> {
+    let (config, overrides) = match args.split_first() {
+        Some((first, rest)) if !first.contains('=') => (Some(PathBuf::from(first)), rest),
+        _ => (None, args),
+    };
+    Ok(TrainConfig::load(config.as_deref(), overrides)?)
 }

@@ -118,11 +118,7 @@ pub fn run(args: BenchRolloutArgs) -> anyhow::Result<()> {
     if args.repeats == 0 {
         anyhow::bail!("--repeats must be at least 1");
     }
-    let (config, overrides) = match args.args.split_first() {
-        Some((first, rest)) if !first.contains('=') => (Some(PathBuf::from(first)), rest.to_vec()),
-        _ => (None, args.args.clone()),
-    };
-    let cfg = TrainConfig::load(config.as_deref(), &overrides)?;
+    let cfg = crate::commands::train::load_config(&args.args)?;
     if cfg!(debug_assertions) {
         eprintln!("note: debug build; use `cargo run --release -p agentrl -- bench rollout` for real figures");
     }
