@@ -1,5 +1,6 @@
-//! StarPO-S rollout filtering: keep the groups the policy is most
-//! uncertain about.
+//! Rollout filtering: keep the groups the policy is most uncertain about,
+//! by a fixed share (StarPO-S, [`top_std_groups`]) or by a share of the
+//! batch's reward signal (RAGEN-2's SNR-adaptive filter, [`snr_groups`]).
 
 use crate::error::{AlgoError, Result};
 use crate::stats::{check_len, group_members, unbiased_std};
@@ -62,31 +63,68 @@ pub fn top_std_groups(
     let mut kept_groups: Vec<usize> = ranked.iter().take(k).map(|&(g, _)| g).collect();
     kept_groups.sort_unstable();
 
-    let mean_std = |it: &mut dyn Iterator<Item = f64>| {
-        let (sum, n) = it.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
-        if n == 0 {
-            0.0
-        } else {
-            (sum / n as f64) as f32
+    Ok(GroupFilterResult::of_kept(kept_groups, &stds, group_ids))
+}
+
+/// RAGEN-2's SNR-adaptive filter (arXiv 2604.06268, "linear" top-p mode):
+/// rank the groups by the unbiased std of their **raw** scores, leave out the
+/// zero-variance ones, and keep the smallest prefix of the ranking whose stds
+/// add up to a `top_p` share of all groups' stds.
+///
+/// ```text
+/// s_g       = std_unbiased({ R_i : group_ids[i] = g })
+/// threshold = top_p · Σ_g s_g − eps
+/// keep      = the longest-std groups g_1, g_2, … (s_g > 0) until Σ_kept s ≥ threshold
+/// ```
+///
+/// Unlike StarPO-S's fixed ratio, how many groups survive follows how much
+/// signal the batch has: one decisive group can be the whole update, and a
+/// batch where every group agrees keeps **nothing** (the step is skipped).
+/// `top_p ≥ 1` keeps every group with a nonzero std. Ties keep the smaller
+/// group id first.
+///
+/// # Errors
+/// Length mismatch; [`AlgoError::InvalidParam`] unless `0 < top_p <= 1` and
+/// `eps >= 0` (both finite).
+pub fn snr_groups(
+    raw_scores: &[f32],
+    group_ids: &[usize],
+    top_p: f32,
+    eps: f32,
+) -> Result<GroupFilterResult> {
+    check_len("group_ids", raw_scores.len(), group_ids.len())?;
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(AlgoError::InvalidParam {
+            name: "rollout_filter_top_p",
+            reason: format!("must be in (0, 1], got {top_p}"),
+        });
+    }
+    if !(eps >= 0.0 && eps.is_finite()) {
+        return Err(AlgoError::InvalidParam {
+            name: "rollout_filter_eps",
+            reason: format!("must be finite and >= 0, got {eps}"),
+        });
+    }
+    let stds = group_stds(raw_scores, group_ids);
+    let mut ranked: Vec<(usize, f64)> = stds.iter().copied().filter(|&(_, s)| s > 0.0).collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = ranked.iter().map(|&(_, s)| s).sum();
+    let threshold = top_p as f64 * total - eps as f64;
+    let mut kept_groups = Vec::new();
+    let mut cumulative = 0.0;
+    for &(g, s) in &ranked {
+        if cumulative >= threshold {
+            break;
         }
-    };
-    let std_before = mean_std(&mut stds.iter().map(|&(_, s)| s));
-    let std_after = mean_std(
-        &mut stds
-            .iter()
-            .filter(|(g, _)| kept_groups.binary_search(g).is_ok())
-            .map(|&(_, s)| s),
-    );
-    let kept_mask = group_ids
-        .iter()
-        .map(|g| kept_groups.binary_search(g).is_ok())
-        .collect();
-    Ok(GroupFilterResult {
-        kept_groups,
-        kept_mask,
-        std_before,
-        std_after,
-    })
+        cumulative += s;
+        kept_groups.push(g);
+    }
+    if cumulative < threshold {
+        // Only reachable through rounding at top_p = 1: keep what has signal.
+        kept_groups = ranked.iter().map(|&(g, _)| g).collect();
+    }
+    kept_groups.sort_unstable();
+    Ok(GroupFilterResult::of_kept(kept_groups, &stds, group_ids))
 }
 
 /// (group id, unbiased std of its members' raw scores), in ascending id order.
@@ -101,6 +139,36 @@ fn group_stds(raw_scores: &[f32], group_ids: &[usize]) -> Vec<(usize, f64)> {
 }
 
 impl GroupFilterResult {
+    /// The result of keeping `kept_groups` (ascending) out of groups with
+    /// in-group stds `stds` (ascending ids).
+    fn of_kept(kept_groups: Vec<usize>, stds: &[(usize, f64)], group_ids: &[usize]) -> Self {
+        let mean_std = |it: &mut dyn Iterator<Item = f64>| {
+            let (sum, n) = it.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+            if n == 0 {
+                0.0
+            } else {
+                (sum / n as f64) as f32
+            }
+        };
+        let std_before = mean_std(&mut stds.iter().map(|&(_, s)| s));
+        let std_after = mean_std(
+            &mut stds
+                .iter()
+                .filter(|(g, _)| kept_groups.binary_search(g).is_ok())
+                .map(|&(_, s)| s),
+        );
+        let kept_mask = group_ids
+            .iter()
+            .map(|g| kept_groups.binary_search(g).is_ok())
+            .collect();
+        Self {
+            kept_groups,
+            kept_mask,
+            std_before,
+            std_after,
+        }
+    }
+
     /// The same result without the kept groups whose raw scores all agree
     /// (std 0): they carry no task signal, only whatever penalties differ,
     /// and training on those alone drives the entropy down before any
@@ -112,25 +180,15 @@ impl GroupFilterResult {
     pub fn without_zero_std(self, raw_scores: &[f32], group_ids: &[usize]) -> Result<Self> {
         check_len("group_ids", raw_scores.len(), group_ids.len())?;
         check_len("kept_mask", group_ids.len(), self.kept_mask.len())?;
-        let stds: Vec<(usize, f64)> = group_stds(raw_scores, group_ids)
-            .into_iter()
-            .filter(|&(g, _)| self.kept_groups.binary_search(&g).is_ok())
-            .filter(|&(_, s)| s > 0.0)
-            .collect();
-        let kept_groups: Vec<usize> = stds.iter().map(|&(g, _)| g).collect();
-        let std_after = match stds.len() {
-            0 => 0.0,
-            n => (stds.iter().map(|&(_, s)| s).sum::<f64>() / n as f64) as f32,
-        };
-        let kept_mask = group_ids
+        let stds = group_stds(raw_scores, group_ids);
+        let kept_groups: Vec<usize> = stds
             .iter()
-            .map(|g| kept_groups.binary_search(g).is_ok())
+            .filter(|&&(g, s)| s > 0.0 && self.kept_groups.binary_search(&g).is_ok())
+            .map(|&(g, _)| g)
             .collect();
         Ok(Self {
-            kept_groups,
-            kept_mask,
             std_before: self.std_before,
-            std_after,
+            ..Self::of_kept(kept_groups, &stds, group_ids)
         })
     }
 }
@@ -224,6 +282,59 @@ mod tests {
         let ids: Vec<usize> = (0..20).map(|i| 9 - i / 2).collect();
         let f = top_std_groups(&scores, &ids, 0.3).unwrap();
         assert_eq!(f.kept_groups, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn snr_keeps_the_top_p_share_of_the_signal() {
+        // stds: g2 7.071068, g0 0.707107, g3 0.353553, g1 0 → total 8.131728.
+        let (s, g) = example();
+        // 0.9 · 8.131728 − 0.01 = 7.308555: g2 alone (7.071) is short, + g0 reaches 7.778.
+        let f = snr_groups(&s, &g, 0.9, 0.01).unwrap();
+        assert_eq!(f.kept_groups, vec![0, 2]);
+        assert_eq!(
+            f.kept_mask,
+            vec![true, true, false, false, true, true, false, false]
+        );
+        assert!((f.std_before - 2.032932).abs() < 1e-5);
+        assert!((f.std_after - 3.889087).abs() < 1e-5);
+        // 0.8 · 8.131728 − 0.01 = 6.495: g2 alone suffices.
+        assert_eq!(snr_groups(&s, &g, 0.8, 0.01).unwrap().kept_groups, vec![2]);
+        // top_p = 1 keeps every group with signal, never the zero-std g1.
+        assert_eq!(
+            snr_groups(&s, &g, 1.0, 0.0).unwrap().kept_groups,
+            vec![0, 2, 3]
+        );
+    }
+
+    #[test]
+    fn snr_keeps_nothing_when_no_group_has_signal() {
+        let f = snr_groups(&[1.0, 1.0, 0.0, 0.0], &[0, 0, 1, 1], 0.9, 0.01).unwrap();
+        assert!(f.kept_groups.is_empty());
+        assert_eq!(f.kept_mask, vec![false; 4]);
+        assert_eq!((f.std_before, f.std_after), (0.0, 0.0));
+    }
+
+    #[test]
+    fn snr_breaks_ties_by_group_id() {
+        // Three groups of std 0.707107 each; 0.5 of the total needs two of them.
+        let f = snr_groups(
+            &[0.0, 1.0, 1.0, 0.0, 0.0, 1.0],
+            &[2, 2, 1, 1, 0, 0],
+            0.5,
+            0.0,
+        )
+        .unwrap();
+        assert_eq!(f.kept_groups, vec![0, 1]);
+    }
+
+    #[test]
+    fn snr_rejects_bad_parameters() {
+        let (s, g) = example();
+        assert!(snr_groups(&s, &g, 0.0, 0.01).is_err());
+        assert!(snr_groups(&s, &g, 1.5, 0.01).is_err());
+        assert!(snr_groups(&s, &g, 0.9, -1.0).is_err());
+        assert!(snr_groups(&s, &g, 0.9, f32::NAN).is_err());
+        assert!(snr_groups(&s[..3], &g, 0.9, 0.01).is_err());
     }
 
     #[test]

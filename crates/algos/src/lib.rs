@@ -3,7 +3,7 @@
 //! - [`advantage`]: GAE (token-level and bi-level), GRPO / Dr.GRPO, RLOO,
 //!   REINFORCE++, GiGPO, and helpers to spread advantages onto tokens — on
 //!   plain `f32` slices.
-//! - [`filter`]: the StarPO-S top-std group filter.
+//! - [`filter`]: the StarPO-S top-std group filter and RAGEN-2's SNR-adaptive one.
 //! - [`loss`]: PPO clipped policy loss (ε_low / ε_high, dual clip), KL
 //!   estimators k1/k2/k3, clipped value loss, entropy, loss aggregation — on
 //!   candle tensors `[B, T]`.
@@ -64,7 +64,7 @@ pub use advantage::{
     turns_to_tokens, BiLevelGaeConfig, GaeOutput, GRPO_EPS,
 };
 pub use error::{AlgoError, Result};
-pub use filter::{top_std_groups, GroupFilterResult};
+pub use filter::{snr_groups, top_std_groups, GroupFilterResult};
 pub use loss::{
     aggregate, entropy_bonus, entropy_from_logits, kl_penalty, ppo_policy_loss, ragged_to_tensor,
     value_loss, KlKind, LossAgg, PolicyLoss, PpoClip, ValueLoss,

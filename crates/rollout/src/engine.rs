@@ -19,6 +19,16 @@ use crate::trajectory::{Trajectory, Turn};
 /// RAGEN's system prompt.
 pub const SYSTEM_PROMPT: &str = "You're a helpful assistant.";
 
+/// The rollout filter of `[rollout] rollout_filter_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupFilterType {
+    /// StarPO-S: a fixed share of groups by in-group reward std.
+    Std,
+    /// RAGEN-2's SNR-adaptive filter: a top-p share of the reward signal.
+    Snr,
+}
+
 /// How trajectories are played (the `[rollout]` config section, verl/RAGEN names).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -45,8 +55,15 @@ pub struct RolloutConfig {
     pub show_valid_actions: bool,
     /// Feed the last turn's reward back in the next observation.
     pub feed_reward: bool,
-    /// StarPO-S: keep this fraction of groups with the highest reward std.
+    /// Which group filter picks the groups the update trains on.
+    pub rollout_filter_type: GroupFilterType,
+    /// `std` (StarPO-S): keep this fraction of groups with the highest reward std.
     pub rollout_filter_ratio: f32,
+    /// `snr` (RAGEN-2): keep the highest-std groups that carry this share of
+    /// the batch's summed in-group std (zero-std groups never kept).
+    pub rollout_filter_top_p: f32,
+    /// `snr`: slack subtracted from the share's threshold.
+    pub rollout_filter_eps: f32,
     /// Of the kept groups, drop those whose raw rewards all agree (std 0):
     /// no task signal, only penalties, which collapse the entropy before a
     /// first success is found.
@@ -73,7 +90,10 @@ impl Default for RolloutConfig {
             format_penalty: -0.1,
             show_valid_actions: false,
             feed_reward: true,
+            rollout_filter_type: GroupFilterType::Std,
             rollout_filter_ratio: 0.25,
+            rollout_filter_top_p: 0.9,
+            rollout_filter_eps: 0.01,
             drop_zero_std_groups: false,
             kv_cache_reuse: true,
         }

@@ -23,8 +23,8 @@ pub mod trajectory;
 pub use actor::{Expert, ExpertActor, PolicyActor, Random, RandomActor, Scripted, ScriptedPlayer};
 pub use codec::{ChatCodec, CodecError};
 pub use engine::{
-    expert_demonstrations, play_episodes, run_rollouts, Actor, Play, Reply, RolloutConfig,
-    RolloutError, Seat, SYSTEM_PROMPT,
+    expert_demonstrations, play_episodes, run_rollouts, Actor, GroupFilterType, Play, Reply,
+    RolloutConfig, RolloutError, Seat, SYSTEM_PROMPT,
 };
 pub use format::{FormatError, ReplyFormat};
 pub use policy::{Generation, Policy, PolicyError, SamplingParams};

@@ -10,6 +10,8 @@ use agentrl_rollout::RolloutConfig;
 use agentrl_tokenizer::{MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB};
 use serde::{Deserialize, Serialize};
 
+use crate::collapse::CollapseConfig;
+
 /// The embedded default: a tiny model, SFT warm start, GRPO + StarPO-S.
 pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/default.toml");
 
@@ -54,6 +56,9 @@ pub struct TrainConfig {
     pub env: EnvSection,
     #[serde(default)]
     pub sft: SftSection,
+    /// The Echo Trap watch's thresholds.
+    #[serde(default)]
+    pub collapse: CollapseConfig,
 }
 
 fn default_name() -> String {
@@ -466,6 +471,9 @@ impl TrainConfig {
         self.check_trainer(&mut p);
         self.check_env(&mut p);
         self.check_sft(&mut p);
+        for (key, message) in self.collapse.problems() {
+            p.add(key, message);
+        }
         p.0
     }
 
@@ -591,6 +599,20 @@ impl TrainConfig {
             p.add(
                 "rollout.rollout_filter_ratio",
                 format!("{ratio} must be in (0, 1]"),
+            );
+        }
+        let top_p = r.rollout_filter_top_p as f64;
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            p.add(
+                "rollout.rollout_filter_top_p",
+                format!("{top_p} must be in (0, 1]"),
+            );
+        }
+        let eps = r.rollout_filter_eps as f64;
+        if !(eps.is_finite() && eps >= 0.0) {
+            p.add(
+                "rollout.rollout_filter_eps",
+                format!("{eps} must be a finite number >= 0"),
             );
         }
     }

@@ -4,6 +4,7 @@
 pub mod advantages;
 pub mod batch;
 pub mod bootstrap;
+pub mod collapse;
 pub mod config;
 pub mod evaluate;
 pub mod local_policy;

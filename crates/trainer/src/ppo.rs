@@ -7,7 +7,7 @@ use agentrl_model::{clip_grad_norm, AdamW, PolicyModel};
 use candle_core::{Tensor, Var};
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::advantages::Targets;
 use crate::batch::{padded, PpoBatch};
@@ -48,7 +48,7 @@ pub struct StepLr {
 
 /// Figures of one update, per mini-batch or (from [`UpdateTotals::mean`])
 /// averaged over all of them. Written to `metrics.jsonl` with the step's.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct UpdateStats {
     /// Entropy of the policy on its own tokens.
     pub entropy: f64,

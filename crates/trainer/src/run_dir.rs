@@ -200,6 +200,26 @@ impl RunDir {
         self.append_line("metrics.jsonl", &serde_json::Value::Object(line))
     }
 
+    /// The `"kind": "train"` records of `metrics.jsonl`, in order (none when
+    /// the file does not exist yet).
+    pub fn train_records(&self) -> Result<Vec<serde_json::Value>, RunDirError> {
+        let p = self.path.join("metrics.jsonl");
+        if !p.exists() {
+            return Ok(Vec::new());
+        }
+        let f = File::open(&p).map_err(|e| err(&p, e))?;
+        let mut records = Vec::new();
+        for (i, line) in BufReader::new(f).lines().enumerate() {
+            let line = line.map_err(|e| err(&p, e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&line).map_err(|e| err(&p, format!("line {}: {e}", i + 1)))?;
+            if v.get("kind").and_then(|k| k.as_str()) == Some("train") {
+                records.push(v);
+            }
+        }
+        Ok(records)
+    }
+
     pub fn log_trajectory(&self, value: &serde_json::Value) -> Result<(), RunDirError> {
         self.append_line("trajectories.jsonl", value)
     }

@@ -17,7 +17,7 @@ use std::time::Instant;
 use agentrl_algos as algos;
 use agentrl_env_core::{stable_hash, Env, EnvError, EnvParams, Split, TaskSpec, SPLIT_STRIDE};
 use agentrl_model::{AdamW, AdamWConfig, PolicyModel};
-use agentrl_rollout::{run_rollouts, PolicyActor, SamplingParams, Trajectory};
+use agentrl_rollout::{run_rollouts, GroupFilterType, PolicyActor, SamplingParams, Trajectory};
 use agentrl_tokenizer::ChatTokenizer;
 use candle_core::{Device, Var};
 use rand::{Rng, SeedableRng};
@@ -27,6 +27,7 @@ use serde_json::json;
 use crate::advantages;
 use crate::batch::{PpoBatch, Scoring};
 use crate::bootstrap::starting_policy;
+use crate::collapse::{CollapseSignal, CollapseWatch, StepSignals};
 use crate::config::TrainConfig;
 use crate::evaluate::{evaluate, EnvMaker, EvalPlan, EvalStats};
 use crate::local_policy::LocalPolicy;
@@ -66,11 +67,20 @@ pub struct Summary {
     pub after_greedy: Option<EvalStats>,
     /// The best validation along the run; its weights are in `checkpoints/best`.
     pub best: Option<BestCheckpoint>,
+    /// Every collapse signal the watch raised, with the step it rose at.
+    pub collapse_warnings: Vec<CollapseWarning>,
     pub run_dir: PathBuf,
 }
 
+/// A collapse signal raised at an RL step.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CollapseWarning {
+    pub step: usize,
+    pub signal: CollapseSignal,
+}
+
 /// Figures of one RL step, written to `metrics.jsonl`.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct StepMetrics {
     pub step: usize,
     pub success: f64,
@@ -90,6 +100,22 @@ pub struct StepMetrics {
     pub format_error_rate: f64,
     pub rollout_seconds: f64,
     pub update_seconds: f64,
+    /// The collapse signals that hold after this step.
+    #[serde(default)]
+    pub collapse: Vec<CollapseSignal>,
+}
+
+impl StepMetrics {
+    /// What the collapse watch reads of this step.
+    fn signals(&self) -> StepSignals {
+        let u = &self.update;
+        StepSignals {
+            in_group_std: self.in_group_std_before as f64,
+            success: self.success,
+            // A skipped update reports zeros: nothing was measured.
+            update: (u.entropy != 0.0 || u.grad_norm != 0.0).then_some((u.entropy, u.grad_norm)),
+        }
+    }
 }
 
 /// This step's environments and the group of each.
@@ -105,6 +131,8 @@ pub struct Trainer {
     opts: Optimizers,
     pub state: TrainerState,
     device: Device,
+    watch: CollapseWatch,
+    warnings: Vec<CollapseWarning>,
 }
 
 fn uses_critic(cfg: &TrainConfig) -> bool {
@@ -189,6 +217,7 @@ impl Trainer {
         let make = env_maker(&cfg);
         progress.message("creating tokenizer and model");
         let (tokenizer, model) = starting_policy(&cfg, make.as_ref(), uses_critic(&cfg), &device)?;
+        let watch = CollapseWatch::new(cfg.collapse.clone());
         let opts = Self::optimizers(&cfg, &model)?;
         let mut t = Trainer {
             cfg,
@@ -198,6 +227,8 @@ impl Trainer {
             reference: None,
             opts,
             state: TrainerState::default(),
+            watch,
+            warnings: Vec::new(),
             device,
         };
         if t.cfg.sft.demos > 0 && t.cfg.sft.epochs > 0 {
@@ -252,6 +283,22 @@ impl Trainer {
         } else {
             None
         };
+        // The watch's memory is the run's own log: replay the kept steps.
+        let mut watch = CollapseWatch::new(cfg.collapse.clone());
+        let mut warnings = Vec::new();
+        for record in run.train_records()? {
+            let m: StepMetrics = serde_json::from_value(record).map_err(|e| {
+                TrainError::Checkpoint(format!(
+                    "metrics.jsonl: a train record does not read back: {e}"
+                ))
+            })?;
+            for signal in watch.observe(m.signals()) {
+                warnings.push(CollapseWarning {
+                    step: m.step,
+                    signal,
+                });
+            }
+        }
         Ok(Trainer {
             cfg,
             run,
@@ -261,6 +308,8 @@ impl Trainer {
             opts,
             state,
             device,
+            watch,
+            warnings,
         })
     }
 
@@ -470,7 +519,13 @@ impl Trainer {
         progress.advance(self.state.step, "");
         while self.state.step < total {
             let step = self.state.step + 1;
-            let m = self.rl_step(step)?;
+            let mut m = self.rl_step(step)?;
+            for signal in self.watch.observe(m.signals()) {
+                let text = format!("step {step}: collapse warning: {}", signal.describe());
+                progress.message(&text);
+                self.warnings.push(CollapseWarning { step, signal });
+            }
+            m.collapse = self.watch.active().to_vec();
             self.run.log_record(&m, &[("kind", json!("train"))])?;
             self.state.step = step;
             if m.in_group_std_before == 0.0 {
@@ -526,6 +581,7 @@ impl Trainer {
             before_greedy: self.state.before_greedy.clone(),
             after_greedy,
             best: self.state.best.clone(),
+            collapse_warnings: self.warnings.clone(),
             run_dir: self.run.path.clone(),
         };
         self.run.write_summary(&summary)?;
@@ -576,10 +632,16 @@ impl Trainer {
             self.log_trajectory(step, "train", t)?;
         }
 
-        // StarPO-S: keep the groups whose raw rewards disagree most.
+        // Keep the groups whose raw rewards disagree most (StarPO-S's fixed
+        // share, or RAGEN-2's share of the signal).
         let raw: Vec<f32> = trajs.iter().map(Trajectory::raw_score).collect();
-        let mut filter =
-            algos::top_std_groups(&raw, &groups, self.cfg.rollout.rollout_filter_ratio)?;
+        let r = &self.cfg.rollout;
+        let mut filter = match r.rollout_filter_type {
+            GroupFilterType::Std => algos::top_std_groups(&raw, &groups, r.rollout_filter_ratio)?,
+            GroupFilterType::Snr => {
+                algos::snr_groups(&raw, &groups, r.rollout_filter_top_p, r.rollout_filter_eps)?
+            }
+        };
         if self.cfg.rollout.drop_zero_std_groups {
             filter = filter.without_zero_std(&raw, &groups)?;
         }

@@ -6,4 +6,5 @@ pub mod eval;
 pub mod generate;
 pub mod play;
 pub mod serve;
+pub mod study;
 pub mod train;

@@ -30,9 +30,16 @@ pub struct TrainArgs {
 }
 
 /// indicatif bars on stderr, one per phase.
-struct Bars {
+pub struct Bars {
     bar: Option<ProgressBar>,
     quiet: bool,
+}
+
+impl Bars {
+    /// Bars, or log lines only with `quiet`.
+    pub fn new(quiet: bool) -> Self {
+        Self { bar: None, quiet }
+    }
 }
 
 impl Progress for Bars {
@@ -77,10 +84,7 @@ impl Progress for Bars {
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
-    let mut bars = Bars {
-        bar: None,
-        quiet: args.quiet,
-    };
+    let mut bars = Bars::new(args.quiet);
     let mut trainer = if let Some(dir) = &args.resume {
         anyhow::ensure!(
             args.args.is_empty(),
