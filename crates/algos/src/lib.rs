@@ -4,6 +4,7 @@
 //!   REINFORCE++, GiGPO, and helpers to spread advantages onto tokens — on
 //!   plain `f32` slices.
 //! - [`filter`]: the StarPO-S top-std group filter and RAGEN-2's SNR-adaptive one.
+//! - [`template_collapse`]: RAGEN-2's H(Z|X) and I(X;Z) diagnostics.
 //! - [`loss`]: PPO clipped policy loss (ε_low / ε_high, dual clip), KL
 //!   estimators k1/k2/k3, clipped value loss, entropy, loss aggregation — on
 //!   candle tensors `[B, T]`.
@@ -57,6 +58,7 @@ pub mod error;
 pub mod filter;
 pub mod loss;
 pub mod stats;
+pub mod template_collapse;
 
 pub use advantage::gae::masks_from_turn_ids;
 pub use advantage::{
@@ -70,6 +72,7 @@ pub use loss::{
     value_loss, KlKind, LossAgg, PolicyLoss, PpoClip, ValueLoss,
 };
 pub use stats::{explained_variance, masked_mean, masked_whiten, unbiased_std};
+pub use template_collapse::{template_collapse, TemplateCollapse};
 
 /// Which advantage estimator the trainer uses (verl `algorithm.adv_estimator`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]

@@ -186,7 +186,7 @@ fn print_config_shows_the_resolved_default() {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("seed = 9"), "{text}");
-    assert!(text.contains("adv_estimator = \"grpo\""), "{text}");
+    assert!(text.contains("adv_estimator = \"gigpo\""), "{text}");
 }
 
 #[test]

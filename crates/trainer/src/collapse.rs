@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::template_collapse::MiTarget;
+
 /// Thresholds of the watch (the `[collapse]` config section).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -24,6 +26,14 @@ pub struct CollapseConfig {
     /// Success drop: the window's mean training success fell this far (in
     /// success-rate units) below the best window so far.
     pub success_drop: f64,
+    /// RAGEN-2's template-collapse diagnostics (H(Z|X), I(X;Z)) every this
+    /// many steps (0 = never); they cost one no-grad pass over
+    /// `mi_samples` × (distinct prompts) short sequences.
+    pub mi_every: usize,
+    /// (prompt, reasoning) pairs per estimate.
+    pub mi_samples: usize,
+    /// What Z is: `reasoning` (RAGEN-2) or `reply`.
+    pub mi_target: MiTarget,
 }
 
 impl Default for CollapseConfig {
@@ -34,6 +44,9 @@ impl Default for CollapseConfig {
             entropy_ratio: 0.3,
             grad_norm_spike: 5.0,
             success_drop: 0.2,
+            mi_every: 10,
+            mi_samples: 16,
+            mi_target: MiTarget::Reasoning,
         }
     }
 }

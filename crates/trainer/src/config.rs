@@ -781,7 +781,12 @@ mod tests {
     #[test]
     fn embedded_default_parses() {
         let c = TrainConfig::load(None, &[]).unwrap();
-        assert_eq!(c.algorithm.adv_estimator, AdvEstimator::Grpo);
+        assert_eq!(c.algorithm.adv_estimator, AdvEstimator::Gigpo);
+        assert!(!c.algorithm.norm_adv_by_std_in_grpo);
+        assert_eq!(
+            c.collapse.mi_target,
+            crate::template_collapse::MiTarget::Reply
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod policy_dir;
 pub mod ppo;
 pub mod run_dir;
 pub mod sft;
+pub mod template_collapse;
 pub mod trainer;
 
 pub use config::{ConfigError, TrainConfig};

@@ -33,6 +33,7 @@ use crate::evaluate::{evaluate, EnvMaker, EvalPlan, EvalStats};
 use crate::local_policy::LocalPolicy;
 use crate::ppo::{ppo_update, split_value_head, Optimizers, StepLr, UpdateStats};
 use crate::run_dir::{BestCheckpoint, RunDir, TrainerState};
+use crate::template_collapse;
 use crate::{sft, TrainError};
 
 /// How a run reports progress to the person watching.
@@ -103,6 +104,10 @@ pub struct StepMetrics {
     /// The collapse signals that hold after this step.
     #[serde(default)]
     pub collapse: Vec<CollapseSignal>,
+    /// RAGEN-2's template-collapse diagnostics of this step's first turns
+    /// (with `collapse.mi_every`; absent when not measured or not measurable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_collapse: Option<algos::TemplateCollapse>,
 }
 
 impl StepMetrics {
@@ -647,6 +652,17 @@ impl Trainer {
         }
         let lr = rl_learning_rates(&self.cfg, step);
         let mut m = StepMetrics::of_rollouts(step, &trajs, &filter);
+        let every = self.cfg.collapse.mi_every;
+        if every > 0 && step.is_multiple_of(every) {
+            m.template_collapse = template_collapse::measure(
+                &self.model,
+                &self.tokenizer,
+                &trajs,
+                self.cfg.collapse.mi_target,
+                self.cfg.collapse.mi_samples,
+                &mut step_rng(seed, step, "template_collapse"),
+            )?;
+        }
         m.rollout_seconds = rollout_seconds;
         m.lr = lr.actor;
         let kept: Vec<Trajectory> = trajs
