@@ -78,10 +78,14 @@ const ARMS: [Arm; 2] = [
     },
 ];
 
-/// The study's length: `--quick` or the full run.
-fn length_overrides(quick: bool) -> &'static [&'static str] {
+/// What both arms share over the config: RAGEN's Echo Trap is a GRPO
+/// phenomenon (`algorithm.adv_estimator=gae` after these makes it PPO's),
+/// and the study's length, `--quick` or the full run.
+fn study_overrides(quick: bool) -> &'static [&'static str] {
     if quick {
         &[
+            "algorithm.adv_estimator=grpo",
+            "algorithm.norm_adv_by_std_in_grpo=true",
             "trainer.total_training_steps=40",
             "trainer.test_freq=10",
             "trainer.save_freq=0",
@@ -90,6 +94,8 @@ fn length_overrides(quick: bool) -> &'static [&'static str] {
         ]
     } else {
         &[
+            "algorithm.adv_estimator=grpo",
+            "algorithm.norm_adv_by_std_in_grpo=true",
             "trainer.total_training_steps=200",
             "trainer.test_freq=20",
             "trainer.save_freq=50",
@@ -111,10 +117,11 @@ fn echo_trap(args: EchoTrapArgs) -> anyhow::Result<()> {
     };
     let mut configs = Vec::new();
     for arm in &ARMS {
-        // Order: the config, the study's length, the arm, then the user's
-        // overrides (so `trainer.total_training_steps=…` still wins).
+        // Order: the config, the study's shared overrides, the arm, then the
+        // user's (so `trainer.total_training_steps=…` or
+        // `algorithm.adv_estimator=gae` still win).
         let mut a = base.clone();
-        a.extend(length_overrides(args.quick).iter().map(|s| s.to_string()));
+        a.extend(study_overrides(args.quick).iter().map(|s| s.to_string()));
         a.extend(arm.overrides.iter().map(|s| s.to_string()));
         a.extend(user.iter().cloned());
         let cfg = load_config(&a).with_context(|| format!("the {} arm's config", arm.name))?;
@@ -294,7 +301,7 @@ mod tests {
     fn arms_differ_only_in_the_echo_trap_knobs_and_both_load() {
         for quick in [true, false] {
             for arm in &ARMS {
-                let mut a: Vec<String> = length_overrides(quick)
+                let mut a: Vec<String> = study_overrides(quick)
                     .iter()
                     .map(|s| s.to_string())
                     .collect();
@@ -326,6 +333,15 @@ mod tests {
         assert!(!starpo.actor.use_kl_loss);
         assert!(starpo.actor.clip_ratio_high > starpo.actor.clip_ratio_low);
         assert_eq!(vanilla.trainer.seed, starpo.trainer.seed);
+        let shared: Vec<String> = study_overrides(true)
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let cfg = load_config(&shared).unwrap();
+        assert_eq!(
+            cfg.algorithm.adv_estimator,
+            agentrl_algos::AdvEstimator::Grpo
+        );
     }
 
     #[test]
