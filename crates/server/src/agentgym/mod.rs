@@ -213,23 +213,29 @@ fn body_json(bytes: &Bytes) -> Result<Value, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| body_error(&e))
 }
 
+/// An answer given before the request reached a session (a 422, an unknown
+/// id), boxed: a `Response` is large for the `Err` of a `Result`.
+type Early = Box<Response>;
+
 /// A required integer field of the body, or FastAPI's 422.
-fn int_field(body: &Value, key: &str) -> Result<u64, Response> {
+fn int_field(body: &Value, key: &str) -> Result<u64, Early> {
     match body.get(key) {
-        None | Some(Value::Null) if body.is_null() => Err(missing(&["body"], body)),
-        None | Some(Value::Null) => Err(missing(&["body", key], body)),
-        Some(v) => v.as_u64().ok_or_else(|| not_an_int(&["body", key], v)),
+        None | Some(Value::Null) if body.is_null() => Err(Box::new(missing(&["body"], body))),
+        None | Some(Value::Null) => Err(Box::new(missing(&["body", key], body))),
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| Box::new(not_an_int(&["body", key], v))),
     }
 }
 
 /// An optional integer field of the body.
-fn opt_int_field(body: &Value, key: &str) -> Result<Option<u64>, Response> {
+fn opt_int_field(body: &Value, key: &str) -> Result<Option<u64>, Early> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
             .as_u64()
             .map(Some)
-            .ok_or_else(|| not_an_int(&["body", key], v)),
+            .ok_or_else(|| Box::new(not_an_int(&["body", key], v))),
     }
 }
 
@@ -272,7 +278,7 @@ fn target(st: &AppState, flavor: Flavor, env: &str, body: Value) -> Target {
     }
     let id = match int_field(&body, flavor.id_key()) {
         Ok(id) => id,
-        Err(r) => return Target::Done(r),
+        Err(r) => return Target::Done(*r),
     };
     match find_session(st, env, id) {
         None => Target::Done(unknown_session(flavor, id)),
@@ -287,17 +293,17 @@ fn query_target(
     flavor: Flavor,
     env: &str,
     query: &HashMap<String, String>,
-) -> Result<(Arc<Session>, SessionId), Response> {
+) -> Result<(Arc<Session>, SessionId), Early> {
     let key = flavor.id_key();
     let raw = query
         .get(key)
-        .ok_or_else(|| missing(&["query", key], &Value::Null))?;
+        .ok_or_else(|| Box::new(missing(&["query", key], &Value::Null)))?;
     let id: SessionId = raw
         .parse()
-        .map_err(|_| not_an_int(&["query", key], &Value::from(raw.as_str())))?;
+        .map_err(|_| Box::new(not_an_int(&["query", key], &Value::from(raw.as_str()))))?;
     find_session(st, env, id)
         .map(|s| (s, id))
-        .ok_or_else(|| unknown_session(flavor, id))
+        .ok_or_else(|| Box::new(unknown_session(flavor, id)))
 }
 
 // ---------------------------------------------------------------- create
@@ -334,7 +340,7 @@ pub(crate) async fn create(
         }
         Flavor::SearchQa => match int_field(&body, "id") {
             Ok(item) => item,
-            Err(r) => return Ok(r),
+            Err(r) => return Ok(*r),
         },
         _ => 0,
     };
@@ -397,11 +403,11 @@ pub(crate) async fn reset(
     let index = match flavor {
         Flavor::BabyAi => match int_field(&body, "data_idx") {
             Ok(i) => Some(i),
-            Err(r) => return Ok(r),
+            Err(r) => return Ok(*r),
         },
         Flavor::TextCraft => match opt_int_field(&body, "data_idx") {
             Ok(i) => Some(i.unwrap_or(0)),
-            Err(r) => return Ok(r),
+            Err(r) => return Ok(*r),
         },
         Flavor::AlfWorld => {
             let absent: Vec<&str> = ["game", "world_type"]
@@ -429,21 +435,21 @@ pub(crate) async fn reset(
             }
             match int_field(&body, "game") {
                 Ok(i) => Some(i),
-                Err(r) => return Ok(r),
+                Err(r) => return Ok(*r),
             }
         }
         Flavor::WebShop => match opt_int_field(&body, "session_id") {
             Ok(i) => Some(i.unwrap_or(0)),
-            Err(r) => return Ok(r),
+            Err(r) => return Ok(*r),
         },
         Flavor::SearchQa => match opt_int_field(&body, "id") {
             Ok(Some(i)) => Some(i),
             Ok(None) => return Ok(internal("reset needs the item id 'id'")),
-            Err(r) => return Ok(r),
+            Err(r) => return Ok(*r),
         },
         Flavor::Generic => match opt_int_field(&body, "data_idx") {
             Ok(i) => i,
-            Err(r) => return Ok(r),
+            Err(r) => return Ok(*r),
         },
     };
     let default = st.operator_params.default_difficulty(&desc);
@@ -692,7 +698,7 @@ pub(crate) async fn close(
     }
     let id = match int_field(&body, flavor.id_key()) {
         Ok(id) => id,
-        Err(r) => return Ok(r),
+        Err(r) => return Ok(*r),
     };
     match find_session(&st, desc.name, id) {
         Some(_) => Ok(ok(json!(st.sessions.remove(id).is_some()))),
@@ -772,7 +778,7 @@ async fn read(
         Some(s) => s,
         None => match query_target(st, flavor, desc.name, query) {
             Ok((s, _)) => s,
-            Err(r) => return Ok(r),
+            Err(r) => return Ok(*r),
         },
     };
     let guard = session.state.lock().await;
