@@ -84,6 +84,14 @@ class Recorder:
         self.requests.post = self._post
         self.requests.get = self._get
 
+    def last_session_id(self) -> Any:
+        """The id the last successful ``/create`` answered (``{"id"}`` or bare)."""
+        for e in reversed(self.entries):
+            if e.get("path") == "/create" and e.get("status") == 200:
+                body = e.get("response")
+                return body.get("id") if isinstance(body, dict) else body
+        return None
+
     def set_phase(self, phase: str) -> None:
         self.phase = phase
 
@@ -296,6 +304,33 @@ class SearchQAPolicy:
         return f"<search> {self.question} </search>"
 
 
+class ExpertPolicy:
+    """``--policy expert``, for ``--target agentrl``: every action is the one
+    ``agentrl serve``'s expert gives for the session the client created last
+    (``GET /expert_action?id=``, not recorded), written as the env's client
+    expects it. The scripted policies above read AgentGym's observation
+    wording, which agentrl's envs do not copy."""
+
+    def __init__(self, rec: Recorder, env: str) -> None:
+        self.rec = rec
+        self.env = env
+
+    def start(self, observation: str) -> None:
+        pass
+
+    def act(self, observation: str) -> str:
+        sid = self.rec.last_session_id()
+        resp = self.rec._get(f"{self.rec.base}/expert_action", params={"id": sid}, timeout=TIMEOUT_S)
+        action = resp.json().get("action") if resp.status_code == 200 else None
+        if not action:
+            return "look"
+        if self.env == "searchqa":
+            m = re.match(r"(search|answer)\[(.*)\]$", action, re.S)
+            if m:
+                return f"<{m.group(1)}> {m.group(2)} </{m.group(1)}>"
+        return action
+
+
 def think_then(action: str) -> str:
     """A reply in SearchQA's own format (its client sends the reply as is)."""
     return f"<think>I follow my plan.</think>\n{action}"
@@ -340,12 +375,17 @@ class EnvCase:
 class Scenario:
     """Runs one env's scenario against a base URL and records it."""
 
-    def __init__(self, case: EnvCase, base: str, agentenv: Any, requests_module: Any) -> None:
+    def __init__(
+        self, case: EnvCase, base: str, agentenv: Any, requests_module: Any, expert: bool = False
+    ) -> None:
         self.case = case
         self.base = base.rstrip("/")
         self.envs = agentenv
         self.requests = requests_module
         self.rec = Recorder(requests_module, self.base)
+        self.make_policy: Callable[[], Any] = (
+            (lambda: ExpertPolicy(self.rec, case.name)) if expert else case.make_policy
+        )
 
     # ----- helpers
 
@@ -392,7 +432,7 @@ class Scenario:
             return
         self.attempt("client.reset", lambda: client.reset(case.reset_idx))
         ok, observation = self.attempt("client.observe", client.observe)
-        policy = case.make_policy()
+        policy = self.make_policy()
         observation = observation if isinstance(observation, str) else ""
         policy.start(observation)
         # One valid step, then an invalid action, then on to done.
@@ -427,7 +467,7 @@ class Scenario:
     def task_loop(self) -> None:
         case = self.case
         task_cls = getattr(self.envs, f"{case.prefix}Task")
-        agent = make_scripted_agent(case.make_policy(), case.reply)
+        agent = make_scripted_agent(self.make_policy(), case.reply)
         client_args = {"env_server_base": self.base, "data_len": 1, "timeout": TIMEOUT_S}
         ok, task = self.attempt(
             "task.create", lambda: task_cls(client_args=client_args, n_clients=1), describe=False
@@ -745,6 +785,30 @@ def start_agentrl_server(binary: Path, logs: Path) -> tuple[Server, str]:
 # --------------------------------------------------------------------- main
 
 
+def judge(entries: list[dict[str, Any]]) -> list[str]:
+    """What kept the client scenario and BaseTask's loop from a clean run:
+    a client exception outside the probes, no episode end, no experience."""
+    # A step after done raises in BabyAI's and ALFWorld's clients against
+    # AgentGym's own servers too (their `{"error": …}` has no observation).
+    problems = [
+        f"{e['phase']}: {e['client_exception']}"
+        for e in entries
+        if "client_exception" in e
+        and not e["phase"].startswith("probe.")
+        and e["phase"] != "client.step.after_done"
+    ]
+    if not any(e.get("phase") == "client.step.after_done" for e in entries):
+        problems.append("the client's episode never reached done")
+    experience = [
+        e["client_returned"]
+        for e in entries
+        if e.get("phase") == "task.generate_experience" and "client_returned" in e
+    ]
+    if not experience:
+        problems.append("BaseTask.generate_experience returned nothing")
+    return problems
+
+
 def agentgym_commit(agentgym: Path) -> Optional[str]:
     marker = agentgym / "COMMIT"
     if marker.exists():
@@ -774,6 +838,12 @@ def main() -> int:
     ap.add_argument("--agentgym", type=Path, required=True, help="an AgentGym checkout (its repo root)")
     ap.add_argument("--target", choices=["agentgym", "agentrl"], default="agentgym")
     ap.add_argument("--agentrl-bin", type=Path, default=REPO_ROOT / "target" / "debug" / "agentrl")
+    ap.add_argument(
+        "--policy",
+        choices=["scripted", "expert"],
+        default="scripted",
+        help="expert (with --target agentrl): actions from agentrl serve's GET /expert_action",
+    )
     ap.add_argument("--envs", default=None, help="comma-separated; default: all the target can run")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--logs", type=Path, default=Path("/tmp/agentgym-capture-logs"))
@@ -792,6 +862,8 @@ def main() -> int:
     out = args.out or (DEFAULT_OUT if args.target == "agentgym" else None)
     if out is None:
         ap.error("--out is required with --target agentrl")
+    if args.policy == "expert" and args.target != "agentrl":
+        ap.error("--policy expert needs --target agentrl (AgentGym's servers have no expert)")
     out.mkdir(parents=True, exist_ok=True)
     args.logs.mkdir(parents=True, exist_ok=True)
 
@@ -815,7 +887,9 @@ def main() -> int:
             else:
                 base = f"{shared[1]}/{name}"
             try:
-                entries = Scenario(case, base, agentenv_envs, requests).run()
+                entries = Scenario(
+                    case, base, agentenv_envs, requests, expert=args.policy == "expert"
+                ).run()
             except Exception:
                 traceback.print_exc()
                 failures += 1
@@ -841,6 +915,9 @@ def main() -> int:
             path = out / f"{name}.json"
             path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
             print(f"{name}: {len(entries)} entries -> {path} ({path.stat().st_size} bytes)")
+            verdict = judge(entries)
+            print(f"{name}: {'PASS' if not verdict else 'FAIL: ' + '; '.join(verdict)}")
+            failures += bool(verdict) and args.target == "agentrl"
     finally:
         if shared is not None:
             shared[0].stop()

@@ -2,25 +2,27 @@
 //! wire types and the `HttpEnv` client live in `agentrl-env-client`.
 //!
 //! Every registered environment is served at the top level
-//! (`POST /create {"env": "sokoban"}`) and under `/{env}/` (`POST
-//! /sokoban/create`), so that an AgentGym client given the base URL
-//! `http://host:port/sokoban` works unchanged. Sessions have their own lock,
-//! an idle TTL and a cap; every bad input is a 4xx with a JSON body
-//! `{"error": "...", "kind": "..."}`.
+//! (`POST /create {"env": "sokoban"}`, agentrl's typed API) and under
+//! `/{env}/` (`POST /sokoban/create`), where a session created by an
+//! AgentGym client speaks AgentGym's dialect of that env (see the
+//! `agentgym` module), so that AgentGym's own client given the base URL
+//! `http://host:port/babyai` works unchanged. Sessions have their own lock,
+//! an idle TTL and a cap.
 //!
-//! AgentGym's `data_idx` is the seed index inside the chosen split (default
-//! `train`): `data_idx = 7` is `TaskSpec { split: train, seed: 7 }`.
-//!
-//! An invalid action text answers 400 with `kind = "invalid_action"` and the
-//! structured reason; the session stays usable and its invalid-action counter
-//! went up, exactly as in-process. `HttpEnv` turns it back into
-//! `StepError::InvalidAction`.
+//! In the typed API every bad input is a 4xx with a JSON body `{"error":
+//! "...", "kind": "..."}`; `data_idx` is the seed index inside the chosen
+//! split (default `train`): `data_idx = 7` is `TaskSpec { split: train,
+//! seed: 7 }`. An invalid action text answers 400 with `kind =
+//! "invalid_action"` and the structured reason; the session stays usable and
+//! its invalid-action counter went up, exactly as in-process. `HttpEnv`
+//! turns it back into `StepError::InvalidAction`.
 //!
 //! Limits: a request's `params` may hold only its env's `request_params`
 //! (file paths and cache locations come from the operator's `env_params`);
 //! connections are capped and must send a request head within the header
 //! timeout; each request has a timeout; session ids are random.
 
+mod agentgym;
 mod connections;
 mod error;
 mod openapi;

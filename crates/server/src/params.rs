@@ -11,21 +11,31 @@ use axum::http::StatusCode;
 use crate::error::{ApiError, ServerError};
 use agentrl_env_client::protocol::ErrorKind;
 
-/// The operator's env params, per served env.
+/// The key of `--env-param ENV.difficulty=NAME`: not an env param but the
+/// difficulty a session gets when its client names none (AgentGym's clients
+/// cannot send one).
+pub(crate) const DIFFICULTY_KEY: &str = "difficulty";
+
+/// The operator's env params and default difficulties, per served env.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct OperatorParams(BTreeMap<&'static str, EnvParams>);
+pub(crate) struct OperatorParams {
+    params: BTreeMap<&'static str, EnvParams>,
+    difficulties: BTreeMap<&'static str, &'static str>,
+}
 
 impl OperatorParams {
     /// Read `[ENV.]KEY=VALUE` settings for the `served` envs. VALUE is read
     /// as JSON (a number, `true`, `"text"`), else taken as a bare string. A
     /// KEY without ENV applies to every served env that has that param, and
     /// at least one must; `ENV.KEY` to that env, which must be served and
-    /// have it.
+    /// have it. `ENV.difficulty=NAME` sets ENV's default difficulty, one of
+    /// its difficulties.
     pub(crate) fn parse(
         settings: &[String],
         served: &[EnvDescriptor],
     ) -> Result<Self, ServerError> {
         let mut out: BTreeMap<&'static str, EnvParams> = BTreeMap::new();
+        let mut difficulties: BTreeMap<&'static str, &'static str> = BTreeMap::new();
         for setting in settings {
             let bad = |why: String| ServerError::EnvParam(format!("'{setting}': {why}"));
             let (target, raw) = setting
@@ -39,6 +49,28 @@ impl OperatorParams {
                 return Err(bad("expected [ENV.]KEY=VALUE".into()));
             }
             let value = parse_value(raw.trim());
+            if key == DIFFICULTY_KEY {
+                let name = env.ok_or_else(|| {
+                    bad("a default difficulty needs its env: ENV.difficulty=NAME".into())
+                })?;
+                let d = served
+                    .iter()
+                    .find(|d| d.name == name)
+                    .ok_or_else(|| bad(format!("'{name}' is not a served environment")))?;
+                let wanted = value.as_str().unwrap_or(raw.trim());
+                let known = d
+                    .difficulties
+                    .iter()
+                    .find(|x| **x == wanted)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "{name} has no difficulty '{wanted}' (it has: {})",
+                            d.difficulties.join(", ")
+                        ))
+                    })?;
+                difficulties.insert(d.name, known);
+                continue;
+            }
             let targets: Vec<&EnvDescriptor> = match env {
                 Some(name) => {
                     let d = served
@@ -70,12 +102,29 @@ impl OperatorParams {
                     .insert(key.to_string(), value.clone());
             }
         }
-        Ok(Self(out))
+        Ok(Self {
+            params: out,
+            difficulties,
+        })
     }
 
     /// The envs the operator set params for, with those params.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&'static str, &EnvParams)> {
-        self.0.iter().map(|(name, p)| (*name, p))
+        self.params.iter().map(|(name, p)| (*name, p))
+    }
+
+    /// The operator's default difficulty of `env`, if set.
+    pub(crate) fn difficulty(&self, env: &str) -> Option<&'static str> {
+        self.difficulties.get(env).copied()
+    }
+
+    /// The difficulty a session of `desc` gets when its request names none:
+    /// the operator's, else the env's first.
+    pub(crate) fn default_difficulty(&self, desc: &EnvDescriptor) -> String {
+        self.difficulty(desc.name)
+            .or_else(|| desc.difficulties.first().copied())
+            .unwrap_or_default()
+            .to_string()
     }
 
     /// The params a session of `desc` is built with: the operator's, then
@@ -86,7 +135,7 @@ impl OperatorParams {
         request: EnvParams,
     ) -> Result<EnvParams, ApiError> {
         check_request(desc, &request)?;
-        let mut params = self.0.get(desc.name).cloned().unwrap_or_default();
+        let mut params = self.params.get(desc.name).cloned().unwrap_or_default();
         params.extend(request);
         Ok(params)
     }
@@ -170,6 +219,25 @@ mod tests {
         assert_eq!(by_env["webshop"]["data_dir"], json!("/srv/data"));
         assert!(!by_env["searchqa"].contains_key("data_dir"));
         assert_eq!(by_env["webshop"]["catalog_size"], json!(500));
+    }
+
+    #[test]
+    fn a_scoped_difficulty_is_a_default_not_a_param() {
+        let p = parse(&["babyai.difficulty=hard", "textcraft.difficulty=\"depth2\""]).unwrap();
+        assert_eq!(p.difficulty("babyai"), Some("hard"));
+        assert_eq!(p.difficulty("textcraft"), Some("depth2"));
+        assert_eq!(p.difficulty("sokoban"), None);
+        assert_eq!(p.iter().count(), 0, "no env gets a 'difficulty' param");
+        let sokoban = agentrl_envs::find("sokoban").unwrap();
+        assert_eq!(p.default_difficulty(&sokoban), sokoban.difficulties[0]);
+        for (setting, says) in [
+            ("difficulty=hard", "needs its env"),
+            ("babyai.difficulty=impossible", "no difficulty 'impossible'"),
+            ("chess.difficulty=hard", "not a served environment"),
+        ] {
+            let e = parse(&[setting]).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains(setting), "{setting}: {e}");
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentrl_env_core::{Env, EnvDescriptor, Split, TaskSpec};
+use agentrl_env_core::{Env, EnvDescriptor, EnvParams, Split, TaskSpec};
 use axum::body::{Body, Bytes};
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::rejection::BytesRejection;
@@ -28,14 +28,15 @@ use tower::{BoxError, ServiceBuilder};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 
+use crate::agentgym;
 use crate::error::ApiError;
 use crate::openapi;
 use crate::params::OperatorParams;
-use crate::sessions::{Session, SessionState, SessionStore};
+use crate::sessions::{Dialect, Session, SessionState, SessionStore};
 use agentrl_env_client::protocol::{
     BatchStepResult, CloseRequest, CloseResponse, CreateRequest, EnvEntry, ErrorKind,
     ExpertActionResponse, HealthResponse, IdQuery, ResetRequest, SessionId, SessionResponse,
-    StepRequest, StepResponse,
+    SessionStatus, StepRequest, StepResponse,
 };
 
 /// Shared state of every route.
@@ -46,7 +47,7 @@ pub(crate) struct AppState {
     pub operator_params: OperatorParams,
 }
 
-type Shared = Arc<AppState>;
+pub(crate) type Shared = Arc<AppState>;
 
 /// The full application: routes plus auth, request timeout, body limit,
 /// panic and JSON-error layers.
@@ -59,7 +60,7 @@ pub(crate) fn router(state: Shared, body_limit: usize, request_timeout: Duration
         .route("/{env}", get(env_info))
         .route("/{env}/", get(env_info))
         .merge(session_routes())
-        .nest("/{env}", session_routes())
+        .nest("/{env}", env_session_routes())
         .fallback(not_found);
     // The timeout drops the request's future: the client hears 503 at once.
     // Work already handed to spawn_blocking runs to its end, which the
@@ -105,6 +106,24 @@ fn session_routes() -> Router<Shared> {
         .route("/expert_action", get(expert_action))
 }
 
+/// The session routes under `/{env}/`: a session created there by an
+/// AgentGym client (a create body without agentrl's fields) speaks the
+/// AgentGym dialect of its env ([`agentgym`]); one created by an agentrl
+/// client (`HttpEnv` always names `env`) speaks the typed API.
+fn env_session_routes() -> Router<Shared> {
+    Router::new()
+        .route("/create", post(agentgym::create))
+        .route("/reset", post(agentgym::reset))
+        .route("/step", post(agentgym::step))
+        .route("/step_batch", post(step_batch))
+        .route("/close", post(agentgym::close))
+        .route("/observation", get(agentgym::observation))
+        .route("/available_actions", get(agentgym::available_actions))
+        .route("/instruction_text", get(agentgym::instruction_text))
+        .route("/instructions", read_route(|env| env.instructions()))
+        .route("/expert_action", get(expert_action))
+}
+
 // ---------------------------------------------------------------- extractors
 
 /// A JSON body, read whatever the content type (AgentGym clients post
@@ -124,21 +143,26 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
         } else {
             &bytes
         };
-        serde_json::from_slice(text).map(JsonBody).map_err(|e| {
-            if e.is_data() {
-                ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    ErrorKind::BadRequest,
-                    format!("invalid request body: {e}"),
-                )
-            } else {
-                ApiError::bad_request(format!("malformed JSON body: {e}"))
-            }
-        })
+        serde_json::from_slice(text)
+            .map(JsonBody)
+            .map_err(|e| body_error(&e))
     }
 }
 
-fn body_rejection(r: BytesRejection) -> ApiError {
+/// 422 for a body of the wrong shape, 400 for malformed JSON.
+pub(crate) fn body_error(e: &serde_json::Error) -> ApiError {
+    if e.is_data() {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorKind::BadRequest,
+            format!("invalid request body: {e}"),
+        )
+    } else {
+        ApiError::bad_request(format!("malformed JSON body: {e}"))
+    }
+}
+
+pub(crate) fn body_rejection(r: BytesRejection) -> ApiError {
     let status = r.status();
     if status == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(status, ErrorKind::PayloadTooLarge, "request body too large")
@@ -289,12 +313,12 @@ async fn not_found(req: Request<Body>) -> ApiError {
 // ---------------------------------------------------------------- helpers
 
 impl AppState {
-    fn served(&self) -> String {
+    pub(crate) fn served(&self) -> String {
         self.envs.keys().copied().collect::<Vec<_>>().join(", ")
     }
 
     /// The environment a request names: by path, by body, or the only one served.
-    fn resolve_env(
+    pub(crate) fn resolve_env(
         &self,
         path: Option<&str>,
         body: Option<&str>,
@@ -326,7 +350,7 @@ impl AppState {
     }
 
     /// The session `id`, checked against the environment the route or body names.
-    fn session(
+    pub(crate) fn session(
         &self,
         id: SessionId,
         path: Option<&str>,
@@ -356,7 +380,7 @@ impl AppState {
 
 /// Runs environment work that may take milliseconds (generating a level,
 /// loading data, a solver) off the async workers.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| {
@@ -435,26 +459,66 @@ async fn create(
     State(st): State<Shared>,
     EnvSegment(path): EnvSegment,
     JsonBody(req): JsonBody<CreateRequest>,
-) -> Result<Response, ApiError> {
-    let desc = st.resolve_env(path.as_deref(), req.env.as_deref())?.clone();
-    // Refuse before building the env: building can cost milliseconds.
-    if st.sessions.is_full() {
-        return Err(ApiError::full(st.sessions.max_sessions));
-    }
+) -> Result<Json<SessionResponse>, ApiError> {
+    create_typed(&st, path.as_deref(), req).await.map(Json)
+}
+
+/// `create` of the typed API, for the top level and for agentrl clients under `/{env}/`.
+pub(crate) async fn create_typed(
+    st: &AppState,
+    path: Option<&str>,
+    req: CreateRequest,
+) -> Result<SessionResponse, ApiError> {
+    let desc = st.resolve_env(path, req.env.as_deref())?.clone();
     let seed = pick_seed(req.seed, req.data_idx)?.unwrap_or(0);
     let split = parse_split(req.split.as_deref())?.unwrap_or(Split::Train);
     let difficulty = match req.difficulty {
         Some(d) => d,
-        None => desc
-            .difficulties
-            .first()
-            .map(|d| d.to_string())
-            .unwrap_or_default(),
+        None => st.operator_params.default_difficulty(&desc),
     };
     let spec = TaskSpec::new(desc.name, split, difficulty, seed);
     let params = st
         .operator_params
         .merge(&desc, req.params.unwrap_or_default())?;
+    let created = new_session(st, desc, spec, params, Dialect::Agentrl).await?;
+    Ok(created.into_response_body())
+}
+
+/// A session just created.
+pub(crate) struct NewSession {
+    pub id: SessionId,
+    pub spec: TaskSpec,
+    pub observation: String,
+    pub instructions: String,
+    pub status: SessionStatus,
+}
+
+impl NewSession {
+    pub(crate) fn into_response_body(self) -> SessionResponse {
+        SessionResponse {
+            id: self.id,
+            env: self.spec.env.clone(),
+            spec: self.spec,
+            observation: self.observation,
+            instructions: Some(self.instructions),
+            reward: 0.0,
+            status: self.status,
+        }
+    }
+}
+
+/// Build `spec`'s env off the async workers and store it as a new session.
+pub(crate) async fn new_session(
+    st: &AppState,
+    desc: EnvDescriptor,
+    spec: TaskSpec,
+    params: EnvParams,
+    dialect: Dialect,
+) -> Result<NewSession, ApiError> {
+    // Refuse before building the env: building can cost milliseconds.
+    if st.sessions.is_full() {
+        return Err(ApiError::full(st.sessions.max_sessions));
+    }
     let build_params = params.clone();
     let build_spec = spec.clone();
     let (env, observation, instructions) = blocking(move || {
@@ -464,22 +528,23 @@ async fn create(
         Ok::<_, ApiError>((env, observation, instructions))
     })
     .await??;
-    let state = SessionState { env, score: 0.0 };
+    let state = SessionState {
+        env,
+        score: 0.0,
+        first_observation: observation.clone(),
+    };
     let status = state.status();
     let id = st
         .sessions
-        .insert(desc_name(&st, &spec.env)?, params, state)
+        .insert(desc_name(st, &spec.env)?, dialect, params, state)
         .ok_or_else(|| ApiError::full(st.sessions.max_sessions))?;
-    let body = SessionResponse {
+    Ok(NewSession {
         id,
-        env: spec.env.clone(),
         spec,
         observation,
-        instructions: Some(instructions),
-        reward: 0.0,
+        instructions,
         status,
-    };
-    Ok((StatusCode::OK, Json(body)).into_response())
+    })
 }
 
 fn desc_name(st: &AppState, name: &str) -> Result<&'static str, ApiError> {
@@ -496,23 +561,54 @@ async fn reset(
     EnvSegment(path): EnvSegment,
     JsonBody(req): JsonBody<ResetRequest>,
 ) -> Result<Json<SessionResponse>, ApiError> {
-    let session = st.session(req.id, path.as_deref(), req.env.as_deref())?;
+    reset_typed(&st, path.as_deref(), req).await.map(Json)
+}
+
+/// `reset` of the typed API, for the top level and for agentrl clients under `/{env}/`.
+pub(crate) async fn reset_typed(
+    st: &AppState,
+    path: Option<&str>,
+    req: ResetRequest,
+) -> Result<SessionResponse, ApiError> {
+    let session = st.session(req.id, path, req.env.as_deref())?;
     let seed = pick_seed(req.seed, req.data_idx)?;
     let split = parse_split(req.split.as_deref())?;
+    let (spec, observation, status) = reset_to(st, &session, |spec| {
+        if let Some(seed) = seed {
+            spec.seed = seed;
+        }
+        if let Some(split) = split {
+            spec.split = split;
+        }
+        if let Some(d) = req.difficulty {
+            spec.difficulty = d;
+        }
+    })
+    .await?;
+    Ok(SessionResponse {
+        id: req.id,
+        env: session.env_name.to_string(),
+        spec,
+        observation,
+        instructions: None,
+        reward: 0.0,
+        status,
+    })
+}
+
+/// Reset `session` to its current task changed by `change`: the env's own
+/// reset when the task stays, else a new env for the new task.
+pub(crate) async fn reset_to(
+    st: &AppState,
+    session: &Arc<Session>,
+    change: impl FnOnce(&mut TaskSpec),
+) -> Result<(TaskSpec, String, SessionStatus), ApiError> {
     let desc = st.resolve_env(Some(session.env_name), None)?.clone();
     let params = session.params.clone();
     let mut guard = Arc::clone(&session.state).lock_owned().await;
     let current = guard.env.spec().clone();
     let mut spec = current.clone();
-    if let Some(seed) = seed {
-        spec.seed = seed;
-    }
-    if let Some(split) = split {
-        spec.split = split;
-    }
-    if let Some(d) = req.difficulty {
-        spec.difficulty = d;
-    }
+    change(&mut spec);
     let (guard, observation) = if spec == current {
         // Same task: the env's own reset is cheap (it restores a stored state).
         let observation = guard.env.reset();
@@ -530,18 +626,11 @@ async fn reset(
     };
     let mut guard = guard;
     guard.score = 0.0;
+    guard.first_observation = observation.clone();
     let status = guard.status();
     drop(guard);
-    st.sessions.touch(&session);
-    Ok(Json(SessionResponse {
-        id: req.id,
-        env: session.env_name.to_string(),
-        spec,
-        observation,
-        instructions: None,
-        reward: 0.0,
-        status,
-    }))
+    st.sessions.touch(session);
+    Ok((spec, observation, status))
 }
 
 // ---------------------------------------------------------------- step
@@ -557,7 +646,8 @@ async fn step(
     step_one(&st, path.as_deref(), req).await.map(Json)
 }
 
-async fn step_one(
+/// One step of the typed API (also `step_batch`'s and agentrl clients' under `/{env}/`).
+pub(crate) async fn step_one(
     st: &AppState,
     path: Option<&str>,
     req: StepRequest,
@@ -618,14 +708,23 @@ async fn close(
     EnvSegment(path): EnvSegment,
     JsonBody(req): JsonBody<CloseRequest>,
 ) -> Result<Json<CloseResponse>, ApiError> {
-    st.session(req.id, path.as_deref(), req.env.as_deref())?;
+    close_typed(&st, path.as_deref(), req).map(Json)
+}
+
+/// `close` of the typed API.
+pub(crate) fn close_typed(
+    st: &AppState,
+    path: Option<&str>,
+    req: CloseRequest,
+) -> Result<CloseResponse, ApiError> {
+    st.session(req.id, path, req.env.as_deref())?;
     st.sessions
         .remove(req.id)
         .ok_or_else(|| ApiError::unknown_session(req.id))?;
-    Ok(Json(CloseResponse {
+    Ok(CloseResponse {
         id: req.id,
         closed: true,
-    }))
+    })
 }
 
 // ---------------------------------------------------------------- GET ?id=

@@ -300,7 +300,7 @@ async fn check_operator_params(
         let Some(desc) = descriptors.iter().find(|d| d.name == name).cloned() else {
             continue;
         };
-        let difficulty = desc.difficulties.first().copied().unwrap_or_default();
+        let difficulty = params.default_difficulty(&desc);
         let spec = TaskSpec::new(name, Split::Train, difficulty, 0);
         let env_params = env_params.clone();
         let built = tokio::task::spawn_blocking(move || desc.create(&spec, &env_params).map(drop))

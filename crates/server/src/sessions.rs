@@ -18,11 +18,22 @@ use tokio::sync::Mutex as AsyncMutex;
 
 use agentrl_env_client::protocol::{SessionId, SessionStatus};
 
+/// The protocol a session's client speaks, chosen when it was created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// agentrl's typed API: invalid actions 400, step after done 409, …
+    Agentrl,
+    /// AgentGym's env-server dialect of the session's env (`crate::agentgym`).
+    AgentGym,
+}
+
 /// The mutable part of a session, behind the session lock.
 pub(crate) struct SessionState {
     pub env: Box<dyn Env>,
     /// Sum of rewards since the last reset.
     pub score: f64,
+    /// The observation of the last reset (WebShop's instruction, SearchQA's question).
+    pub first_observation: String,
 }
 
 impl SessionState {
@@ -42,6 +53,7 @@ impl SessionState {
 /// One live session.
 pub(crate) struct Session {
     pub env_name: &'static str,
+    pub dialect: Dialect,
     /// The params the session was created with, reused when a reset switches task.
     pub params: EnvParams,
     pub state: Arc<AsyncMutex<SessionState>>,
@@ -100,11 +112,13 @@ impl SessionStore {
     pub(crate) fn insert(
         &self,
         env_name: &'static str,
+        dialect: Dialect,
         params: EnvParams,
         state: SessionState,
     ) -> Option<SessionId> {
         let session = Arc::new(Session {
             env_name,
+            dialect,
             params,
             state: Arc::new(AsyncMutex::new(state)),
             last_used_ms: AtomicU64::new(self.now_ms()),

@@ -45,7 +45,9 @@ pub struct ServeArgs {
     /// An env param set by the operator, `[ENV.]KEY=VALUE` (repeatable): file
     /// paths and cache directories, which a request may not send, or defaults
     /// that a request's params override. KEY alone applies to every served
-    /// env that has it. VALUE is JSON or a bare string.
+    /// env that has it. VALUE is JSON or a bare string. `ENV.difficulty=NAME`
+    /// sets the difficulty of ENV's sessions whose client names none (as
+    /// AgentGym's clients cannot), e.g. `babyai.difficulty=hard`.
     #[arg(long = "env-param", value_name = "[ENV.]KEY=VALUE")]
     env_params: Vec<String>,
     /// Tokio worker threads (default: one per core).

@@ -1,0 +1,858 @@
+//! AgentGym's env-server dialect on the `/{env}/` routes, per env as
+//! AgentGym's server for that env answers its own client
+//! (`scripts/agentgym/GAP.md` §3; the recordings in
+//! `crates/server/tests/data/agentgym/`).
+//!
+//! A session's dialect is chosen at `create`: a body with any of agentrl's
+//! fields (`env`, `seed`, `data_idx`, `difficulty`, `split`, `params`; our
+//! `HttpEnv` always sends `env`) makes a typed session, answered exactly like
+//! the top-level routes; any other body (none, TextCraft's `{minecraft_dir,
+//! commands, goal}`, SearchQA's `{id}`) an AgentGym session. For an
+//! AgentGym session:
+//!
+//! - the session id is in `id`, or `env_idx` for WebShop and SearchQA;
+//! - an invalid action answers 200 with the env's own message as the
+//!   observation (WebShop: the page unchanged), reward 0, not done; the
+//!   session's invalid-action counter still goes up;
+//! - a step after done, an unknown id or an index past the data answer 200
+//!   `{"error": …}` where AgentGym does, 500 where it does (WebShop and
+//!   SearchQA: unknown `env_idx`; SearchQA: item out of range);
+//! - a missing required field answers FastAPI's 422 `{"detail": [...]}`;
+//! - `close` answers `true`, then `false` (AgentGym's ALFWorld and WebShop
+//!   have no close route; answering 200 keeps their clients' assert happy).
+//!
+//! Observation *wording* stays agentrl's (the clients' prompts describe the
+//! action syntax, not the view); protocol, action lists and the messages
+//! clients or trainers match on are AgentGym's.
+
+mod tasks;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use agentrl_env_core::{Step, StepError, TaskSpec};
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::routes::{
+    body_error, close_typed, create_typed, new_session, reset_to, reset_typed, step_one, AppState,
+    EnvSegment, Shared,
+};
+use crate::sessions::{Dialect, Session, SessionState};
+use agentrl_env_client::protocol::{SessionId, StepResponse};
+use tasks::{task_for, Flavor, OutOfRange, Task};
+
+/// The create-body fields only agentrl clients send.
+const AGENTRL_CREATE_FIELDS: [&str; 6] =
+    ["env", "seed", "data_idx", "difficulty", "split", "params"];
+
+const TEXTCRAFT_INVALID: &str = "Could not execute";
+const BABYAI_INVALID: &str = "The action is not recognized. Please check valid actions.";
+const ALFWORLD_INVALID: &str = "Nothing happens.";
+const SEARCHQA_INVALID: &str =
+    "Your previous action is invalid. If you want to search, you should \
+    put the query between <search> and </search>. If you want to give the final answer, you \
+    should put the answer between <answer> and </answer>. Please try again.";
+const SEARCHQA_RIGHT: &str = "Congratulations! You have answered the question correctly.";
+const SEARCHQA_WRONG: &str = "Sorry, your answer is incorrect. Please try again.";
+/// The user prompt AgentGym's SearchQA server answers to reset, before the question.
+const SEARCHQA_PROMPT: &str = "You must reason inside <think>...</think> first. If you do not have \
+    enough knowledge, issue a <search>...</search> and then STOP. Do not generate <information> or \
+    <answer> yet. Wait for external input wrapped in <information>...</information>. After receiving \
+    information, reason again in <think>. If confident, output your final answer in \
+    <answer>...</answer>. Do not output <answer> before receiving <information> unless you are fully \
+    confident. If you find no further external knowledge needed, you can directly provide the answer \
+    inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing \
+    </answer>. Follow this process every time.\n\n Question: ";
+const ALFWORLD_WORLD_TYPES: [&str; 3] = ["Text", "Embody", "Hybrid"];
+
+// ---------------------------------------------------------------- answers
+
+fn ok(body: Value) -> Response {
+    (StatusCode::OK, Json(body)).into_response()
+}
+
+/// AgentGym's wrappers catch every env failure into 200 `{"error": …}`.
+fn error_200(message: impl Into<String>) -> Response {
+    ok(json!({ "error": message.into() }))
+}
+
+/// FastAPI's answer to a missing required field (`loc` as FastAPI writes it).
+fn missing(loc: &[&str], input: &Value) -> Response {
+    let detail =
+        json!([{ "type": "missing", "loc": loc, "msg": "Field required", "input": input }]);
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Json(json!({ "detail": detail })),
+    )
+        .into_response()
+}
+
+/// FastAPI's answer to a field of the wrong type.
+fn not_an_int(loc: &[&str], input: &Value) -> Response {
+    let detail = json!([{
+        "type": "int_parsing",
+        "loc": loc,
+        "msg": "Input should be a valid integer",
+        "input": input,
+    }]);
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Json(json!({ "detail": detail })),
+    )
+        .into_response()
+}
+
+/// What AgentGym's servers answer to an uncaught exception; the server's
+/// JSON-error layer gives it our `{"error", "kind"}` body.
+fn internal(why: &str) -> Response {
+    ApiError::internal(format!("Internal Server Error ({why})")).into_response()
+}
+
+/// The answer to a session id the server does not know.
+fn unknown_session(flavor: Flavor, id: SessionId) -> Response {
+    match flavor {
+        // Their wrappers index a dict: KeyError, uncaught.
+        Flavor::WebShop | Flavor::SearchQa => internal(&format!("no session {id}")),
+        _ => error_200(format!("The id {id} is not valid.")),
+    }
+}
+
+fn finished(id: SessionId) -> Response {
+    error_200(format!("The task with environment {id} has finished."))
+}
+
+/// BabyAI's action list as AgentGym appends it: `["a", "b", …]`.
+fn babyai_action_list(actions: &[String]) -> String {
+    let quoted: Vec<String> = actions
+        .iter()
+        .map(|a| Value::String(a.clone()).to_string())
+        .collect();
+    format!("\nAvailable actions: [{}]", quoted.join(", "))
+}
+
+fn babyai_observation(observation: &str, state: &SessionState) -> String {
+    format!(
+        "{observation}{}",
+        babyai_action_list(&state.env.available_actions())
+    )
+}
+
+/// SearchQA's reset answer: AgentGym's prompt with the session's question.
+fn searchqa_prompt(first_observation: &str) -> String {
+    let question = first_observation
+        .trim()
+        .strip_prefix("Question:")
+        .unwrap_or(first_observation)
+        .trim();
+    format!("{SEARCHQA_PROMPT}{question}")
+}
+
+/// SearchQA's action: the first `<search>…</search>` or `<answer>…</answer>`
+/// on one line (AgentGym: `re.search(r"<(search|answer)>(.*?)</\1>")`),
+/// turned into agentrl's `search[…]` / `answer[…]`; `None` when there is none.
+pub(crate) fn searchqa_action(reply: &str) -> Option<String> {
+    let mut best: Option<(usize, String)> = None;
+    for tag in ["search", "answer"] {
+        let open = format!("<{tag}>");
+        let close = format!("</{tag}>");
+        let mut from = 0;
+        while let Some(at) = reply[from..].find(&open) {
+            let start = from + at + open.len();
+            let line_end = reply[start..].find('\n').map_or(reply.len(), |n| start + n);
+            if let Some(end) = reply[start..line_end].find(&close) {
+                let content = reply[start..start + end].trim();
+                if best.as_ref().is_none_or(|(b, _)| from + at < *b) {
+                    best = Some((from + at, format!("{tag}[{content}]")));
+                }
+                break;
+            }
+            from = start;
+        }
+    }
+    best.map(|(_, action)| action)
+}
+
+/// WebShop's `available_actions`: `{"has_search_bar", "clickables"}` from
+/// agentrl's `search[…]` / `click[…]` list.
+fn webshop_available(actions: &[String]) -> Value {
+    let has_search_bar = actions.iter().any(|a| a.starts_with("search["));
+    let clickables: Vec<&str> = actions
+        .iter()
+        .filter_map(|a| a.strip_prefix("click[")?.strip_suffix(']'))
+        .collect();
+    let mut clickables: Vec<Value> = clickables.into_iter().map(Value::from).collect();
+    if has_search_bar {
+        clickables.insert(0, Value::from("search"));
+    }
+    json!({ "has_search_bar": has_search_bar, "clickables": clickables })
+}
+
+/// WebShop's `instruction_text`: the `Instruction: …` line of the page.
+fn instruction_line(observation: &str) -> String {
+    observation
+        .lines()
+        .find(|l| l.trim_start().starts_with("Instruction:"))
+        .unwrap_or(observation)
+        .trim()
+        .to_string()
+}
+
+// ---------------------------------------------------------------- requests
+
+/// The request body as JSON; `Null` when there is none.
+fn body_json(bytes: &Bytes) -> Result<Value, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(bytes).map_err(|e| body_error(&e))
+}
+
+/// An answer given before the request reached a session (a 422, an unknown
+/// id), boxed: a `Response` is large for the `Err` of a `Result`.
+type Early = Box<Response>;
+
+/// A required integer field of the body, or FastAPI's 422.
+fn int_field(body: &Value, key: &str) -> Result<u64, Early> {
+    match body.get(key) {
+        None | Some(Value::Null) if body.is_null() => Err(Box::new(missing(&["body"], body))),
+        None | Some(Value::Null) => Err(Box::new(missing(&["body", key], body))),
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| Box::new(not_an_int(&["body", key], v))),
+    }
+}
+
+/// An optional integer field of the body.
+fn opt_int_field(body: &Value, key: &str) -> Result<Option<u64>, Early> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| Box::new(not_an_int(&["body", key], v))),
+    }
+}
+
+fn typed<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
+    serde_json::from_value(body).map_err(|e| body_error(&e))
+}
+
+/// The env the route names (404 when not served).
+fn route_env(
+    st: &AppState,
+    path: Option<&str>,
+) -> Result<agentrl_env_core::EnvDescriptor, ApiError> {
+    st.resolve_env(path, None).cloned()
+}
+
+/// The session `id` if it lives and belongs to `env`.
+fn find_session(st: &AppState, env: &str, id: SessionId) -> Option<Arc<Session>> {
+    st.sessions.get(id).filter(|s| s.env_name == env)
+}
+
+/// The typed session the body's `id` names (typed clients name their
+/// session `id` under every env, WebShop's and SearchQA's included).
+fn typed_session(st: &AppState, env: &str, body: &Value) -> Option<Arc<Session>> {
+    let id = body.get("id").and_then(Value::as_u64)?;
+    find_session(st, env, id).filter(|s| s.dialect == Dialect::Agentrl)
+}
+
+/// What a session request resolves to.
+enum Target {
+    /// A typed session: answer as the top-level route does.
+    Typed(Value),
+    AgentGym(Arc<Session>, SessionId),
+    /// Answered already (422, unknown id).
+    Done(Response),
+}
+
+fn target(st: &AppState, flavor: Flavor, env: &str, body: Value) -> Target {
+    if typed_session(st, env, &body).is_some() {
+        return Target::Typed(body);
+    }
+    let id = match int_field(&body, flavor.id_key()) {
+        Ok(id) => id,
+        Err(r) => return Target::Done(*r),
+    };
+    match find_session(st, env, id) {
+        None => Target::Done(unknown_session(flavor, id)),
+        Some(s) if s.dialect == Dialect::Agentrl => Target::Typed(body),
+        Some(s) => Target::AgentGym(s, id),
+    }
+}
+
+/// The GET routes' session: `?id=` or `?env_idx=` per env.
+fn query_target(
+    st: &AppState,
+    flavor: Flavor,
+    env: &str,
+    query: &HashMap<String, String>,
+) -> Result<(Arc<Session>, SessionId), Early> {
+    let key = flavor.id_key();
+    let raw = query
+        .get(key)
+        .ok_or_else(|| Box::new(missing(&["query", key], &Value::Null)))?;
+    let id: SessionId = raw
+        .parse()
+        .map_err(|_| Box::new(not_an_int(&["query", key], &Value::from(raw.as_str()))))?;
+    find_session(st, env, id)
+        .map(|s| (s, id))
+        .ok_or_else(|| Box::new(unknown_session(flavor, id)))
+}
+
+// ---------------------------------------------------------------- create
+
+/// `POST /{env}/create`.
+pub(crate) async fn create(
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let desc = route_env(&st, path.as_deref())?;
+    let body = body_json(&bytes)?;
+    let speaks_agentrl = AGENTRL_CREATE_FIELDS.iter().any(|k| body.get(k).is_some());
+    if speaks_agentrl {
+        let req = typed(body)?;
+        return Ok(Json(create_typed(&st, path.as_deref(), req).await?).into_response());
+    }
+    let flavor = Flavor::of(desc.name);
+    let index = match flavor {
+        Flavor::TextCraft => {
+            if body.is_null() {
+                return Ok(missing(&["body"], &body));
+            }
+            let custom = ["commands", "goal"]
+                .iter()
+                .any(|k| body.get(k).is_some_and(|v| !v.is_null()));
+            if custom {
+                return Ok(error_200(
+                    "agentrl's textcraft builds its tasks from data_idx; custom `commands` and \
+                     `goal` are not supported",
+                ));
+            }
+            0
+        }
+        Flavor::SearchQa => match int_field(&body, "id") {
+            Ok(item) => item,
+            Err(r) => return Ok(*r),
+        },
+        _ => 0,
+    };
+    let default = st.operator_params.default_difficulty(&desc);
+    let Ok(task) = task_for(
+        flavor,
+        index,
+        &default,
+        st.operator_params.difficulty(desc.name),
+    ) else {
+        return Ok(internal("list index out of range"));
+    };
+    let mut params = st.operator_params.merge(&desc, Default::default())?;
+    if flavor == Flavor::SearchQa && !params.contains_key("retry_wrong_answer") {
+        // AgentGym's SearchQA lets a wrong answer be retried.
+        params.insert("retry_wrong_answer".into(), Value::Bool(true));
+    }
+    let spec = TaskSpec::new(desc.name, task.split, task.difficulty, task.seed);
+    let created = match new_session(&st, desc, spec, params, Dialect::AgentGym).await {
+        Ok(c) => c,
+        // Full (503) stays what it is; a task that cannot be built is the
+        // wrapper's caught exception.
+        Err(e) if e.status == StatusCode::SERVICE_UNAVAILABLE => return Err(e),
+        Err(e) => return Ok(error_200(e.body.error)),
+    };
+    let id = created.id;
+    Ok(match flavor {
+        Flavor::TextCraft => ok(json!({
+            "id": id,
+            "observation": created.observation,
+            "done": false,
+            "reward": 0,
+        })),
+        Flavor::BabyAi | Flavor::AlfWorld => ok(json!({ "id": id })),
+        Flavor::WebShop | Flavor::SearchQa => ok(json!(id)),
+        Flavor::Generic => Json(created.into_response_body()).into_response(),
+    })
+}
+
+// ---------------------------------------------------------------- reset
+
+/// `POST /{env}/reset`.
+pub(crate) async fn reset(
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let desc = route_env(&st, path.as_deref())?;
+    let flavor = Flavor::of(desc.name);
+    let body = body_json(&bytes)?;
+    let (session, id) = match target(&st, flavor, desc.name, body.clone()) {
+        Target::Done(r) => return Ok(r),
+        Target::Typed(body) => {
+            let answer = reset_typed(&st, path.as_deref(), typed(body)?).await?;
+            return Ok(Json(answer).into_response());
+        }
+        Target::AgentGym(s, id) => (s, id),
+    };
+    // The task index each client sends, and whether the task changes.
+    let index = match flavor {
+        Flavor::BabyAi => match int_field(&body, "data_idx") {
+            Ok(i) => Some(i),
+            Err(r) => return Ok(*r),
+        },
+        Flavor::TextCraft => match opt_int_field(&body, "data_idx") {
+            Ok(i) => Some(i.unwrap_or(0)),
+            Err(r) => return Ok(*r),
+        },
+        Flavor::AlfWorld => {
+            let absent: Vec<&str> = ["game", "world_type"]
+                .into_iter()
+                .filter(|k| body.get(k).is_none_or(Value::is_null))
+                .collect();
+            if !absent.is_empty() {
+                let detail: Vec<Value> = absent
+                    .iter()
+                    .map(|k| {
+                        json!({"type": "missing", "loc": ["body", k], "msg": "Field required", "input": body})
+                    })
+                    .collect();
+                return Ok((
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    Json(json!({ "detail": detail })),
+                )
+                    .into_response());
+            }
+            let world_type = body.get("world_type").and_then(Value::as_str).unwrap_or("");
+            if !ALFWORLD_WORLD_TYPES.contains(&world_type) {
+                return Ok(error_200(
+                    "world_type must be one of \"Text\", \"Embody\" and \"Hybrid\"",
+                ));
+            }
+            match int_field(&body, "game") {
+                Ok(i) => Some(i),
+                Err(r) => return Ok(*r),
+            }
+        }
+        Flavor::WebShop => match opt_int_field(&body, "session_id") {
+            Ok(i) => Some(i.unwrap_or(0)),
+            Err(r) => return Ok(*r),
+        },
+        Flavor::SearchQa => match opt_int_field(&body, "id") {
+            Ok(Some(i)) => Some(i),
+            Ok(None) => return Ok(internal("reset needs the item id 'id'")),
+            Err(r) => return Ok(*r),
+        },
+        Flavor::Generic => match opt_int_field(&body, "data_idx") {
+            Ok(i) => i,
+            Err(r) => return Ok(*r),
+        },
+    };
+    let default = st.operator_params.default_difficulty(&desc);
+    let task: Option<Task> = match index {
+        None => None,
+        Some(i) => match task_for(
+            flavor,
+            i,
+            &default,
+            st.operator_params.difficulty(desc.name),
+        ) {
+            Ok(t) => Some(t),
+            Err(OutOfRange) if flavor == Flavor::SearchQa => {
+                return Ok(internal("list index out of range"))
+            }
+            Err(OutOfRange) => return Ok(error_200("list index out of range")),
+        },
+    };
+    let reset = reset_to(&st, &session, |spec| {
+        if let Some(t) = task {
+            spec.split = t.split;
+            spec.difficulty = t.difficulty;
+            spec.seed = t.seed;
+        }
+    })
+    .await;
+    let (spec, observation, status) = match reset {
+        Ok(r) => r,
+        Err(e) if flavor == Flavor::SearchQa || flavor == Flavor::WebShop => {
+            return Ok(internal(&e.body.error))
+        }
+        Err(e) => return Ok(error_200(e.body.error)),
+    };
+    let guard = session.state.lock().await;
+    Ok(match flavor {
+        Flavor::TextCraft => ok(json!({
+            "id": id, "observation": observation, "done": false, "reward": 0,
+        })),
+        Flavor::BabyAi => ok(json!({
+            "observation": babyai_observation(&observation, &guard),
+            "reward": 0, "score": 0, "deleted": false, "done": false,
+        })),
+        Flavor::AlfWorld => ok(json!({
+            "id": id,
+            "observation": observation,
+            "available_actions": guard.env.available_actions(),
+            "task_type": format!("{}/{}", spec.difficulty, spec),
+        })),
+        Flavor::WebShop => ok(json!([observation, null])),
+        Flavor::SearchQa => ok(json!(searchqa_prompt(&observation))),
+        Flavor::Generic => ok(json!({
+            "id": id,
+            "env": spec.env,
+            "spec": spec,
+            "observation": observation,
+            "reward": 0.0,
+            "done": status.done,
+            "success": status.success,
+            "score": status.score,
+            "steps": status.steps,
+            "invalid_actions": status.invalid_actions,
+            "max_steps": status.max_steps,
+            "state_key": status.state_key,
+        })),
+    })
+}
+
+// ---------------------------------------------------------------- step
+
+/// `POST /{env}/step`.
+pub(crate) async fn step(
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let desc = route_env(&st, path.as_deref())?;
+    let flavor = Flavor::of(desc.name);
+    let body = body_json(&bytes)?;
+    let (session, id) = match target(&st, flavor, desc.name, body.clone()) {
+        Target::Done(r) => return Ok(r),
+        Target::Typed(body) => {
+            let answer = step_one(&st, path.as_deref(), typed(body)?).await?;
+            return Ok(Json(answer).into_response());
+        }
+        Target::AgentGym(s, id) => (s, id),
+    };
+    let Some(action) = body.get("action").and_then(Value::as_str) else {
+        return Ok(match body.get("action") {
+            None | Some(Value::Null) => missing(&["body", "action"], &body),
+            Some(v) => {
+                let detail = json!([{"type": "string_type", "loc": ["body", "action"], "msg": "Input should be a valid string", "input": v}]);
+                (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    Json(json!({ "detail": detail })),
+                )
+                    .into_response()
+            }
+        });
+    };
+    let mut guard = session.state.lock().await;
+    let answer = step_session(flavor, id, action, &mut guard);
+    drop(guard);
+    st.sessions.touch(&session);
+    Ok(answer)
+}
+
+/// One AgentGym step on a locked session.
+fn step_session(flavor: Flavor, id: SessionId, action: &str, state: &mut SessionState) -> Response {
+    if state.env.is_done() {
+        return after_done(flavor, id, state);
+    }
+    let sent = match flavor {
+        // AgentGym's BabyAI server lower-cases and strips the action.
+        Flavor::BabyAi => action.trim().to_lowercase(),
+        // No tag: our parser refuses the raw text, which counts it invalid.
+        Flavor::SearchQa => searchqa_action(action).unwrap_or_else(|| action.to_string()),
+        _ => action.to_string(),
+    };
+    match state.env.step(&sent) {
+        Ok(s) => {
+            state.score += s.reward;
+            valid_step(flavor, id, s, state)
+        }
+        Err(StepError::EpisodeOver) => after_done(flavor, id, state),
+        Err(StepError::InvalidAction(e)) => {
+            let observation = match flavor {
+                Flavor::TextCraft => format!("{TEXTCRAFT_INVALID} {action}"),
+                Flavor::BabyAi => format!(
+                    "{BABYAI_INVALID}{}",
+                    babyai_action_list(&state.env.available_actions())
+                ),
+                Flavor::AlfWorld => ALFWORLD_INVALID.to_string(),
+                // "If action not valid, perform nothing": the page unchanged.
+                Flavor::WebShop => state.env.observation(),
+                Flavor::SearchQa => SEARCHQA_INVALID.to_string(),
+                Flavor::Generic => format!("Invalid action: {e}."),
+            };
+            step_answer(flavor, id, observation, 0.0, false, state)
+        }
+    }
+}
+
+fn valid_step(flavor: Flavor, id: SessionId, s: Step, state: &SessionState) -> Response {
+    if flavor == Flavor::Generic {
+        let status = {
+            let mut st = state.status();
+            st.done = s.done;
+            st.success = s.success;
+            st
+        };
+        return Json(StepResponse {
+            id,
+            observation: s.observation,
+            reward: s.reward,
+            info: s.info,
+            status,
+        })
+        .into_response();
+    }
+    let observation = match flavor {
+        Flavor::BabyAi => babyai_observation(&s.observation, state),
+        Flavor::SearchQa if s.success => SEARCHQA_RIGHT.to_string(),
+        Flavor::SearchQa if s.info.extra.contains_key("wrong_answer") && !s.done => {
+            SEARCHQA_WRONG.to_string()
+        }
+        _ => s.observation,
+    };
+    step_answer(flavor, id, observation, s.reward, s.done, state)
+}
+
+/// A step answer in `flavor`'s fields.
+fn step_answer(
+    flavor: Flavor,
+    id: SessionId,
+    observation: String,
+    reward: f64,
+    done: bool,
+    state: &SessionState,
+) -> Response {
+    match flavor {
+        Flavor::TextCraft => {
+            ok(json!({ "observation": observation, "reward": reward, "done": done }))
+        }
+        Flavor::BabyAi => ok(json!({
+            "observation": observation, "reward": reward, "score": state.score, "done": done,
+        })),
+        Flavor::AlfWorld => ok(json!({
+            "observation": observation,
+            "reward": reward,
+            "available_actions": state.env.available_actions(),
+            "done": done,
+        })),
+        Flavor::WebShop => {
+            ok(json!({ "state": observation, "reward": reward, "done": done, "info": null }))
+        }
+        Flavor::SearchQa => ok(json!({
+            "observation": observation, "reward": reward, "done": done, "info": null,
+        })),
+        Flavor::Generic => {
+            let status = state.status();
+            ok(json!({
+                "id": id,
+                "observation": observation,
+                "reward": reward,
+                "done": done,
+                "success": status.success,
+                "score": status.score,
+                "steps": status.steps,
+                "invalid_actions": status.invalid_actions,
+                "max_steps": status.max_steps,
+                "state_key": status.state_key,
+            }))
+        }
+    }
+}
+
+/// A step once the episode is over: BabyAI, ALFWorld and the generic dialect
+/// refuse it with AgentGym's message; TextCraft's, WebShop's and SearchQA's
+/// AgentGym envs have no terminal state and answer a step that did nothing.
+fn after_done(flavor: Flavor, id: SessionId, state: &SessionState) -> Response {
+    match flavor {
+        Flavor::SearchQa if state.env.is_success() => {
+            step_answer(flavor, id, SEARCHQA_RIGHT.to_string(), 0.0, false, state)
+        }
+        Flavor::TextCraft | Flavor::WebShop | Flavor::SearchQa => {
+            step_answer(flavor, id, state.env.observation(), 0.0, false, state)
+        }
+        Flavor::BabyAi | Flavor::AlfWorld | Flavor::Generic => finished(id),
+    }
+}
+
+// ---------------------------------------------------------------- close
+
+/// `POST /{env}/close`: `true` when it closed a session, `false` when the
+/// id names none (AgentGym's answer to a second close).
+pub(crate) async fn close(
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let desc = route_env(&st, path.as_deref())?;
+    let flavor = Flavor::of(desc.name);
+    let body = body_json(&bytes)?;
+    if typed_session(&st, desc.name, &body).is_some() {
+        return Ok(Json(close_typed(&st, path.as_deref(), typed(body)?)?).into_response());
+    }
+    let id = match int_field(&body, flavor.id_key()) {
+        Ok(id) => id,
+        Err(r) => return Ok(*r),
+    };
+    match find_session(&st, desc.name, id) {
+        Some(_) => Ok(ok(json!(st.sessions.remove(id).is_some()))),
+        None => Ok(ok(json!(false))),
+    }
+}
+
+// ---------------------------------------------------------------- GET routes
+
+/// `GET /{env}/observation?id=` (`?env_idx=` for WebShop and SearchQA).
+pub(crate) async fn observation(
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    read(&st, path.as_deref(), &query, |flavor, state| match flavor {
+        Flavor::BabyAi => json!({
+            "observation": babyai_observation(&state.env.observation(), state),
+            "reward": 0,
+            "score": state.score,
+            "done": state.env.is_done(),
+            "deleted": false,
+        }),
+        Flavor::SearchQa if state.env.steps() == 0 => {
+            json!(searchqa_prompt(&state.first_observation))
+        }
+        _ => json!(state.env.observation()),
+    })
+    .await
+}
+
+/// `GET /{env}/available_actions`: a list (WebShop: `{has_search_bar, clickables}`).
+pub(crate) async fn available_actions(
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    read(&st, path.as_deref(), &query, |flavor, state| {
+        let actions = state.env.available_actions();
+        match flavor {
+            Flavor::WebShop => webshop_available(&actions),
+            _ => json!(actions),
+        }
+    })
+    .await
+}
+
+/// `GET /{env}/instruction_text` (WebShop's): the `Instruction: …` line.
+pub(crate) async fn instruction_text(
+    State(st): State<Shared>,
+    EnvSegment(path): EnvSegment,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    read(&st, path.as_deref(), &query, |_, state| {
+        json!(instruction_line(&state.first_observation))
+    })
+    .await
+}
+
+/// A GET route: typed sessions get the top-level answer (`?id=`, a bare
+/// string or list), AgentGym sessions `answer`.
+async fn read(
+    st: &AppState,
+    path: Option<&str>,
+    query: &HashMap<String, String>,
+    answer: impl FnOnce(Flavor, &SessionState) -> Value,
+) -> Result<Response, ApiError> {
+    let desc = route_env(st, path)?;
+    let flavor = Flavor::of(desc.name);
+    // A typed session is named by `?id=` whatever the env.
+    let typed_session = query
+        .get("id")
+        .and_then(|raw| raw.parse::<SessionId>().ok())
+        .and_then(|id| find_session(st, desc.name, id))
+        .filter(|s| s.dialect == Dialect::Agentrl);
+    let session = match typed_session {
+        Some(s) => s,
+        None => match query_target(st, flavor, desc.name, query) {
+            Ok((s, _)) => s,
+            Err(r) => return Ok(*r),
+        },
+    };
+    let guard = session.state.lock().await;
+    if session.dialect == Dialect::Agentrl {
+        // The typed GET answers: the reads the top-level routes give.
+        return Ok(Json(answer(Flavor::Generic, &guard)).into_response());
+    }
+    Ok(ok(answer(flavor, &guard)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn searchqa_takes_the_first_tag_on_one_line() {
+        assert_eq!(
+            searchqa_action("<think>x</think>\n<search> capital of france? </search>").as_deref(),
+            Some("search[capital of france?]")
+        );
+        assert_eq!(
+            searchqa_action("<answer> Paris </answer> <search>q</search>").as_deref(),
+            Some("answer[Paris]")
+        );
+        assert_eq!(
+            searchqa_action("<search>q</search><answer>a</answer>").as_deref(),
+            Some("search[q]")
+        );
+        // Python's `.` stops at a newline: a tag split over lines is no match.
+        assert_eq!(searchqa_action("<search>a\nb</search>"), None);
+        assert_eq!(
+            searchqa_action("<search>a\n<search>b</search>").as_deref(),
+            Some("search[b]")
+        );
+        assert_eq!(searchqa_action("I do not know."), None);
+    }
+
+    #[test]
+    fn babyai_list_is_agentgyms_json_style() {
+        let list = babyai_action_list(&["turn left".into(), "go to \"x\" 1".into()]);
+        assert_eq!(
+            list,
+            "\nAvailable actions: [\"turn left\", \"go to \\\"x\\\" 1\"]"
+        );
+    }
+
+    #[test]
+    fn searchqa_prompt_ends_with_the_question() {
+        let p = searchqa_prompt("Question: what is the capital of france?\n");
+        assert!(p.starts_with("You must reason inside <think>"));
+        assert!(p.ends_with(
+            "Follow this process every time.\n\n Question: what is the capital of france?"
+        ));
+    }
+
+    #[test]
+    fn webshop_actions_become_search_bar_and_clickables() {
+        let v = webshop_available(&[
+            "search[shoes]".into(),
+            "click[b0x]".into(),
+            "click[buy now]".into(),
+        ]);
+        assert_eq!(
+            v,
+            json!({"has_search_bar": true, "clickables": ["search", "b0x", "buy now"]})
+        );
+        let v = webshop_available(&["click[back to search]".into()]);
+        assert_eq!(
+            v,
+            json!({"has_search_bar": false, "clickables": ["back to search"]})
+        );
+        assert_eq!(
+            instruction_line("WebShop\nInstruction: i need shoes\n[Search]"),
+            "Instruction: i need shoes"
+        );
+    }
+}
