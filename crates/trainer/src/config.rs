@@ -675,8 +675,9 @@ impl TrainConfig {
                 Ok(_) => {}
                 Err(err) => p.add("env.name", err.to_string()),
             }
-        } else if !e.endpoint.is_empty()
-            && !(e.endpoint.starts_with("http://") || e.endpoint.starts_with("https://"))
+        } else if !(e.endpoint.is_empty()
+            || e.endpoint.starts_with("http://")
+            || e.endpoint.starts_with("https://"))
         {
             p.add(
                 "env.endpoint",
