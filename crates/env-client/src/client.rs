@@ -1,21 +1,13 @@
 //! [`HttpEnv`]: an environment living on a server, behind the `Env` trait.
 //!
-//! It talks to an agentrl server or to an AgentGym Python env server (SciWorld,
-//! WebArena, …) through the same routes. From an AgentGym server it needs:
-//! `POST /create` answering `{"id": …}` or a bare id; `POST /reset {id,
-//! data_idx}`; `POST /step {id, action}` answering `{observation, reward,
-//! done}` (`success` and `info` are used when present); `POST /close {id}`.
-//! For such servers `success` is `done && reward > 0` unless the server sends
-//! it, `state_key` is a stable hash of the observation text, `max_steps` is
-//! unbounded, `instructions` is empty unless it serves `GET /instructions`, and
-//! `expert_action` is `None`.
+//! It talks to an agentrl server (`agentrl serve`), whose answers carry the
+//! task's spec and the session's counters. An AgentGym Python env server
+//! speaks another dialect: [`crate::AgentGymEnv`] plays those.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use agentrl_env_core::{
-    stable_hash, ActionError, Env, EnvError, EnvParams, Step, StepError, StepInfo, TaskSpec,
-};
+use agentrl_env_core::{ActionError, Env, EnvError, EnvParams, Step, StepError, TaskSpec};
 use reqwest::blocking::{Client, RequestBuilder};
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
@@ -99,12 +91,13 @@ pub struct HttpEnv {
     client: Client,
     id: Value,
     spec: TaskSpec,
-    /// The server is not an agentrl server (an AgentGym Python server).
-    foreign: bool,
     instructions: String,
     observation: String,
     status: SessionStatus,
     last_error: Option<EnvError>,
+    /// The session is in the state the server just created or reset it
+    /// to: `reset` needs no request (one reset per episode, not two).
+    fresh: bool,
     closed: bool,
 }
 
@@ -156,7 +149,6 @@ impl HttpEnv {
             client,
             id: Value::Null,
             spec: spec.clone(),
-            foreign: false,
             instructions: String::new(),
             observation: String::new(),
             status: SessionStatus {
@@ -169,6 +161,7 @@ impl HttpEnv {
                 state_key: 0,
             },
             last_error: None,
+            fresh: false,
             // Nothing to close until the server gave an id.
             closed: true,
         };
@@ -180,36 +173,30 @@ impl HttpEnv {
                 answer.message()
             )));
         }
-        if answer.body.get("spec").is_some() {
-            let r: SessionResponse = answer.parse("create")?;
-            env.id = Value::from(r.id);
-            env.closed = false;
-            if r.spec != *spec {
-                return Err(EnvError::Remote(format!(
-                    "the server built task {} instead of {}",
-                    r.spec, spec
-                )));
+        if answer.body.get("spec").is_none() {
+            // Close what the foreign server may have opened, then say why.
+            if let Some(id) = answer.body.get("id").filter(|id| id.is_number()) {
+                env.id = id.clone();
+                env.closed = false;
             }
-            env.observation = r.observation;
-            env.instructions = r.instructions.unwrap_or_default();
-            env.status = r.status;
-        } else {
-            // An AgentGym server: `{"id": …}` or a bare id; pick the task by reset.
-            env.foreign = true;
-            env.id = match answer.body.get("id") {
-                Some(id) => id.clone(),
-                None if answer.body.is_number() || answer.body.is_string() => answer.body.clone(),
-                None => {
-                    return Err(EnvError::Remote(format!(
-                        "create answered no session id: {}",
-                        answer.body
-                    )))
-                }
-            };
-            env.closed = false;
-            env.remote_reset()?;
-            env.instructions = env.get_json::<String>("instructions").unwrap_or_default();
+            return Err(EnvError::Remote(format!(
+                "{} is not an agentrl server (create answered {}); for an AgentGym env server set env.protocol = \"agentgym\" (agentrl eval --protocol agentgym)",
+                env.base, answer.body
+            )));
         }
+        let r: SessionResponse = answer.parse("create")?;
+        env.id = Value::from(r.id);
+        env.closed = false;
+        if r.spec != *spec {
+            return Err(EnvError::Remote(format!(
+                "the server built task {} instead of {}",
+                r.spec, spec
+            )));
+        }
+        env.observation = r.observation;
+        env.instructions = r.instructions.unwrap_or_default();
+        env.status = r.status;
+        env.fresh = true;
         Ok(env)
     }
 
@@ -237,8 +224,7 @@ impl HttpEnv {
         }
     }
 
-    /// `{"id": …}`: a [`crate::protocol::CloseRequest`] without `env` for an agentrl server, and
-    /// the same shape for a foreign server, whose id may be a string.
+    /// `{"id": …}`: a [`crate::protocol::CloseRequest`] without `env`.
     fn close_body(&self) -> Value {
         serde_json::json!({ "id": self.id })
     }
@@ -334,18 +320,13 @@ impl HttpEnv {
     }
 
     fn remote_reset(&mut self) -> Result<String, EnvError> {
-        let body = if self.foreign {
-            serde_json::json!({ "id": self.id, "data_idx": self.spec.seed })
-        } else {
-            serde_json::to_value(ResetRequest {
-                env: None,
-                id: self.own_id()?,
-                seed: Some(self.spec.seed),
-                data_idx: None,
-                difficulty: Some(self.spec.difficulty.clone()),
-                split: Some(self.spec.split.as_str().to_string()),
-            })
-            .map_err(|e| EnvError::Remote(e.to_string()))?
+        let body = ResetRequest {
+            env: None,
+            id: self.own_id()?,
+            seed: Some(self.spec.seed),
+            data_idx: None,
+            difficulty: Some(self.spec.difficulty.clone()),
+            split: Some(self.spec.split.as_str().to_string()),
         };
         let answer = self.post("reset", &body)?;
         if !answer.status.is_success() {
@@ -354,48 +335,25 @@ impl HttpEnv {
                 answer.message()
             )));
         }
-        if self.foreign {
-            self.observation = match answer.body.get("observation").and_then(Value::as_str) {
-                Some(o) => o.to_string(),
-                None => self.get_json::<String>("observation")?,
-            };
-            self.status.done = false;
-            self.status.success = false;
-            self.status.score = 0.0;
-            self.status.steps = 0;
-            self.status.invalid_actions = 0;
-            self.status.state_key = stable_hash(&[self.observation.as_bytes()]);
-        } else {
-            let r: SessionResponse = answer.parse("reset")?;
-            self.observation = r.observation;
-            self.status = r.status;
-        }
+        let r: SessionResponse = answer.parse("reset")?;
+        self.observation = r.observation;
+        self.status = r.status;
         self.last_error = None;
+        self.fresh = true;
         Ok(self.observation.clone())
     }
 
     fn remote_step(&mut self, action: &str) -> Result<Result<Step, StepError>, EnvError> {
-        let answer = if self.foreign {
-            self.post(
-                "step",
-                &serde_json::json!({ "id": self.id, "action": action }),
-            )?
-        } else {
-            self.post(
-                "step",
-                &StepRequest {
-                    env: None,
-                    id: self.own_id()?,
-                    action: action.to_string(),
-                },
-            )?
-        };
+        let answer = self.post(
+            "step",
+            &StepRequest {
+                env: None,
+                id: self.own_id()?,
+                action: action.to_string(),
+            },
+        )?;
         if answer.status.is_success() {
-            return if self.foreign {
-                self.foreign_step(&answer).map(Ok)
-            } else {
-                self.own_step(&answer).map(Ok)
-            };
+            return self.own_step(&answer).map(Ok);
         }
         let Some(err) = answer.error() else {
             return Err(EnvError::Remote(format!(
@@ -430,41 +388,6 @@ impl HttpEnv {
             info: r.info,
         })
     }
-
-    fn foreign_step(&mut self, answer: &Answer) -> Result<Step, EnvError> {
-        let b = &answer.body;
-        let observation = b
-            .get("observation")
-            .and_then(Value::as_str)
-            .ok_or_else(|| EnvError::Remote(format!("step answered no observation: {b}")))?
-            .to_string();
-        let reward = b.get("reward").and_then(Value::as_f64).unwrap_or(0.0);
-        let done = b.get("done").and_then(Value::as_bool).unwrap_or(false);
-        let success = b
-            .get("success")
-            .and_then(Value::as_bool)
-            .unwrap_or(done && reward > 0.0);
-        let info = b
-            .get("info")
-            .and_then(|i| serde_json::from_value::<StepInfo>(i.clone()).ok())
-            .unwrap_or(StepInfo {
-                effective: true,
-                extra: serde_json::Map::new(),
-            });
-        self.observation = observation.clone();
-        self.status.done = done;
-        self.status.success = success;
-        self.status.score += reward;
-        self.status.steps += 1;
-        self.status.state_key = stable_hash(&[observation.as_bytes()]);
-        Ok(Step {
-            observation,
-            reward,
-            done,
-            success,
-            info,
-        })
-    }
 }
 
 impl Env for HttpEnv {
@@ -477,6 +400,9 @@ impl Env for HttpEnv {
     }
 
     fn reset(&mut self) -> String {
+        if self.fresh {
+            return self.observation.clone();
+        }
         match self.remote_reset() {
             Ok(o) => o,
             Err(e) => {
@@ -490,6 +416,7 @@ impl Env for HttpEnv {
         if self.last_error.is_some() {
             return Err(StepError::EpisodeOver);
         }
+        self.fresh = false;
         match self.remote_step(action) {
             Ok(r) => r,
             Err(e) => {
@@ -516,9 +443,6 @@ impl Env for HttpEnv {
     }
 
     fn expert_action(&mut self) -> Option<String> {
-        if self.foreign {
-            return None;
-        }
         match self.get_json::<ExpertActionResponse>("expert_action") {
             Ok(r) => r.action,
             Err(e) => {

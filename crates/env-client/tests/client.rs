@@ -1,14 +1,16 @@
 //! `HttpEnv` against the real server: same trajectories as in-process, retries,
-//! closing on drop, and an AgentGym-style foreign server.
+//! closing on drop, one reset per episode, and a clear refusal of an AgentGym server.
 
 // The server's test helpers (the "counter" env, a loopback config), shared
 // rather than copied: these tests drive the same server.
+mod agentgym_double;
 #[path = "../../server/tests/common/mod.rs"]
 mod common;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use agentgym_double::{DoubleServer, Kind};
 use agentrl_env_client::{ClientOptions, HttpEnv};
 use agentrl_env_core::{Env, EnvDescriptor, EnvParams, Split, StepError, TaskSpec};
 use agentrl_server::BackgroundServer;
@@ -192,113 +194,21 @@ fn a_dead_server_marks_the_env_done_with_an_error() {
     assert!(env.last_error().is_some());
 }
 
-/// A minimal stand-in for an AgentGym Python env server: integer ids, no
-/// `spec`, `reset {id, data_idx}`, `step` answering `{observation, reward, done, score}`.
-mod agentgym_mock {
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex};
-
-    use axum::extract::{Query, State};
-    use axum::routing::{get, post};
-    use axum::{Json, Router};
-    use serde_json::{json, Value};
-
-    #[derive(Default)]
-    pub struct Mock {
-        pub sessions: Mutex<HashMap<u64, (u64, u32)>>, // id -> (data_idx, steps)
-        pub next: Mutex<u64>,
-    }
-
-    pub fn app(state: Arc<Mock>) -> Router {
-        Router::new()
-            .route("/create", post(create))
-            .route("/reset", post(reset))
-            .route("/step", post(step))
-            .route("/observation", get(observation))
-            .route("/close", post(close))
-            .with_state(state)
-    }
-
-    async fn create(State(m): State<Arc<Mock>>) -> Json<Value> {
-        let mut next = m.next.lock().unwrap();
-        let id = *next;
-        *next += 1;
-        m.sessions.lock().unwrap().insert(id, (0, 0));
-        Json(json!({"id": id, "observation": "task 0", "reward": 0, "score": 0, "done": false}))
-    }
-
-    async fn reset(State(m): State<Arc<Mock>>, Json(b): Json<Value>) -> Json<Value> {
-        let id = b["id"].as_u64().unwrap();
-        let idx = b["data_idx"].as_u64().unwrap();
-        m.sessions.lock().unwrap().insert(id, (idx, 0));
-        Json(json!({"id": id, "observation": format!("task {idx}")}))
-    }
-
-    async fn step(State(m): State<Arc<Mock>>, Json(b): Json<Value>) -> Json<Value> {
-        let id = b["id"].as_u64().unwrap();
-        let mut s = m.sessions.lock().unwrap();
-        let e = s.get_mut(&id).unwrap();
-        e.1 += 1;
-        let done = b["action"] == "finish";
-        Json(
-            json!({"observation": format!("task {} step {}", e.0, e.1), "reward": if done { 1.0 } else { 0.0 }, "score": 0, "done": done}),
-        )
-    }
-
-    async fn observation(
-        State(m): State<Arc<Mock>>,
-        Query(q): Query<HashMap<String, u64>>,
-    ) -> Json<String> {
-        let s = m.sessions.lock().unwrap();
-        Json(format!("task {}", s[&q["id"]].0))
-    }
-
-    async fn close(State(m): State<Arc<Mock>>, Json(b): Json<Value>) -> Json<Value> {
-        m.sessions
-            .lock()
-            .unwrap()
-            .remove(&b["id"].as_u64().unwrap());
-        Json(json!({"closed": true}))
-    }
-}
-
 #[test]
-fn client_drives_an_agentgym_style_server() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let mock = std::sync::Arc::new(agentgym_mock::Mock::default());
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = agentgym_mock::app(std::sync::Arc::clone(&mock));
-    rt.spawn(async move { axum::serve(listener, app).await });
-
+fn an_agentgym_server_is_refused_with_the_protocol_to_use() {
+    let double = DoubleServer::start(Kind::SciWorld);
     let spec = TaskSpec::new("sciworld", Split::Train, "easy", 42);
-    let mut env =
-        HttpEnv::connect(&format!("http://{addr}"), &spec, &EnvParams::new(), None).unwrap();
-    assert_eq!(
-        env.observation(),
-        "task 42",
-        "the client selects the task with reset(data_idx)"
-    );
-    assert_eq!(env.instructions(), "");
-    let s = env.step("look").unwrap();
-    assert_eq!(s.observation, "task 42 step 1");
-    assert!(!s.done);
-    let s = env.step("finish").unwrap();
-    assert!(s.done && s.success);
-    assert_eq!(s.reward, 1.0);
-    assert_eq!(env.steps(), 2);
-    assert_eq!(env.expert_action(), None);
-    assert_eq!(env.reset(), "task 42");
-    assert_eq!(env.steps(), 0);
-    drop(env);
+    let e = HttpEnv::connect(&double.url(), &spec, &EnvParams::new(), None)
+        .err()
+        .expect("an AgentGym server is not an agentrl server");
+    let e = e.to_string();
     assert!(
-        mock.sessions.lock().unwrap().is_empty(),
-        "drop closed the session"
+        e.contains("not an agentrl server") && e.contains("env.protocol = \"agentgym\""),
+        "{e}"
+    );
+    assert_eq!(
+        double.open_sessions(),
+        0,
+        "the session it created was closed"
     );
 }

@@ -14,7 +14,11 @@ use agentrl_rollout::{
 use agentrl_tokenizer::ChatTokenizer;
 use candle_core::Device;
 
-use crate::config::TrainConfig;
+use crate::config::{EnvProtocol, TrainConfig};
+
+/// Train tasks whose first observation the tiny tokenizer of an env without
+/// an expert is trained on (each is a session on the server).
+const OBSERVED_EPISODES: usize = 16;
 use crate::evaluate::EnvMaker;
 
 /// A codec that records every text it is asked to encode: running expert
@@ -70,6 +74,13 @@ pub fn environment_corpus(
         }
     }
     let mut texts = codec.texts.into_inner();
+    texts.extend(format_error_texts());
+    Ok(texts)
+}
+
+/// The messages the rollout shows for unreadable replies.
+fn format_error_texts() -> Vec<String> {
+    let mut texts = Vec::new();
     for f in [
         agentrl_rollout::ReplyFormat::ThinkAnswer,
         agentrl_rollout::ReplyFormat::React,
@@ -83,6 +94,31 @@ pub fn environment_corpus(
             }
         }
     }
+    texts
+}
+
+/// Text of an env without an expert (an AgentGym server): the instructions,
+/// the first observation of `episodes` train tasks and the server's answer
+/// to an invalid action in each.
+pub fn observed_corpus(
+    make: &EnvMaker<'_>,
+    env: &str,
+    difficulty: &str,
+    params: &EnvParams,
+    episodes: usize,
+) -> Result<Vec<String>, BootstrapError> {
+    let mut texts = vec![SYSTEM_PROMPT.to_string()];
+    for seed in 0..episodes as u64 {
+        let mut e = make(&TaskSpec::new(env, Split::Train, difficulty, seed), params)?;
+        if seed == 0 {
+            texts.push(e.instructions());
+        }
+        texts.push(e.reset());
+        if let Err(err) = e.step("not an action") {
+            texts.push(format!("Invalid: {err}"));
+        }
+    }
+    texts.extend(format_error_texts());
     Ok(texts)
 }
 
@@ -113,22 +149,36 @@ pub fn starting_policy(
             .map_err(|e| BootstrapError::Model(e.to_string()))?;
         return Ok((tok, model));
     }
-    let desc = agentrl_envs::find(&cfg.env.name)?;
-    let mut difficulties: Vec<&str> = vec![cfg.env.difficulty.as_str()];
-    for d in desc.difficulties {
-        if !difficulties.contains(d) {
-            difficulties.push(d);
+    let corpus = if cfg.env.protocol == EnvProtocol::Agentgym {
+        observed_corpus(
+            make,
+            &cfg.env.name,
+            &cfg.env.difficulty,
+            &cfg.env.params,
+            OBSERVED_EPISODES,
+        )?
+    } else {
+        let desc = agentrl_envs::find(&cfg.env.name).map_err(|e| {
+            BootstrapError::Tokenizer(format!(
+                "{e}: the tiny model's tokenizer is trained on the env's expert play, which only agentrl's own envs have; set model.path (a Hugging Face model directory), or env.protocol = \"agentgym\" for an AgentGym server"
+            ))
+        })?;
+        let mut difficulties: Vec<&str> = vec![cfg.env.difficulty.as_str()];
+        for d in desc.difficulties {
+            if !difficulties.contains(d) {
+                difficulties.push(d);
+            }
         }
-    }
-    let corpus = environment_corpus(
-        make,
-        &cfg.env.name,
-        &difficulties,
-        &cfg.env.params,
-        &cfg.rollout,
-        cfg.sft.actions_per_turn,
-        48,
-    )?;
+        environment_corpus(
+            make,
+            &cfg.env.name,
+            &difficulties,
+            &cfg.env.params,
+            &cfg.rollout,
+            cfg.sft.actions_per_turn,
+            48,
+        )?
+    };
     let tok = ChatTokenizer::train_bpe(&corpus, cfg.model.config.vocab_size)
         .map_err(|e| BootstrapError::Tokenizer(e.to_string()))?;
     // `[model] vocab_size` is what the tokenizer was asked for; the model

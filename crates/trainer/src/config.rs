@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use agentrl_algos::{AdvEstimator, KlKind, LossAgg};
+use agentrl_env_client::DataIdxRanges;
 use agentrl_env_core::SPLIT_STRIDE;
 use agentrl_model::ModelConfig;
 use agentrl_rollout::RolloutConfig;
@@ -339,10 +340,50 @@ pub struct EnvSection {
     /// Environment-specific options.
     #[serde(default)]
     pub params: serde_json::Map<String, serde_json::Value>,
+    /// How to talk to `endpoint`: `agentrl` (`agentrl serve`) or `agentgym`
+    /// (AgentGym's Python env servers: TextCraft, BabyAI, SciWorld, …).
+    #[serde(default)]
+    pub protocol: EnvProtocol,
+    /// The prompt shown before the first observation (agentgym: required,
+    /// this or `instructions_file`; AgentGym keeps it in its client).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instructions: String,
+    /// A file holding the instructions (read when the run starts).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instructions_file: String,
+    /// agentgym: regular expressions of the observations that answer an
+    /// invalid action (their servers answer it with a 200 and a message);
+    /// absent = the env's defaults (textcraft, babyai, sciworld, alfworld,
+    /// searchqa), none for other names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid_action_patterns: Option<Vec<String>>,
+    /// agentgym: multiplies every reward (SciWorld's scores run -100..100: 0.01).
+    #[serde(default = "default_reward_scale")]
+    pub reward_scale: f64,
+    /// agentgym: the server's `data_idx` range `[start, end)` of each split
+    /// (`train` and `val` required, disjoint, so validation is held out).
+    #[serde(default)]
+    pub data_idx: DataIdxRanges,
+}
+
+/// How the trainer talks to `env.endpoint`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvProtocol {
+    /// `agentrl serve`: typed answers, spec, instructions and expert from the server.
+    #[default]
+    Agentrl,
+    /// AgentGym's env servers: `{id, data_idx}`, 200 `{"error"}` bodies,
+    /// invalid actions as messages, instructions from the config.
+    Agentgym,
 }
 
 fn default_difficulty() -> String {
     "easy".into()
+}
+
+fn default_reward_scale() -> f64 {
+    1.0
 }
 
 /// Supervised warm start on expert demonstrations.
@@ -640,8 +681,9 @@ impl TrainConfig {
 
     fn check_env(&self, p: &mut Problems) {
         let e = &self.env;
-        if e.endpoint.is_empty() {
-            // Remote servers may host environments we do not ship (SciWorld, WebArena).
+        // Remote servers may host environments we do not ship (SciWorld,
+        // WebArena); a missing AgentGym endpoint is named below.
+        if e.endpoint.is_empty() && e.protocol == EnvProtocol::Agentrl {
             match agentrl_envs::find(&e.name) {
                 Ok(d) if !d.difficulties.contains(&e.difficulty.as_str()) => p.add(
                     "env.difficulty",
@@ -655,11 +697,37 @@ impl TrainConfig {
                 Ok(_) => {}
                 Err(err) => p.add("env.name", err.to_string()),
             }
-        } else if !(e.endpoint.starts_with("http://") || e.endpoint.starts_with("https://")) {
+        } else if !(e.endpoint.is_empty()
+            || e.endpoint.starts_with("http://")
+            || e.endpoint.starts_with("https://"))
+        {
             p.add(
                 "env.endpoint",
                 format!("{:?} must start with http:// or https://", e.endpoint),
             );
+        }
+        if e.protocol == EnvProtocol::Agentgym {
+            self.check_agentgym(p);
+        } else {
+            let agentgym_only = [
+                ("env.instructions", !e.instructions.is_empty()),
+                ("env.instructions_file", !e.instructions_file.is_empty()),
+                (
+                    "env.invalid_action_patterns",
+                    e.invalid_action_patterns.is_some(),
+                ),
+                ("env.reward_scale", e.reward_scale != 1.0),
+                ("env.data_idx", e.data_idx != DataIdxRanges::default()),
+            ];
+            for (key, set) in agentgym_only {
+                if set {
+                    p.add(
+                        key,
+                        "applies to env.protocol = \"agentgym\" only (an agentrl env brings its own)"
+                            .into(),
+                    );
+                }
+            }
         }
         // The upper half of the train split holds the warm start's demonstrations.
         if e.train_tasks > SPLIT_STRIDE / 2 {
@@ -669,6 +737,99 @@ impl TrainConfig {
                     "{} is more than the {} train seeds RL draws from",
                     e.train_tasks,
                     SPLIT_STRIDE / 2
+                ),
+            );
+        }
+    }
+
+    /// An AgentGym server: an endpoint, instructions, held-out `data_idx`
+    /// ranges that fit the run, and no demonstrations (no expert there).
+    fn check_agentgym(&self, p: &mut Problems) {
+        let e = &self.env;
+        if e.endpoint.is_empty() {
+            p.add(
+                "env.protocol",
+                "\"agentgym\" needs env.endpoint (the AgentGym server's URL)".into(),
+            );
+        }
+        match (e.instructions.trim().is_empty(), e.instructions_file.is_empty()) {
+            (true, true) => p.add(
+                "env.instructions",
+                "AgentGym's servers keep no prompt: set env.instructions or env.instructions_file (AgentGym's conversation_start for the env)".into(),
+            ),
+            (false, false) => p.add(
+                "env.instructions",
+                "set env.instructions or env.instructions_file, not both".into(),
+            ),
+            _ => {}
+        }
+        if let Some(patterns) = &e.invalid_action_patterns {
+            for pattern in patterns {
+                if let Err(err) = agentrl_env_client::check_invalid_action_pattern(pattern) {
+                    p.add("env.invalid_action_patterns", err);
+                }
+            }
+        }
+        p.positive("env.reward_scale", e.reward_scale);
+        let mut ranges = Vec::new();
+        for (split, range, required) in [
+            ("train", e.data_idx.train, true),
+            ("val", e.data_idx.val, true),
+            ("test", e.data_idx.test, false),
+        ] {
+            let key = format!("env.data_idx.{split}");
+            match range {
+                None if required => p.add(
+                    &key,
+                    "required: the server's data_idx range [start, end) of this split".into(),
+                ),
+                None => {}
+                Some([a, b]) if a >= b => p.add(&key, format!("[{a}, {b}] is empty")),
+                Some(r) => ranges.push((key, r)),
+            }
+        }
+        for (i, (key, [a, b])) in ranges.iter().enumerate() {
+            for (other, [c, d]) in &ranges[i + 1..] {
+                if a < d && c < b {
+                    p.add(
+                        key,
+                        format!(
+                            "[{a}, {b}] overlaps {other} = [{c}, {d}]: validation must be held out"
+                        ),
+                    );
+                }
+            }
+        }
+        if let Some([a, b]) = e.data_idx.val {
+            if a < b && self.trainer.val_tasks as u64 > b - a {
+                p.add(
+                    "trainer.val_tasks",
+                    format!(
+                        "{} is more than the {} tasks of env.data_idx.val = [{a}, {b}]",
+                        self.trainer.val_tasks,
+                        b - a
+                    ),
+                );
+            }
+        }
+        if let Some([a, b]) = e.data_idx.train {
+            if a < b && e.train_tasks > b - a {
+                p.add(
+                    "env.train_tasks",
+                    format!(
+                        "{} is more than the {} tasks of env.data_idx.train = [{a}, {b}]",
+                        e.train_tasks,
+                        b - a
+                    ),
+                );
+            }
+        }
+        if self.sft.demos > 0 && self.sft.epochs > 0 {
+            p.add(
+                "sft.demos",
+                format!(
+                    "{}: AgentGym's servers have no expert to demonstrate; set sft.demos = 0 (or warm-start from model.path)",
+                    self.sft.demos
                 ),
             );
         }
@@ -916,6 +1077,62 @@ mod tests {
             ]
         )
         .is_ok());
+    }
+
+    #[test]
+    fn an_agentgym_env_needs_instructions_held_out_ranges_and_no_demos() {
+        let base = [
+            "env.name=sciworld",
+            "env.protocol=agentgym",
+            "env.endpoint=http://127.0.0.1:1",
+        ];
+        let keys = problem_keys(&base);
+        for key in [
+            "env.instructions",
+            "env.data_idx.train",
+            "env.data_idx.val",
+            "sft.demos",
+        ] {
+            assert!(keys.contains(&key.to_string()), "{key}: {keys:?}");
+        }
+        let good = [
+            &base[..],
+            &[
+                "env.instructions_file=configs/agentgym/sciworld.txt",
+                "env.data_idx.train=[0, 100]",
+                "env.data_idx.val=[100, 110]",
+                "sft.demos=0",
+                "trainer.val_tasks=10",
+            ],
+        ]
+        .concat();
+        let o: Vec<String> = good.iter().map(|s| s.to_string()).collect();
+        let c = TrainConfig::load(None, &o).unwrap();
+        assert_eq!(c.env.protocol, EnvProtocol::Agentgym);
+        assert_eq!(c.env.data_idx.val, Some([100, 110]));
+        let again = TrainConfig::from_toml(&c.to_toml().unwrap(), &[]).unwrap();
+        assert_eq!(c, again, "the resolved config round-trips");
+        for (o, key) in [
+            ("env.data_idx.val=[50, 60]", "env.data_idx.train"),
+            ("env.data_idx.val=[110, 110]", "env.data_idx.val"),
+            ("trainer.val_tasks=11", "trainer.val_tasks"),
+            ("env.train_tasks=101", "env.train_tasks"),
+            (
+                "env.invalid_action_patterns=['(']",
+                "env.invalid_action_patterns",
+            ),
+            ("env.reward_scale=0", "env.reward_scale"),
+            ("env.instructions=both", "env.instructions"),
+            ("env.endpoint=", "env.protocol"),
+        ] {
+            let with: Vec<&str> = good.iter().copied().chain([o]).collect();
+            assert_eq!(problem_keys(&with), [key], "{o}");
+        }
+        // The AgentGym keys mean nothing to an agentrl server: named, not ignored.
+        assert_eq!(
+            problem_keys(&["env.reward_scale=0.01"]),
+            ["env.reward_scale"]
+        );
     }
 
     /// The keys of every problem `overrides` give, in order.

@@ -10,6 +10,7 @@ pub mod evaluate;
 pub mod local_policy;
 pub mod policy_dir;
 pub mod ppo;
+pub mod remote_env;
 pub mod run_dir;
 pub mod sft;
 pub mod template_collapse;

@@ -158,19 +158,15 @@ const ACTOR_OPTIMIZER_FILE: &str = "optimizer.safetensors";
 /// The value head's AdamW state (runs with a critic).
 const CRITIC_OPTIMIZER_FILE: &str = "critic_optimizer.safetensors";
 
-/// Environments in-process from the registry, or through an env server.
-pub fn env_maker(cfg: &TrainConfig) -> Box<EnvMaker<'static>> {
-    let endpoint = cfg.env.endpoint.clone();
-    if endpoint.is_empty() {
-        Box::new(|spec: &TaskSpec, params: &EnvParams| agentrl_envs::make_env(spec, params))
+/// Environments in-process from the registry, or through an env server
+/// (`env.protocol`; AgentGym tasks by `env.data_idx`).
+pub fn env_maker(cfg: &TrainConfig) -> Result<Box<EnvMaker<'static>>, EnvError> {
+    if cfg.env.endpoint.is_empty() {
+        Ok(Box::new(|spec: &TaskSpec, params: &EnvParams| {
+            agentrl_envs::make_env(spec, params)
+        }))
     } else {
-        Box::new(
-            move |spec: &TaskSpec, params: &EnvParams| -> Result<Box<dyn Env>, EnvError> {
-                Ok(Box::new(agentrl_env_client::HttpEnv::connect(
-                    &endpoint, spec, params, None,
-                )?))
-            },
-        )
+        crate::remote_env::remote_maker(&cfg.env, cfg.env.data_idx.clone())
     }
 }
 
@@ -219,7 +215,7 @@ impl Trainer {
         let run = RunDir::create(run_path)?;
         run.write_config(&cfg.to_toml()?)?;
         let device = Device::Cpu;
-        let make = env_maker(&cfg);
+        let make = env_maker(&cfg)?;
         progress.message("creating tokenizer and model");
         let (tokenizer, model) = starting_policy(&cfg, make.as_ref(), uses_critic(&cfg), &device)?;
         let watch = CollapseWatch::new(cfg.collapse.clone());
@@ -343,7 +339,7 @@ impl Trainer {
     }
 
     fn warm_start(&mut self, progress: &mut dyn Progress) -> Result<(), TrainError> {
-        let make = env_maker(&self.cfg);
+        let make = env_maker(&self.cfg)?;
         let noise = self.cfg.sft.expert_noise;
         progress.message(&if noise >= 1.0 {
             format!(
@@ -444,7 +440,7 @@ impl Trainer {
         phase: &str,
         temperature: f64,
     ) -> Result<EvalStats, TrainError> {
-        let make = env_maker(&self.cfg);
+        let make = env_maker(&self.cfg)?;
         let c = &self.cfg;
         let mut policy = LocalPolicy::with_cache_reuse(&self.model, c.rollout.kv_cache_reuse);
         let sampling = SamplingParams {
@@ -595,7 +591,7 @@ impl Trainer {
 
     /// Sample this step's tasks: B train seeds, each repeated G times.
     fn step_envs(&self, rng: &mut ChaCha8Rng) -> Result<StepTasks, TrainError> {
-        let make = env_maker(&self.cfg);
+        let make = env_maker(&self.cfg)?;
         let c = &self.cfg;
         let mut envs = Vec::new();
         let mut groups = Vec::new();

@@ -4,11 +4,16 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use agentrl_env_core::{EnvParams, TaskSpec, SPLIT_STRIDE};
+use agentrl_env_client::DataIdxRanges;
+use agentrl_env_core::{EnvParams, Split, TaskSpec, SPLIT_STRIDE};
 use agentrl_rollout::{
     EvalStats, ExpertActor, PolicyActor, RandomActor, RolloutConfig, SamplingParams,
 };
+use agentrl_trainer::config::{EnvProtocol, EnvSection};
+use agentrl_trainer::evaluate::EnvMaker;
+use agentrl_trainer::remote_env::remote_maker;
 use agentrl_trainer::{evaluate, EvalPlan, LocalPolicy, TrainedPolicy};
+use anyhow::Context;
 use serde::Serialize;
 
 use super::play::{make_spec, parse_params};
@@ -41,9 +46,28 @@ pub struct EvalArgs {
     /// `expert`, `random`, a run directory (its latest checkpoint) or a model directory.
     #[arg(long, default_value = "expert")]
     policy: String,
-    /// Environment name (see `agentrl envs`).
+    /// Environment name (see `agentrl envs`); with --endpoint, any name the
+    /// server serves (e.g. `sciworld` on an AgentGym server).
     #[arg(long)]
     env: String,
+    /// URL of an env server to play on (default: in-process).
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// How to talk to --endpoint: `agentrl` (`agentrl serve`) or `agentgym`
+    /// (AgentGym's env servers; task indices are their `data_idx`).
+    #[arg(long, default_value = "agentrl", value_parser = parse_protocol)]
+    protocol: EnvProtocol,
+    /// agentgym: the prompt's instructions (AgentGym keeps them client-side);
+    /// default: those of the run given as --policy.
+    #[arg(long)]
+    instructions_file: Option<PathBuf>,
+    /// agentgym: a regular expression of invalid-action answers (repeatable;
+    /// default: the env's known messages).
+    #[arg(long = "invalid-pattern", value_name = "REGEX")]
+    invalid_patterns: Vec<String>,
+    /// agentgym: multiplies every reward (SciWorld: 0.01).
+    #[arg(long)]
+    reward_scale: Option<f64>,
     /// Difficulty level (default: the environment's first).
     #[arg(long)]
     difficulty: Option<String>,
@@ -68,6 +92,60 @@ pub struct EvalArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_protocol(s: &str) -> Result<EnvProtocol, String> {
+    match s {
+        "agentrl" => Ok(EnvProtocol::Agentrl),
+        "agentgym" => Ok(EnvProtocol::Agentgym),
+        other => Err(format!("unknown protocol '{other}' (agentrl or agentgym)")),
+    }
+}
+
+/// The `[env]` section of a remote evaluation: the flags over the run's own
+/// section when `--policy` is a run trained on the same env and protocol.
+fn remote_section(
+    args: &EvalArgs,
+    endpoint: &str,
+    run: Option<&EnvSection>,
+) -> anyhow::Result<EnvSection> {
+    let mut env = match run {
+        Some(r) if r.name == args.env && r.protocol == args.protocol => r.clone(),
+        _ => EnvSection {
+            name: args.env.clone(),
+            difficulty: String::new(),
+            endpoint: String::new(),
+            train_tasks: 0,
+            params: Default::default(),
+            protocol: args.protocol,
+            instructions: String::new(),
+            instructions_file: String::new(),
+            invalid_action_patterns: None,
+            reward_scale: 1.0,
+            data_idx: DataIdxRanges::default(),
+        },
+    };
+    env.endpoint = endpoint.to_string();
+    if let Some(f) = &args.instructions_file {
+        env.instructions = String::new();
+        env.instructions_file = f.display().to_string();
+    }
+    if !args.invalid_patterns.is_empty() {
+        env.invalid_action_patterns = Some(args.invalid_patterns.clone());
+    }
+    if let Some(s) = args.reward_scale {
+        env.reward_scale = s;
+    }
+    if args.protocol == EnvProtocol::Agentgym
+        && env.instructions.trim().is_empty()
+        && env.instructions_file.is_empty()
+    {
+        anyhow::bail!(
+            "--protocol agentgym needs --instructions-file (AgentGym's servers keep no prompt), or a --policy run trained on {} with its instructions",
+            args.env
+        );
+    }
+    Ok(env)
 }
 
 /// Task indices `start..start + n`, which must lie inside a split
@@ -102,10 +180,30 @@ fn evaluate_policy(
     template: &TaskSpec,
     params: &EnvParams,
 ) -> anyhow::Result<EvalStats> {
-    let make = |spec: &TaskSpec, params: &EnvParams| agentrl_envs::make_env(spec, params);
+    let policy = match kind {
+        PolicyKind::Model(path) => Some(TrainedPolicy::open(path)?),
+        _ => None,
+    };
+    let local = |spec: &TaskSpec, params: &EnvParams| agentrl_envs::make_env(spec, params);
+    let remote: Option<Box<EnvMaker<'static>>> = match &args.endpoint {
+        None => None,
+        Some(url) => {
+            let run_env = policy
+                .as_ref()
+                .and_then(|p| p.config.as_ref())
+                .map(|c| &c.env);
+            let section = remote_section(args, url, run_env)?;
+            // The task indices are the server's own (its data_idx for AgentGym).
+            Some(remote_maker(&section, DataIdxRanges::identity())?)
+        }
+    };
+    let make: &EnvMaker<'_> = match &remote {
+        Some(m) => m.as_ref(),
+        None => &local,
+    };
     let scripted = RolloutConfig::scripted();
     let plan = EvalPlan {
-        make: &make,
+        make,
         env: &template.env,
         difficulty: &template.difficulty,
         params,
@@ -116,10 +214,13 @@ fn evaluate_policy(
         seed: args.policy_seed,
     };
     let stats = match kind {
+        PolicyKind::Expert if args.protocol == EnvProtocol::Agentgym => anyhow::bail!(
+            "AgentGym's servers have no expert: evaluate a model (--policy RUN_DIR) or random play"
+        ),
         PolicyKind::Expert => evaluate(&mut ExpertActor::new(1, 0.0), &plan)?.0,
         PolicyKind::Random => evaluate(&mut RandomActor::new(args.policy_seed), &plan)?.0,
         PolicyKind::Model(path) => {
-            let policy = TrainedPolicy::open(path)?;
+            let policy = policy.with_context(|| format!("{} was not opened", path.display()))?;
             // A run directory evaluated on its own environment keeps the env
             // params it was trained with (e.g. a not-slippery FrozenLake)
             // unless given others.
@@ -160,12 +261,30 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         anyhow::bail!("--n must be at least 1");
     }
     task_range(args.seed_start, args.n)?;
-    let template = make_spec(
-        &args.env,
-        args.difficulty.as_deref(),
-        &args.split,
-        args.seed_start,
-    )?;
+    if args.endpoint.is_none() && args.protocol == EnvProtocol::Agentgym {
+        anyhow::bail!("--protocol agentgym needs --endpoint (the AgentGym server's URL)");
+    }
+    let template = match (&args.endpoint, agentrl_envs::find(&args.env)) {
+        (None, _) | (Some(_), Ok(_)) => make_spec(
+            &args.env,
+            args.difficulty.as_deref(),
+            &args.split,
+            args.seed_start,
+        )?,
+        // An env agentrl does not ship: the server knows its levels.
+        (Some(_), Err(_)) => {
+            let split: Split = args.split.parse()?;
+            let difficulty = match (&args.difficulty, args.protocol) {
+                (Some(d), _) => d.clone(),
+                (None, EnvProtocol::Agentgym) => "default".to_string(),
+                (None, EnvProtocol::Agentrl) => anyhow::bail!(
+                    "--env {} is not an agentrl environment: give its --difficulty on the server",
+                    args.env
+                ),
+            };
+            TaskSpec::new(&args.env, split, difficulty, args.seed_start)
+        }
+    };
     let params = parse_params(&args.params)?;
     let report = EvalReport {
         env: template.env.clone(),

@@ -70,7 +70,7 @@ fn measure(
     reuse: bool,
     repeats: usize,
 ) -> anyhow::Result<(ModeFigures, Vec<Trajectory>)> {
-    let make = env_maker(cfg);
+    let make = env_maker(cfg)?;
     let mut all = Vec::new();
     let mut used = PromptTokens::default();
     let start = Instant::now();
@@ -128,7 +128,7 @@ pub fn run(args: BenchRolloutArgs) -> anyhow::Result<()> {
             (p.tokenizer, p.model, p.rollout)
         }
         None => {
-            let make = env_maker(&cfg);
+            let make = env_maker(&cfg)?;
             let (tok, model) = starting_policy(&cfg, make.as_ref(), false, &Device::Cpu)?;
             (tok, model, cfg.rollout.clone())
         }
