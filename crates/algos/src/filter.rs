@@ -46,12 +46,7 @@ pub fn top_std_groups(
     keep_ratio: f32,
 ) -> Result<GroupFilterResult> {
     check_len("group_ids", raw_scores.len(), group_ids.len())?;
-    if !(keep_ratio > 0.0 && keep_ratio <= 1.0) {
-        return Err(AlgoError::InvalidParam {
-            name: "rollout_filter_ratio",
-            reason: format!("must be in (0, 1], got {keep_ratio}"),
-        });
-    }
+    check_share("rollout_filter_ratio", keep_ratio)?;
     let stds = group_stds(raw_scores, group_ids);
     let n_groups = stds.len();
     let k =
@@ -93,12 +88,7 @@ pub fn snr_groups(
     eps: f32,
 ) -> Result<GroupFilterResult> {
     check_len("group_ids", raw_scores.len(), group_ids.len())?;
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(AlgoError::InvalidParam {
-            name: "rollout_filter_top_p",
-            reason: format!("must be in (0, 1], got {top_p}"),
-        });
-    }
+    check_share("rollout_filter_top_p", top_p)?;
     if !(eps >= 0.0 && eps.is_finite()) {
         return Err(AlgoError::InvalidParam {
             name: "rollout_filter_eps",
@@ -119,12 +109,20 @@ pub fn snr_groups(
         cumulative += s;
         kept_groups.push(g);
     }
-    if cumulative < threshold {
-        // Only reachable through rounding at top_p = 1: keep what has signal.
-        kept_groups = ranked.iter().map(|&(g, _)| g).collect();
-    }
     kept_groups.sort_unstable();
     Ok(GroupFilterResult::of_kept(kept_groups, &stds, group_ids))
+}
+
+/// A filter's share parameter `name` must be in (0, 1].
+fn check_share(name: &'static str, value: f32) -> Result<()> {
+    if value > 0.0 && value <= 1.0 {
+        Ok(())
+    } else {
+        Err(AlgoError::InvalidParam {
+            name,
+            reason: format!("must be in (0, 1], got {value}"),
+        })
+    }
 }
 
 /// (group id, unbiased std of its members' raw scores), in ascending id order.
