@@ -13,7 +13,7 @@ mod solver;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, Step, StepError, TaskSpec,
+    EnvParams, Episode, Outcome, Step, StepError, TaskConfig, TaskSpec,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -66,9 +66,9 @@ struct Params {
     high_prob: Option<f64>,
 }
 
-impl Config {
+impl TaskConfig for Config {
     /// RAGEN's payouts; `hard` hides the numbers.
-    pub fn for_difficulty(difficulty: &str) -> Result<Self, EnvError> {
+    fn for_difficulty(difficulty: &str) -> Result<Self, EnvError> {
         let symbolic = match difficulty {
             "easy" => false,
             "hard" => true,
@@ -84,7 +84,7 @@ impl Config {
 
     /// This config with `[env]` params applied: `low_reward`, `high_reward`,
     /// `high_prob`; the risky arm must keep the higher expectation (the task).
-    pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
+    fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
         let p: Params = parse_params(NAME, params)?;
         // NaN fails every range check, so the ranges also refuse it.
         if let Some(v) = p.low_reward {
@@ -127,10 +127,7 @@ pub struct Bandit {
 impl Bandit {
     /// Draw the task of `spec` with `[env]` params.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        Self::with_config(
-            spec,
-            Config::for_difficulty(&spec.difficulty)?.with_params(params)?,
-        )
+        Self::with_config(spec, Config::for_task(spec, params)?)
     }
 
     /// Draw the task of `spec` with an explicit config.

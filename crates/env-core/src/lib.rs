@@ -12,6 +12,7 @@
 pub mod action;
 mod cache;
 mod descriptor;
+pub mod direction;
 mod env;
 mod episode;
 mod error;
@@ -23,9 +24,10 @@ pub mod testing;
 
 pub use cache::SharedCache;
 pub use descriptor::{EnvDescriptor, EnvFactory, EnvParams};
+pub use direction::{parse_direction, Direction};
 pub use env::{Env, Step, StepInfo};
 pub use episode::{Episode, Outcome};
 pub use error::{ActionError, EnvError, StepError};
-pub use params::{param_error, param_in_range, parse_params, MAX_STEPS_PARAM};
+pub use params::{param_error, param_in_range, parse_params, TaskConfig, MAX_STEPS_PARAM};
 pub use seed::{stable_hash, task_rng, TaskRng};
 pub use spec::{Split, TaskSpec, SPLIT_STRIDE};

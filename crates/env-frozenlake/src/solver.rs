@@ -1,7 +1,7 @@
 //! The expert: value iteration on the known slip model.
 
 use crate::generator::{Map, Tile};
-use crate::parser::Action;
+use crate::parser::{Action, ACTIONS};
 
 /// The expert's plan for one map: the best action for every cell and every
 /// number of steps left, and the success probability it achieves.
@@ -68,7 +68,7 @@ fn discounted(map: &Map, slip: f64, gamma: f64) -> Vec<f64> {
             if map.tiles[s].is_terminal() {
                 continue;
             }
-            let best = Action::ALL
+            let best = ACTIONS
                 .iter()
                 .map(|&a| q(map, &v, s, a, slip, gamma, true))
                 .fold(0.0, f64::max);
@@ -106,11 +106,11 @@ pub fn solve(map: &Map, slip: f64, horizon: usize) -> Policy {
                 actions.push(Action::Left);
                 continue;
             }
-            let qs = Action::ALL.map(|a| q(map, &v, s, a, slip, 1.0, false));
+            let qs = ACTIONS.map(|a| q(map, &v, s, a, slip, 1.0, false));
             let best = qs.iter().copied().fold(0.0, f64::max);
             let mut choice = Action::Left;
             let mut choice_fast = f64::NEG_INFINITY;
-            for (a, qa) in Action::ALL.iter().zip(qs) {
+            for (a, qa) in ACTIONS.iter().zip(qs) {
                 if qa >= best - 1e-12 {
                     let f = q(map, &fast, s, *a, slip, 0.9, true);
                     if f > choice_fast {
@@ -164,7 +164,7 @@ mod tests {
             path.push(a);
             pos = m.neighbour(pos, a.delta());
         }
-        use Action::*;
+        use agentrl_env_core::Direction::*;
         assert_eq!(path, vec![Right, Right, Down, Down, Left, Left]);
         assert!((p.success[0] - 1.0).abs() < 1e-9);
     }

@@ -45,7 +45,7 @@ fn play(e: &mut FrozenLake, actions: &[Action]) -> Vec<String> {
 
 #[test]
 fn same_seed_gives_identical_observations_over_an_action_sequence() {
-    let actions: Vec<Action> = (0..60).map(|i| Action::ALL[(i * 7 + i / 3) % 4]).collect();
+    let actions: Vec<Action> = (0..60).map(|i| ACTIONS[(i * 7 + i / 3) % 4]).collect();
     for &d in DIFFICULTIES {
         for seed in 0..20 {
             let a = play(&mut env(d, seed), &actions);
@@ -57,7 +57,7 @@ fn same_seed_gives_identical_observations_over_an_action_sequence() {
 
 #[test]
 fn reset_replays_the_slips_identically() {
-    let actions: Vec<Action> = (0..40).map(|i| Action::ALL[(i * 3) % 4]).collect();
+    let actions: Vec<Action> = (0..40).map(|i| ACTIONS[(i * 3) % 4]).collect();
     let mut e = env("hard", 5);
     let first = play(&mut e, &actions);
     let second = play(&mut e, &actions);
@@ -331,7 +331,7 @@ fn expert_beats_random_play() {
             i = i
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            e.step(Action::ALL[(i >> 33) % 4].name()).unwrap();
+            e.step(ACTIONS[(i >> 33) % 4].name()).unwrap();
         }
         random_wins += e.is_success() as u32;
     }

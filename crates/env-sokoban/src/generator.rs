@@ -7,7 +7,7 @@
 use rand::seq::IndexedRandom;
 use rand::Rng;
 
-use crate::parser::Action;
+use crate::parser::{Action, ACTIONS};
 use crate::solver::{solve_within, MAX_NODES};
 
 /// Most boxes a room may hold (the state is a fixed-size array).
@@ -287,7 +287,7 @@ pub fn reverse_play<R: Rng>(
     // with the player already lined up behind the box it just pulled.
     let mut follow = false;
     for _ in 0..steps {
-        let a = Action::ALL[rng.random_range(0..4)];
+        let a = ACTIONS[rng.random_range(0..4)];
         let pull = rng.random::<f64>() < 0.8;
         let p = state.player as usize;
         let Some(next) = room.neighbour(p, a) else {

@@ -12,7 +12,7 @@ mod solver;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, Step, StepError, TaskSpec, MAX_STEPS_PARAM,
+    EnvParams, Episode, Outcome, Step, StepError, TaskConfig, TaskSpec, MAX_STEPS_PARAM,
 };
 use serde::Deserialize;
 
@@ -20,7 +20,7 @@ pub use generator::{
     generate, parse_room, reverse_play, topology, GenConfig, Generated, Room, State, Tile,
     MAX_BOXES, MAX_SIDE, WORK_BUDGET,
 };
-pub use parser::{parse_action, Action, MAX_ACTION_LEN};
+pub use parser::{parse_action, Action, ACTIONS};
 pub use solver::{solve, MAX_NODES};
 
 /// Registry name.
@@ -57,11 +57,11 @@ pub struct Config {
     pub max_steps: usize,
 }
 
-impl Config {
+impl TaskConfig for Config {
     /// Defaults of a difficulty. Easy: 6×6, one box, optimal solution of 1–8
     /// moves so it fits RAGEN's 10-action budget; hard: 8×8, two boxes,
     /// optimal solution of 6–40 moves. Both allow 100 steps.
-    pub fn for_difficulty(difficulty: &str) -> Result<Self, EnvError> {
+    fn for_difficulty(difficulty: &str) -> Result<Self, EnvError> {
         let generation = match difficulty {
             "easy" => GenConfig {
                 size: 6,
@@ -88,7 +88,7 @@ impl Config {
     /// This config with `[env]` params applied: `size` (5–16), `boxes`
     /// (1–4), `reverse_steps`, `min_solution_len`, `max_solution_len`
     /// (≤ `max_steps`), `max_steps` (1–1000).
-    pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
+    fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
         let p: Params = parse_params(NAME, params)?;
         let g = &mut self.generation;
         if let Some(size) = p.size {
@@ -159,10 +159,7 @@ pub struct Sokoban {
 impl Sokoban {
     /// Generate the task of `spec` with `[env]` params.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        Self::with_config(
-            spec,
-            Config::for_difficulty(&spec.difficulty)?.with_params(params)?,
-        )
+        Self::with_config(spec, Config::for_task(spec, params)?)
     }
 
     /// Generate the task of `spec` with an explicit config.
@@ -341,7 +338,7 @@ impl Env for Sokoban {
         if self.episode.is_done() {
             return Vec::new();
         }
-        Action::ALL.iter().map(|a| a.name().to_string()).collect()
+        ACTIONS.iter().map(|a| a.name().to_string()).collect()
     }
 
     fn state_key(&self) -> u64 {

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use crate::generator::{Room, State};
-use crate::parser::Action;
+use crate::parser::{Action, ACTIONS};
 
 /// States explored before the search gives up; rooms up to 16×16 with a few
 /// boxes stay far below this, it only bounds pathological hand-made rooms.
@@ -36,7 +36,7 @@ pub fn solve_within(
         let end = nodes.len();
         for i in layer.clone() {
             let state = nodes[i].0;
-            for a in Action::ALL {
+            for a in ACTIONS {
                 let Some((next, _)) = state.apply(room, a) else {
                     continue;
                 };
