@@ -231,6 +231,15 @@ mod tests {
         )
     }
 
+    /// Both filters keep g2 and g0 of [`example`] at the ratios the tests use.
+    fn assert_keeps_g0_and_g2(f: &GroupFilterResult) {
+        assert_eq!(f.kept_groups, vec![0, 2]);
+        let kept = [true, true, false, false, true, true, false, false];
+        assert_eq!(f.kept_mask, kept);
+        assert!((f.std_before - 2.032932).abs() < 1e-5);
+        assert!((f.std_after - 3.889087).abs() < 1e-5);
+    }
+
     #[test]
     fn filter_keeps_highest_std_groups() {
         // ratio 0.5 → ceil(2) = 2 groups: g2 (7.07) and g0 (0.707).
@@ -238,13 +247,7 @@ mod tests {
         // std_after  = (0.707107 + 7.071068)/2 = 3.889087
         let (s, g) = example();
         let f = top_std_groups(&s, &g, 0.5).unwrap();
-        assert_eq!(f.kept_groups, vec![0, 2]);
-        assert_eq!(
-            f.kept_mask,
-            vec![true, true, false, false, true, true, false, false]
-        );
-        assert!((f.std_before - 2.032932).abs() < 1e-5);
-        assert!((f.std_after - 3.889087).abs() < 1e-5);
+        assert_keeps_g0_and_g2(&f);
         // ratio 0.25 → 1 group; ratio 0.01 still keeps 1.
         assert_eq!(top_std_groups(&s, &g, 0.25).unwrap().kept_groups, vec![2]);
         assert_eq!(top_std_groups(&s, &g, 0.01).unwrap().kept_groups, vec![2]);
@@ -288,13 +291,7 @@ mod tests {
         let (s, g) = example();
         // 0.9 · 8.131728 − 0.01 = 7.308555: g2 alone (7.071) is short, + g0 reaches 7.778.
         let f = snr_groups(&s, &g, 0.9, 0.01).unwrap();
-        assert_eq!(f.kept_groups, vec![0, 2]);
-        assert_eq!(
-            f.kept_mask,
-            vec![true, true, false, false, true, true, false, false]
-        );
-        assert!((f.std_before - 2.032932).abs() < 1e-5);
-        assert!((f.std_after - 3.889087).abs() < 1e-5);
+        assert_keeps_g0_and_g2(&f);
         // 0.8 · 8.131728 − 0.01 = 6.495: g2 alone suffices.
         assert_eq!(snr_groups(&s, &g, 0.8, 0.01).unwrap().kept_groups, vec![2]);
         // top_p = 1 keeps every group with signal, never the zero-std g1.

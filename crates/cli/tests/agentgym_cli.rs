@@ -11,63 +11,63 @@ use agentgym_double::{DoubleServer, Kind};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentrl");
 
-/// A seconds-long run: tiny model, no warm start (no expert on AgentGym).
-fn config(endpoint: &str) -> String {
-    format!(
-        r#"
-name = "agentgym-test"
-[env]
-name = "babyai"
-protocol = "agentgym"
-endpoint = "{endpoint}"
-instructions = "You are in a grid world. Reply with one action from the available actions."
-data_idx.train = [100, 140]
-data_idx.val = [0, 3]
-[model]
-vocab_size = 300
-hidden_size = 32
-num_hidden_layers = 2
-num_attention_heads = 4
-num_key_value_heads = 2
-intermediate_size = 64
-[sft]
-demos = 0
-[rollout]
-n = 2
-env_groups = 2
-max_turns = 2
-max_actions = 2
-response_length = 8
-show_valid_actions = true
-[trainer]
-total_training_steps = 2
-save_freq = 0
-test_freq = 0
-val_tasks = 3
-val_greedy = false
-"#
-    )
+/// `configs/smoke.toml` moved onto the double: BabyAI over AgentGym's
+/// protocol, no warm start (there is no expert on AgentGym), two turns.
+const SMOKE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/smoke.toml");
+
+fn overrides(endpoint: &str) -> Vec<String> {
+    let mut o = vec![
+        "name=agentgym-test".to_string(),
+        "env.name=babyai".into(),
+        "env.protocol=agentgym".into(),
+        format!("env.endpoint={endpoint}"),
+        "env.instructions=You are in a grid world. Reply with one action from the available actions.".into(),
+    ];
+    o.extend(
+        [
+            "env.data_idx.train=[100, 140]",
+            "env.data_idx.val=[0, 3]",
+            "model.vocab_size=300",
+            "model.num_hidden_layers=2",
+            "model.num_attention_heads=4",
+            "model.num_key_value_heads=2",
+            "sft.demos=0",
+            "rollout.max_turns=2",
+            "rollout.max_actions=2",
+            "rollout.show_valid_actions=true",
+            "trainer.save_freq=0",
+            "trainer.val_tasks=3",
+            "trainer.val_greedy=false",
+        ]
+        .map(String::from),
+    );
+    o
+}
+
+/// Run the CLI and return its stdout; a failure shows its stderr.
+fn run_ok(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
 }
 
 #[test]
 fn train_and_eval_on_an_agentgym_server() {
     let d = DoubleServer::start(Kind::BabyAi);
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("agentgym.toml");
-    std::fs::write(&cfg, config(&d.url())).unwrap();
     let run = dir.path().join("run");
-    let out = Command::new(BIN)
-        .arg("train")
-        .arg(&cfg)
-        .arg("--out")
-        .arg(&run)
-        .arg("--quiet")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new(BIN)
+            .arg("train")
+            .arg(SMOKE)
+            .args(overrides(&d.url()))
+            .arg("--out")
+            .arg(&run)
+            .arg("--quiet"),
     );
     // Validation plays data_idx 0..3 (twice: before and after), RL only
     // train indices; the tokenizer corpus read 16 train tasks.
@@ -90,27 +90,15 @@ fn train_and_eval_on_an_agentgym_server() {
     assert_eq!(d.open_sessions(), 0, "every session closed");
 
     // The trained run evaluated on the server's data_idx 500..504.
-    let out = Command::new(BIN)
-        .args(["eval", "--env", "babyai", "--protocol", "agentgym"])
-        .args([
-            "--endpoint",
-            &d.url(),
-            "--n",
-            "4",
-            "--seed-start",
-            "500",
-            "--json",
-        ])
-        .arg("--policy")
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = run_ok(
+        Command::new(BIN)
+            .args(["eval", "--env", "babyai", "--protocol", "agentgym"])
+            .args(["--endpoint", &d.url(), "--n", "4", "--seed-start", "500"])
+            .arg("--json")
+            .arg("--policy")
+            .arg(&run),
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&stdout).unwrap();
     assert_eq!(report["n"], 4, "{report}");
     let tail: Vec<u64> = d.reset_indices().into_iter().rev().take(4).collect();
     assert_eq!(tail, [503, 502, 501, 500]);

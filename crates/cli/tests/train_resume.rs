@@ -7,40 +7,25 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agentrl");
 
-/// A seconds-long run on the bandit (its own config: the embedded default's
-/// `[env.params]` belong to another environment).
-const CONFIG: &str = r#"
-name = "resume-test"
-[env]
-name = "bandit"
-[model]
-vocab_size = 300
-hidden_size = 32
-num_hidden_layers = 2
-num_attention_heads = 4
-num_key_value_heads = 2
-intermediate_size = 64
-[sft]
-demos = 8
-epochs = 1
-[rollout]
-n = 2
-env_groups = 2
-max_turns = 1
-response_length = 8
-[trainer]
-total_training_steps = 6
-save_freq = 1
-test_freq = 0
-val_tasks = 4
-"#;
+/// `configs/smoke.toml`, a seconds-long run on the bandit, made a little
+/// longer and wider: six RL steps, a checkpoint after each.
+const SMOKE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/smoke.toml");
+const OVERRIDES: &[&str] = &[
+    "name=resume-test",
+    "model.vocab_size=300",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=4",
+    "model.num_key_value_heads=2",
+    "sft.demos=8",
+    "trainer.total_training_steps=6",
+    "trainer.val_tasks=4",
+];
 
 fn train(out: &Path) -> Command {
-    let config = out.with_extension("toml");
-    std::fs::write(&config, CONFIG).unwrap();
     let mut c = Command::new(BIN);
     c.arg("train")
-        .arg(&config)
+        .arg(SMOKE)
+        .args(OVERRIDES)
         .arg("--out")
         .arg(out)
         .arg("--quiet");

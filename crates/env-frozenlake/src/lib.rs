@@ -12,14 +12,14 @@ mod solver;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, Step, StepError, TaskSpec, MAX_STEPS_PARAM,
+    EnvParams, Episode, Outcome, Step, StepError, TaskConfig, TaskSpec, MAX_STEPS_PARAM,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
 
 pub use generator::{generate_map, Map, Tile, MAX_MAP_DRAWS};
-pub use parser::{parse_action, Action, MAX_ACTION_LEN};
+pub use parser::{parse_action, Action, ACTIONS};
 pub use solver::{outcomes, solve, Policy};
 
 /// Registry name.
@@ -67,9 +67,9 @@ struct Params {
     max_steps: Option<usize>,
 }
 
-impl Config {
+impl TaskConfig for Config {
     /// Defaults of a difficulty: easy 4×4, hard 6×6; RAGEN's slip; 100 steps.
-    pub fn for_difficulty(difficulty: &str) -> Result<Self, EnvError> {
+    fn for_difficulty(difficulty: &str) -> Result<Self, EnvError> {
         let size = match difficulty {
             "easy" => 4,
             "hard" => 6,
@@ -86,7 +86,7 @@ impl Config {
     /// This config with `[env]` params applied: `slip` (0 ≤ slip ≤ 1),
     /// `is_slippery` (bool; false means `slip = 0`), `size` (2–16),
     /// `frozen_prob` (0 < p ≤ 1), `max_steps` (1–1000).
-    pub fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
+    fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
         let p: Params = parse_params(NAME, params)?;
         if let Some(slip) = p.slip {
             self.slip = param_in_range(NAME, "slip", slip, 0.0..=1.0)?;
@@ -137,10 +137,7 @@ pub struct FrozenLake {
 impl FrozenLake {
     /// Generate the task of `spec` with `[env]` params.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        Self::with_config(
-            spec,
-            Config::for_difficulty(&spec.difficulty)?.with_params(params)?,
-        )
+        Self::with_config(spec, Config::for_task(spec, params)?)
     }
 
     /// Generate the task of `spec` with an explicit config.
@@ -312,7 +309,7 @@ impl Env for FrozenLake {
         if self.episode.is_done() {
             return Vec::new();
         }
-        Action::ALL.iter().map(|a| a.name().to_string()).collect()
+        ACTIONS.iter().map(|a| a.name().to_string()).collect()
     }
 
     fn state_key(&self) -> u64 {

@@ -4,18 +4,16 @@
 use agentrl_model::{AdamW, AdamWConfig, ModelConfig, PolicyModel};
 use candle_core::{Device, Tensor};
 
+fn flat(logits: Result<Tensor, agentrl_model::ModelError>) -> Vec<f32> {
+    logits.unwrap().flatten_all().unwrap().to_vec1().unwrap()
+}
+
 #[test]
 fn no_grad_forward_matches_training_forward_after_an_update() {
     let cfg = ModelConfig::new_qwen2(64, 32, 2, 4, 2, 64);
     let model = PolicyModel::new_random(&cfg, false, 0, &Device::Cpu).unwrap();
     let ids = Tensor::new(&[[1u32, 5, 9, 3, 7]], &Device::Cpu).unwrap();
-    let before = model
-        .forward_no_grad(&ids)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let before = flat(model.forward_no_grad(&ids));
     let mut opt = AdamW::new(
         model.trainable_vars().unwrap(),
         AdamWConfig {
@@ -28,20 +26,8 @@ fn no_grad_forward_matches_training_forward_after_an_update() {
     let loss = out.logprobs.sum_all().unwrap().neg().unwrap();
     let grads = loss.backward().unwrap();
     opt.step(&grads).unwrap();
-    let train = model
-        .forward(&ids)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    let infer = model
-        .forward_no_grad(&ids)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let train = flat(model.forward(&ids));
+    let infer = flat(model.forward_no_grad(&ids));
     let moved: f32 = before
         .iter()
         .zip(&train)

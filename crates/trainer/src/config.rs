@@ -16,6 +16,11 @@ use crate::collapse::CollapseConfig;
 /// The embedded default: a tiny model, SFT warm start, GRPO + StarPO-S.
 pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/default.toml");
 
+/// `configs/smoke.toml`: a seconds-long run on the bandit that checks the
+/// machinery end to end. The whole-run tests start from it and override what
+/// they test.
+pub const SMOKE_CONFIG: &str = include_str!("../../../configs/smoke.toml");
+
 /// A config could not be read; the message names the file or key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -938,6 +943,12 @@ fn parse_literal(raw: &str) -> toml::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn smoke_config_parses() {
+        let cfg = TrainConfig::from_toml(SMOKE_CONFIG, &[]).unwrap();
+        assert_eq!(cfg.env.name, "bandit");
+    }
 
     #[test]
     fn embedded_default_parses() {

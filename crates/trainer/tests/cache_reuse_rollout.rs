@@ -4,33 +4,24 @@
 
 use agentrl_env_core::{Split, TaskSpec};
 use agentrl_rollout::{run_rollouts, Generation, Policy, PolicyError, SamplingParams, Trajectory};
+use agentrl_trainer::config::SMOKE_CONFIG;
 use agentrl_trainer::{LocalPolicy, PromptTokens, Silent, TrainConfig, Trainer};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-const CONFIG: &str = r#"
-name = "cache-reuse"
-[env]
-name = "frozenlake"
-[model]
-vocab_size = 320
-hidden_size = 32
-num_hidden_layers = 2
-num_attention_heads = 2
-num_key_value_heads = 1
-intermediate_size = 64
-[sft]
-demos = 0
-[rollout]
-n = 3
-env_groups = 2
-max_turns = 4
-response_length = 6
-temperature = 1.0
-[trainer]
-total_training_steps = 1
-val_tasks = 2
-"#;
+/// What this test changes in `configs/smoke.toml`: multi-turn FrozenLake, a
+/// 2-layer model, no warm start, sampling at temperature 1.
+const OVERRIDES: &[&str] = &[
+    "name=cache-reuse",
+    "env.name=frozenlake",
+    "model.num_hidden_layers=2",
+    "sft.demos=0",
+    "rollout.n=3",
+    "rollout.max_turns=4",
+    "rollout.response_length=6",
+    "rollout.temperature=1.0",
+    "trainer.total_training_steps=1",
+];
 
 /// A policy that records every generation it hands out.
 struct Recording<'a> {
@@ -83,7 +74,8 @@ fn play(t: &Trainer, policy: LocalPolicy<'_>) -> (Vec<Trajectory>, Vec<Generatio
 #[test]
 fn cached_rollouts_equal_full_re_encoding() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = TrainConfig::from_toml(CONFIG, &[]).unwrap();
+    let overrides: Vec<String> = OVERRIDES.iter().map(|o| o.to_string()).collect();
+    let cfg = TrainConfig::from_toml(SMOKE_CONFIG, &overrides).unwrap();
     let t = Trainer::start(cfg, &dir.path().join("run"), &mut Silent).unwrap();
     let (fresh, fresh_gens, fresh_used) = play(&t, LocalPolicy::without_cache_reuse(&t.model));
     let (cached, cached_gens, cached_used) = play(&t, LocalPolicy::new(&t.model));

@@ -10,36 +10,10 @@ use std::fs;
 use std::path::Path;
 
 use agentrl_durable::testing;
+use agentrl_trainer::config::SMOKE_CONFIG;
 use agentrl_trainer::run_dir::RunDir;
 use agentrl_trainer::{Silent, TrainConfig, TrainError, Trainer};
 use serde_json::Value;
-
-/// Two RL steps, a checkpoint after each, on the bandit with a tiny model.
-const CONFIG: &str = r#"
-name = "crash-test"
-[env]
-name = "bandit"
-[model]
-vocab_size = 300
-hidden_size = 32
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-intermediate_size = 64
-[sft]
-demos = 4
-epochs = 1
-[rollout]
-n = 2
-env_groups = 2
-max_turns = 1
-response_length = 8
-[trainer]
-total_training_steps = 2
-save_freq = 1
-test_freq = 0
-val_tasks = 2
-"#;
 
 fn copy_dir(from: &Path, to: &Path) {
     fs::create_dir_all(to).unwrap();
@@ -125,7 +99,8 @@ struct Runs {
 fn runs() -> Runs {
     let scratch = tempfile::tempdir().unwrap();
     let started = scratch.path().join("started");
-    let cfg = TrainConfig::from_toml(CONFIG, &[]).unwrap();
+    // configs/smoke.toml: two RL steps, a checkpoint after each, on the bandit.
+    let cfg = TrainConfig::from_toml(SMOKE_CONFIG, &[]).unwrap();
     drop(Trainer::start(cfg, &started, &mut Silent).unwrap());
     let finished = scratch.path().join("finished");
     copy_dir(&started, &finished);

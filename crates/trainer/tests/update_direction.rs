@@ -8,41 +8,26 @@
 
 use agentrl_env_core::{Split, TaskSpec};
 use agentrl_rollout::{run_rollouts, Trajectory};
+use agentrl_trainer::config::SMOKE_CONFIG;
 use agentrl_trainer::ppo::UpdateStats;
 use agentrl_trainer::trainer::rl_learning_rates;
 use agentrl_trainer::{LocalPolicy, Silent, TrainConfig, Trainer};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-const CONFIG: &str = r#"
-name = "update-direction"
-[env]
-name = "bandit"
-[model]
-vocab_size = 320
-hidden_size = 32
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-intermediate_size = 64
-[sft]
-demos = 0
-# An untrained model's replies are all malformed, and by default a malformed
-# turn gets no positive credit; this test fakes the outcomes, so it credits them.
-[algorithm]
-credit_malformed_turns = true
-[actor]
-lr = 1e-3
-ppo_mini_batch_size = 64
-[rollout]
-n = 8
-env_groups = 2
-max_turns = 1
-response_length = 8
-[trainer]
-total_training_steps = 1
-val_tasks = 2
-"#;
+/// What this test changes in `configs/smoke.toml`: groups of 8, no warm start,
+/// one update with the whole batch as one mini-batch.
+const OVERRIDES: &[&str] = &[
+    "name=update-direction",
+    "sft.demos=0",
+    // An untrained model's replies are all malformed, and by default a malformed
+    // turn gets no positive credit; this test fakes the outcomes, so it credits them.
+    "algorithm.credit_malformed_turns=true",
+    "actor.lr=1e-3",
+    "actor.ppo_mini_batch_size=64",
+    "rollout.n=8",
+    "trainer.total_training_steps=1",
+];
 
 /// Summed log-probability of each trajectory's policy tokens.
 fn policy_logprob(t: &Trainer, trajs: &[Trajectory]) -> Vec<f32> {
@@ -64,11 +49,16 @@ fn policy_logprob(t: &Trainer, trajs: &[Trajectory]) -> Vec<f32> {
         .collect()
 }
 
-/// A trainer on `CONFIG` with `overrides`, in a fresh directory.
+/// A trainer on the smoke config with `OVERRIDES`, then `overrides`, in a
+/// fresh directory.
 fn start(overrides: &[&str]) -> (tempfile::TempDir, Trainer) {
     let dir = tempfile::tempdir().unwrap();
-    let overrides: Vec<String> = overrides.iter().map(|o| o.to_string()).collect();
-    let cfg = TrainConfig::from_toml(CONFIG, &overrides).unwrap();
+    let overrides: Vec<String> = OVERRIDES
+        .iter()
+        .chain(overrides)
+        .map(|o| o.to_string())
+        .collect();
+    let cfg = TrainConfig::from_toml(SMOKE_CONFIG, &overrides).unwrap();
     let t = Trainer::start(cfg, &dir.path().join("run"), &mut Silent).unwrap();
     (dir, t)
 }
