@@ -9,12 +9,11 @@ use std::process::Command;
 
 use agentgym_double::{DoubleServer, Kind};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentrl");
+mod common;
+use common::{BIN, SMOKE};
 
 /// `configs/smoke.toml` moved onto the double: BabyAI over AgentGym's
 /// protocol, no warm start (there is no expert on AgentGym), two turns.
-const SMOKE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/smoke.toml");
-
 fn overrides(endpoint: &str) -> Vec<String> {
     let mut o = vec![
         "name=agentgym-test".to_string(),
@@ -44,30 +43,21 @@ fn overrides(endpoint: &str) -> Vec<String> {
     o
 }
 
-/// Run the CLI and return its stdout; a failure shows its stderr.
-fn run_ok(cmd: &mut Command) -> Vec<u8> {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
 #[test]
 fn train_and_eval_on_an_agentgym_server() {
     let d = DoubleServer::start(Kind::BabyAi);
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    run_ok(
-        Command::new(BIN)
+    common::ok_stdout(
+        &Command::new(BIN)
             .arg("train")
             .arg(SMOKE)
             .args(overrides(&d.url()))
             .arg("--out")
             .arg(&run)
-            .arg("--quiet"),
+            .arg("--quiet")
+            .output()
+            .unwrap(),
     );
     // Validation plays data_idx 0..3 (twice: before and after), RL only
     // train indices; the tokenizer corpus read 16 train tasks.
@@ -90,15 +80,16 @@ fn train_and_eval_on_an_agentgym_server() {
     assert_eq!(d.open_sessions(), 0, "every session closed");
 
     // The trained run evaluated on the server's data_idx 500..504.
-    let stdout = run_ok(
-        Command::new(BIN)
+    let report = common::json_stdout(
+        &Command::new(BIN)
             .args(["eval", "--env", "babyai", "--protocol", "agentgym"])
             .args(["--endpoint", &d.url(), "--n", "4", "--seed-start", "500"])
             .arg("--json")
             .arg("--policy")
-            .arg(&run),
+            .arg(&run)
+            .output()
+            .unwrap(),
     );
-    let report: serde_json::Value = serde_json::from_slice(&stdout).unwrap();
     assert_eq!(report["n"], 4, "{report}");
     let tail: Vec<u64> = d.reset_indices().into_iter().rev().take(4).collect();
     assert_eq!(tail, [503, 502, 501, 500]);

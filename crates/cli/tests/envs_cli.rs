@@ -5,15 +5,11 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-fn agentrl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agentrl"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+mod common;
+use common::{agentrl, assert_contains_all, failure_stderr, ok_stdout, BIN};
 
 fn agentrl_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentrl"))
+    let mut child = Command::new(BIN)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -22,15 +18,6 @@ fn agentrl_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
         .unwrap();
     child.stdin.take().unwrap().write_all(stdin).unwrap();
     child.wait_with_output().unwrap()
-}
-
-fn ok_stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
 }
 
 #[test]
@@ -43,9 +30,14 @@ fn envs_lists_the_first_three_environments_with_splits() {
             "{text}"
         );
     }
-    assert!(text.contains("train  0..4294967296"), "{text}");
-    assert!(text.contains("val    4294967296..8589934592"), "{text}");
-    assert!(text.contains("test   8589934592..12884901888"), "{text}");
+    assert_contains_all(
+        &text,
+        &[
+            "train  0..4294967296",
+            "val    4294967296..8589934592",
+            "test   8589934592..12884901888",
+        ],
+    );
 }
 
 #[test]
@@ -102,13 +94,15 @@ fn play_reports_invalid_actions_and_keeps_going() {
         b"fly\n\xff\xfe\nRight\n",
     );
     let text = ok_stdout(&out);
-    assert!(
-        text.contains("invalid action: unknown action 'fly'"),
-        "{text}"
+    assert_contains_all(
+        &text,
+        &[
+            "invalid action: unknown action 'fly'",
+            "actions: Left, Down, Right, Up",
+            "invalid actions 2",
+            "> Right",
+        ],
     );
-    assert!(text.contains("actions: Left, Down, Right, Up"), "{text}");
-    assert!(text.contains("invalid actions 2"), "{text}");
-    assert!(text.contains("> Right"), "{text}");
 }
 
 #[test]
@@ -167,7 +161,7 @@ fn eval_random_is_worse_than_expert_and_deterministic() {
 
 #[test]
 fn a_gigabyte_action_line_is_an_error_not_an_abort() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentrl"))
+    let mut child = Command::new(BIN)
         .args(["play", "bandit"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -186,8 +180,7 @@ fn a_gigabyte_action_line_is_an_error_not_an_abort() {
     });
     let out = child.wait_with_output().unwrap();
     let sent = writer.join().unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failure_stderr(&out);
     assert!(
         err.contains("line 1 of stdin is longer than 65536 bytes"),
         "{err}"
@@ -211,8 +204,7 @@ fn eval_seed_range_past_the_split_is_an_error() {
         "--n",
         "5",
     ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failure_stderr(&out);
     assert!(err.contains("--seed-start 18446744073709551615"), "{err}");
     // The last task of the split is fine.
     let text = ok_stdout(&agentrl(&[

@@ -1,9 +1,11 @@
 //! `agentrl generate` on the qwen2-tiny fixture made by transformers.
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use serde_json::Value;
+
+mod common;
+use common::{agentrl, failure_stderr, json_stdout};
 
 fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny")
@@ -12,22 +14,6 @@ fn fixture_dir() -> PathBuf {
 fn reference() -> Value {
     let text = std::fs::read_to_string(fixture_dir().join("reference.json")).unwrap();
     serde_json::from_str(&text).unwrap()
-}
-
-fn agentrl(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_agentrl"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn json_stdout(out: &std::process::Output) -> Value {
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[test]
@@ -101,8 +87,7 @@ fn missing_model_directory_is_named_in_the_error() {
         "--prompt",
         "hi",
     ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failure_stderr(&out);
     assert!(err.contains("/nonexistent/agentrl-model"), "{err}");
 }
 
@@ -118,8 +103,7 @@ fn bad_chat_json_is_named_in_the_error() {
         "--chat",
         chat.to_str().unwrap(),
     ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failure_stderr(&out);
     assert!(err.contains("broken-chat.json"), "{err}");
 }
 

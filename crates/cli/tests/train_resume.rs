@@ -5,11 +5,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentrl");
+mod common;
+use common::{BIN, SMOKE};
 
 /// `configs/smoke.toml`, a seconds-long run on the bandit, made a little
 /// longer and wider: six RL steps, a checkpoint after each.
-const SMOKE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/smoke.toml");
 const OVERRIDES: &[&str] = &[
     "name=resume-test",
     "model.vocab_size=300",

@@ -56,6 +56,20 @@ pub fn param_in_range<T: PartialOrd + Display>(
     ))
 }
 
+/// An environment's typed task config: a preset per difficulty with the
+/// `[env]` params on top. One trait so every env builds its config from a
+/// spec the same way.
+pub trait TaskConfig: Sized {
+    /// The preset of a difficulty; an unknown one is an error naming it.
+    fn for_difficulty(difficulty: &str) -> Result<Self, EnvError>;
+    /// This config with `[env]` params applied; absent keys keep their value.
+    fn with_params(self, params: &EnvParams) -> Result<Self, EnvError>;
+    /// The config of `spec`'s difficulty with `params` applied.
+    fn for_task(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
+        Self::for_difficulty(&spec.difficulty)?.with_params(params)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,19 +130,5 @@ mod tests {
             e.to_string(),
             "invalid parameter 'size' for demo: must be between 2 and 16"
         );
-    }
-}
-
-/// An environment's typed task config: a preset per difficulty with the
-/// `[env]` params on top. One trait so every env builds its config from a
-/// spec the same way.
-pub trait TaskConfig: Sized {
-    /// The preset of a difficulty; an unknown one is an error naming it.
-    fn for_difficulty(difficulty: &str) -> Result<Self, EnvError>;
-    /// This config with `[env]` params applied; absent keys keep their value.
-    fn with_params(self, params: &EnvParams) -> Result<Self, EnvError>;
-    /// The config of `spec`'s difficulty with `params` applied.
-    fn for_task(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        Self::for_difficulty(&spec.difficulty)?.with_params(params)
     }
 }

@@ -63,61 +63,24 @@ pub fn param_specs(
     )];
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
-        let a = format!("{p}.self_attn");
-        v.push((
-            format!("{a}.q_proj.weight"),
-            vec![q_out, d],
-            ParamInit::Normal,
-        ));
-        if cfg.qkv_bias() {
-            v.push((format!("{a}.q_proj.bias"), vec![q_out], ParamInit::Zeros));
+        for (proj, out) in [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)] {
+            let name = format!("{p}.self_attn.{proj}");
+            v.push((format!("{name}.weight"), vec![out, d], ParamInit::Normal));
+            if cfg.qkv_bias() {
+                v.push((format!("{name}.bias"), vec![out], ParamInit::Zeros));
+            }
         }
-        v.push((
-            format!("{a}.k_proj.weight"),
-            vec![kv_out, d],
-            ParamInit::Normal,
-        ));
-        if cfg.qkv_bias() {
-            v.push((format!("{a}.k_proj.bias"), vec![kv_out], ParamInit::Zeros));
+        let weights = [
+            ("self_attn.o_proj", vec![d, q_out], ParamInit::Normal),
+            ("mlp.gate_proj", vec![ffn, d], ParamInit::Normal),
+            ("mlp.up_proj", vec![ffn, d], ParamInit::Normal),
+            ("mlp.down_proj", vec![d, ffn], ParamInit::Normal),
+            ("input_layernorm", vec![d], ParamInit::Ones),
+            ("post_attention_layernorm", vec![d], ParamInit::Ones),
+        ];
+        for (name, shape, init) in weights {
+            v.push((format!("{p}.{name}.weight"), shape, init));
         }
-        v.push((
-            format!("{a}.v_proj.weight"),
-            vec![kv_out, d],
-            ParamInit::Normal,
-        ));
-        if cfg.qkv_bias() {
-            v.push((format!("{a}.v_proj.bias"), vec![kv_out], ParamInit::Zeros));
-        }
-        v.push((
-            format!("{a}.o_proj.weight"),
-            vec![d, q_out],
-            ParamInit::Normal,
-        ));
-        v.push((
-            format!("{p}.mlp.gate_proj.weight"),
-            vec![ffn, d],
-            ParamInit::Normal,
-        ));
-        v.push((
-            format!("{p}.mlp.up_proj.weight"),
-            vec![ffn, d],
-            ParamInit::Normal,
-        ));
-        v.push((
-            format!("{p}.mlp.down_proj.weight"),
-            vec![d, ffn],
-            ParamInit::Normal,
-        ));
-        v.push((
-            format!("{p}.input_layernorm.weight"),
-            vec![d],
-            ParamInit::Ones,
-        ));
-        v.push((
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![d],
-            ParamInit::Ones,
-        ));
     }
     v.push(("model.norm.weight".to_string(), vec![d], ParamInit::Ones));
     if !cfg.tie_word_embeddings {
