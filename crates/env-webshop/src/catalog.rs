@@ -167,7 +167,11 @@ const COLORS_A: &[&str] = &["black", "white", "navy", "olive", "red"];
 const COLORS_B: &[&str] = &["black", "silver", "white"];
 const SIZES_CLOTH: &[&str] = &["small", "medium", "large", "xl"];
 
-/// The 20 kinds of the built-in catalog.
+/// The 20 kinds of the built-in catalog. No option value outside a colour
+/// group contains a colour word ("standard" holds "tan", "peppermint"
+/// "mint"): WebShop's `normalize_color` would turn the chosen value into that
+/// colour while the goal's `(name, value)` stays whole, and even a perfect
+/// purchase could not score 1.
 pub const KINDS: &[Kind] = &[
     Kind {
         path: ["Grocery & Gourmet Food", "Beverages", "Coffee"],
@@ -205,7 +209,7 @@ pub const KINDS: &[Kind] = &[
         ],
         options: &[(
             "flavor",
-            &["peppermint", "lemon ginger", "chamomile", "jasmine"],
+            &["hibiscus", "lemon ginger", "chamomile", "jasmine"],
         )],
         price: (4.0, 25.0),
     },
@@ -352,7 +356,7 @@ pub const KINDS: &[Kind] = &[
             "screen protector included",
         ],
         options: &[
-            ("style", &["kickstand", "card holder", "clear back"]),
+            ("style", &["wallet", "card holder", "clear back"]),
             ("color", COLORS_B),
         ],
         price: (7.0, 30.0),
@@ -412,7 +416,7 @@ pub const KINDS: &[Kind] = &[
             "adjustable loft",
             "for side sleepers",
         ],
-        options: &[("size", &["standard", "queen", "king"])],
+        options: &[("size", &["regular", "queen", "king"])],
         price: (15.0, 70.0),
     },
     Kind {
@@ -740,6 +744,23 @@ pub fn make_goal(target: &Product, n_attrs: usize, n_options: usize, rng: &mut C
 mod tests {
     use super::*;
     use crate::reward::{normalize_color, token_set_ratio};
+
+    #[test]
+    fn every_option_value_earns_its_option_point() {
+        for kind in KINDS {
+            for (name, values) in kind.options {
+                for v in *values {
+                    let goal = [(name.to_string(), v.to_string())];
+                    assert_eq!(
+                        crate::reward::option_matches(&[v.to_string()], &goal),
+                        1,
+                        "{}: {name} = {v}",
+                        kind.query
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn generator_is_deterministic_and_ids_unique() {

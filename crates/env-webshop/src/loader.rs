@@ -8,7 +8,7 @@
 //!
 //! Field handling follows WebShop's `engine.load_products`: duplicate or
 //! malformed ASINs are skipped, option values are lower-cased with "/" turned
-//! into " | ", a product without attributes gets `DUMMY_ATTR`, a missing price
+//! into " | ", a product with no `attributes` key gets `DUMMY_ATTR`, a missing price
 //! is $100. Where WebShop draws a price inside a range with Python's RNG we
 //! draw it from a generator seeded by the ASIN (same price on every machine).
 
@@ -184,10 +184,12 @@ pub fn load_dir(dir: &Path, source: GoalSource) -> Result<LoadedData, EnvError> 
             }
         }
         let attr_entry = attrs.get(&asin);
-        let mut attributes = str_list(attr_entry.and_then(|a| a.get("attributes")));
-        if attributes.is_empty() {
-            attributes = vec!["DUMMY_ATTR".to_string()];
-        }
+        // As WebShop: DUMMY_ATTR only when the key is missing; an explicit
+        // empty list stays empty.
+        let attributes = match attr_entry.and_then(|a| a.get("attributes")) {
+            Some(list) => str_list(Some(list)),
+            None => vec!["DUMMY_ATTR".to_string()],
+        };
         let idx = products.len();
         products.push(Product {
             asin: asin.clone(),
@@ -300,6 +302,32 @@ pub fn split_goals(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// WebShop's `load_products`: `DUMMY_ATTR` only when `attributes` is
+    /// missing; an explicit `[]` stays empty.
+    #[test]
+    fn dummy_attribute_only_when_the_key_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let product = |asin: &str| {
+            serde_json::json!({"asin": asin, "name": "Kestrel Coffee", "category": "grocery",
+                "query": "coffee", "product_category": "Grocery", "pricing": "$10.00"})
+        };
+        let products = serde_json::json!([product("B0EMPTY001"), product("B0NOKEY001")]);
+        let attrs = serde_json::json!({
+            "B0EMPTY001": {"attributes": [], "instruction": "i need coffee",
+                "instruction_attributes": ["fresh"]},
+            "B0NOKEY001": {"instruction": "i need coffee", "instruction_attributes": ["fresh"]},
+        });
+        std::fs::write(dir.path().join("items_shuffle.json"), products.to_string()).unwrap();
+        std::fs::write(dir.path().join("items_ins_v2.json"), attrs.to_string()).unwrap();
+        let data = load_dir(dir.path(), GoalSource::Synthetic).unwrap();
+        let attrs_of = |asin: &str| {
+            let p = data.products.iter().find(|p| p.asin == asin).unwrap();
+            p.attributes.clone()
+        };
+        assert!(attrs_of("B0EMPTY001").is_empty());
+        assert_eq!(attrs_of("B0NOKEY001"), ["DUMMY_ATTR"]);
+    }
 
     #[test]
     fn pricing_parses_like_webshop() {

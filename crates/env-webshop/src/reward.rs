@@ -4,11 +4,13 @@
 //!     (|goal attributes| + |goal options| + 1), times the type factor r_type.
 //!
 //! The one deliberate difference: WebShop finds the nouns of a title with
-//! spaCy (POS NOUN / PROPN); we have no tagger, so [`title_nouns`] keeps the
-//! content words of a title — alphabetic tokens of two or more letters that
-//! are not in a small list of function words and common product adjectives.
-//! On our generated titles (brand, adjectives, product noun) that is the same
-//! set spaCy would tag; on WebShop's real titles it keeps a few more words.
+//! spaCy (`en_core_web_lg`, POS NOUN / PROPN); we have no tagger, so
+//! [`title_nouns`] keeps the content words of a title — tokens with a letter
+//! that are not in a list of function words and the product adjectives spaCy
+//! does not tag as nouns. The list follows spaCy's tags on WebShop's titles:
+//! it tags "men", "pack", "oz", "organic", "waterproof", "ipx7" and single
+//! letters as nouns there (kept) and "athletic", "over", "wired", "limited"
+//! as other parts of speech (dropped).
 
 use crate::catalog::{Goal, Product};
 
@@ -58,7 +60,6 @@ pub const COLOR_SET: &[&str] = &[
     "graphite",
     "grass",
     "gray",
-    "green",
     "grey",
     "heather",
     "indigo",
@@ -226,11 +227,8 @@ const NOT_NOUNS: &[&str] = &[
     "this",
     "that",
     "per",
-    "pack",
     "set",
-    "count",
     "ct",
-    "oz",
     "fl",
     "lb",
     "lbs",
@@ -244,7 +242,6 @@ const NOT_NOUNS: &[&str] = &[
     "feet",
     "new",
     "free",
-    "organic",
     "natural",
     "fresh",
     "premium",
@@ -263,7 +260,6 @@ const NOT_NOUNS: &[&str] = &[
     "big",
     "mini",
     "long",
-    "short",
     "light",
     "dark",
     "high",
@@ -272,9 +268,6 @@ const NOT_NOUNS: &[&str] = &[
     "thin",
     "thick",
     "slim",
-    "lightweight",
-    "waterproof",
-    "breathable",
     "durable",
     "portable",
     "adjustable",
@@ -293,23 +286,25 @@ const NOT_NOUNS: &[&str] = &[
     "purple",
     "yellow",
     "orange",
-    "women",
-    "womens",
-    "men",
-    "mens",
-    "kids",
     "unisex",
-    "x",
     "xl",
     "xxl",
+    "athletic",
+    "over",
+    "wired",
+    "limited",
 ];
 
 /// The "nouns" of a title for WebShop's title score (see module docs):
-/// lower-cased alphabetic content words, duplicates kept, in order.
+/// lower-cased content words with at least one letter (spaCy tags "ipx7"
+/// and single letters as nouns, bare numbers as numerals), duplicates kept,
+/// in order.
 pub fn title_nouns(title: &str) -> Vec<String> {
+    // spaCy splits a possessive off ("Men's" → "Men" + "'s", a particle).
+    let title = title.replace("'s", " ").replace("’s", " ");
     title
         .split(|c: char| !c.is_alphanumeric())
-        .filter(|t| t.chars().count() >= 2 && t.chars().all(|c| c.is_alphabetic()))
+        .filter(|t| t.chars().any(char::is_alphabetic))
         .map(|t| t.to_lowercase())
         .filter(|t| !NOT_NOUNS.contains(&t.as_str()))
         .collect()
@@ -393,13 +388,29 @@ pub fn attribute_matches(purchased: &Product, goal_attrs: &[String]) -> usize {
         .count()
 }
 
-/// `get_option_reward`: goal options matched by a chosen option value after
-/// colour normalisation, with token-set ratio > 85.
-pub fn option_matches(chosen: &[String], goal_options: &[String]) -> usize {
+/// A goal option as WebShop's `get_option_reward` sees it. A goal whose
+/// options are a dict (every synthetic goal, and human goals stored as an
+/// object) hands over `(name, value)` tuples: `normalize_color`'s `in` is then
+/// tuple membership (only an exact colour word, name or value, normalises),
+/// and the fuzzy score reads `str(tuple)`, the name's tokens included. A goal
+/// whose options are a list (an empty `name` here) hands over the value.
+pub fn goal_option_text(name: &str, value: &str) -> String {
+    if name.is_empty() {
+        return normalize_color(value);
+    }
+    match COLOR_SET.iter().find(|c| **c == name || **c == value) {
+        Some(c) => c.to_string(),
+        None => format!("('{name}', '{value}')"),
+    }
+}
+
+/// `get_option_reward`: goal options (see [`goal_option_text`]) matched by a
+/// chosen option value after colour normalisation, with token-set ratio > 85.
+pub fn option_matches(chosen: &[String], goal_options: &[(String, String)]) -> usize {
     let chosen: Vec<String> = chosen.iter().map(|o| normalize_color(o)).collect();
     goal_options
         .iter()
-        .map(|g| normalize_color(g))
+        .map(|(name, value)| goal_option_text(name, value))
         .filter(|g| chosen.iter().any(|p| token_set_ratio(p, g) > 85))
         .count()
 }
@@ -408,11 +419,10 @@ pub fn option_matches(chosen: &[String], goal_options: &[String]) -> usize {
 /// values `chosen`, against `goal`.
 pub fn reward(purchased: &Product, goal: &Goal, price: f64, chosen: &[String]) -> RewardBreakdown {
     let (r_type, query_match, category_match, title_score) = type_reward(purchased, goal);
-    let goal_option_values: Vec<String> = goal.options.iter().map(|(_, v)| v.clone()).collect();
     let attr_matches = attribute_matches(purchased, &goal.attributes);
-    let option_matches = option_matches(chosen, &goal_option_values);
+    let option_matches = option_matches(chosen, &goal.options);
     let price_ok = price <= goal.price_upper;
-    let denom = (goal.attributes.len() + goal_option_values.len() + 1) as f64;
+    let denom = (goal.attributes.len() + goal.options.len() + 1) as f64;
     let total = (attr_matches + option_matches + usize::from(price_ok)) as f64 / denom * r_type;
     RewardBreakdown {
         r_type,
@@ -422,7 +432,7 @@ pub fn reward(purchased: &Product, goal: &Goal, price: f64, chosen: &[String]) -
         attr_matches,
         num_attrs: goal.attributes.len(),
         option_matches,
-        num_options: goal_option_values.len(),
+        num_options: goal.options.len(),
         price_ok,
         total,
     }
@@ -558,9 +568,9 @@ mod tests {
         p.title = "Zenora Herbal Shampoo Coffee".into();
         let g = goal();
         let (r_type, q, c, title_score) = type_reward(&p, &g);
-        // Goal nouns: kestrel, roast, coffee, whole, bean (5); shared: coffee → 0.2.
+        // Goal nouns: kestrel, organic, roast, coffee, whole, bean (6); shared: coffee → 1/6.
         assert!(!q && !c);
-        assert!((title_score - 0.2).abs() < 1e-12);
+        assert!((title_score - 1.0 / 6.0).abs() < 1e-12);
         assert_eq!(r_type, 0.5);
         let r = reward(&p, &g, 10.0, &["dark roast".into()]);
         // attrs: "gluten free" (attribute) + "fair trade" (bullet) = 2, option 1, price 1 → 4/4 × 0.5.
@@ -591,10 +601,79 @@ mod tests {
         assert_eq!(r_type, 0.1);
     }
 
+    fn opt(name: &str, value: &str) -> (String, String) {
+        (name.into(), value.into())
+    }
+
     #[test]
     fn option_match_uses_color_normalisation() {
-        // "navy blue" and "blue" both normalise to "blue".
-        assert_eq!(option_matches(&["navy blue".into()], &["blue".into()]), 1);
-        assert_eq!(option_matches(&["red".into()], &["blue".into()]), 0);
+        // A list goal's values normalise by substring: "navy blue" and "blue" both → "blue".
+        assert_eq!(option_matches(&["navy blue".into()], &[opt("", "blue")]), 1);
+        assert_eq!(option_matches(&["red".into()], &[opt("", "blue")]), 0);
+        // A dict goal's ("color", "blue") is an exact colour word: → "blue".
+        assert_eq!(
+            option_matches(&["navy blue".into()], &[opt("color", "blue")]),
+            1
+        );
+    }
+
+    /// WebShop scores a dict goal's option as `str((name, value))` (thefuzz,
+    /// force_ascii), so the name's tokens count. Hand-computed for the
+    /// chosen "x large tall" against ("size", "x large"): tokens {large, x,
+    /// tall} vs {large, size, x}; sorted intersection "large x" (7 chars),
+    /// with the rest "large x tall" and "large x size" (12 each);
+    /// ratio("large x", "large x tall") = round(100·2·7/19) = 74 and
+    /// ratio("large x tall", "large x size") = round(100·2·8/24) = 67, so 74:
+    /// no match. By value alone the goal's tokens lie inside the chosen ones
+    /// and the score is 100: a match.
+    #[test]
+    fn dict_goal_options_are_scored_with_their_names() {
+        assert_eq!(goal_option_text("size", "x-large"), "('size', 'x-large')");
+        assert_eq!(
+            full_process(&goal_option_text("size", "x-large")),
+            "size    x large"
+        );
+        assert_eq!(
+            option_matches(&["x-large".into()], &[opt("size", "x-large")]),
+            1
+        );
+        let tall = ["x large tall".to_string()];
+        assert_eq!(token_set_ratio(&tall[0], "('size', 'x large')"), 74);
+        assert_eq!(option_matches(&tall, &[opt("size", "x large")]), 0);
+        assert_eq!(option_matches(&tall, &[opt("", "x large")]), 1);
+        // Only an exact colour word normalises a dict option: "dark blue" stays
+        // "('color', 'dark blue')", while a list option becomes "blue".
+        assert_eq!(
+            goal_option_text("color", "dark blue"),
+            "('color', 'dark blue')"
+        );
+        assert_eq!(goal_option_text("", "dark blue"), "blue");
+        assert_eq!(goal_option_text("color", "black"), "black");
+    }
+
+    #[test]
+    fn title_nouns_follow_spacy_on_webshop_titles() {
+        assert_eq!(
+            title_nouns("Men's Waterproof IPX7 Athletic Shoes, 2 Pack, Size 9 W"),
+            ["men", "waterproof", "ipx7", "shoes", "pack", "size", "w"]
+        );
+        assert_eq!(
+            title_nouns("Wired Over Ear Headphones, Limited Edition"),
+            ["ear", "headphones", "edition"]
+        );
+    }
+
+    /// The case: a purchase whose only shared title noun was one the
+    /// old list dropped ("pack") kept r_type 0 although the category matched.
+    #[test]
+    fn a_shared_noun_spacy_keeps_saves_the_type_factor() {
+        let mut bought = product();
+        bought.title = "Organic Granola Pack".into();
+        let mut g = goal();
+        g.name = "Variety Pack".into();
+        let (r_type, _, category_match, title_score) = type_reward(&bought, &g);
+        assert!(category_match);
+        assert_eq!(title_score, 0.5);
+        assert_eq!(r_type, 1.0);
     }
 }
