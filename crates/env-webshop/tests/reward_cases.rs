@@ -6,9 +6,13 @@ use agentrl_env_webshop::catalog::Product;
 use agentrl_env_webshop::reward::{attribute_matches, option_matches};
 use serde_json::Value;
 
-fn cases() -> Value {
+/// The cases of one kind (`options`, `attributes`): at least `min` of them.
+fn cases(kind: &str, min: usize) -> Vec<Value> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/reward_cases.json");
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    let all: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases = all[kind].as_array().unwrap().clone();
+    assert!(cases.len() >= min, "{kind}: {} cases", cases.len());
+    cases
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -21,10 +25,7 @@ fn strings(v: &Value) -> Vec<String> {
 
 #[test]
 fn option_matches_agree_with_webshop() {
-    let cases = cases();
-    let options = cases["options"].as_array().unwrap();
-    assert!(options.len() >= 300);
-    for case in options {
+    for case in cases("options", 300) {
         let goal: Vec<(String, String)> = case["goal"]
             .as_array()
             .unwrap()
@@ -41,10 +42,7 @@ fn option_matches_agree_with_webshop() {
 
 #[test]
 fn attribute_matches_agree_with_webshop() {
-    let cases = cases();
-    let attributes = cases["attributes"].as_array().unwrap();
-    assert!(attributes.len() >= 150);
-    for case in attributes {
+    for case in cases("attributes", 150) {
         let p = &case["product"];
         let product = Product {
             asin: "B000000000".into(),
