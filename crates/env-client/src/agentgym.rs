@@ -1,5 +1,6 @@
 //! [`AgentGymEnv`]: an environment on one of AgentGym's Python env servers
-//! (TextCraft, BabyAI, SciWorld, …), spoken in their dialect.
+//! (TextCraft, BabyAI, SciWorld, ALFWorld, WebShop, SearchQA), spoken in each
+//! one's dialect ([`Dialect`]).
 //!
 //! What those servers answer (recorded in
 //! `crates/server/tests/data/agentgym/*.json`, summed up in
@@ -225,6 +226,66 @@ fn listed_actions(observation: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// How one of AgentGym's env servers names its session and its task: each
+/// env's client in `agentenv/envs/` sends its own fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// TextCraft, BabyAI, SciWorld (and any env not listed): the session is
+    /// `id`, `reset {id, data_idx}`.
+    Plain,
+    /// ALFWorld: `reset {id, game, world_type: "Text"}`; no `/close` route.
+    AlfWorld,
+    /// WebShop: the session is `env_idx`, `create` answers a bare id,
+    /// `reset {env_idx, session_id}` answers `[observation, null]`; no `/close`.
+    WebShop,
+    /// SearchQA: the session is `env_idx`, `create {id: 0}` answers a bare id,
+    /// `reset {env_idx, id: data_idx}`.
+    SearchQa,
+}
+
+impl Dialect {
+    /// The dialect of AgentGym's client for `env`.
+    pub fn of(env: &str) -> Self {
+        match env {
+            "alfworld" => Dialect::AlfWorld,
+            "webshop" => Dialect::WebShop,
+            "searchqa" => Dialect::SearchQa,
+            _ => Dialect::Plain,
+        }
+    }
+
+    /// The field (and query key) naming the session.
+    pub fn id_key(self) -> &'static str {
+        match self {
+            Dialect::WebShop | Dialect::SearchQa => "env_idx",
+            Dialect::Plain | Dialect::AlfWorld => "id",
+        }
+    }
+
+    /// What `POST /create` carries (TextCraft's requires a body; SearchQA's an `id`).
+    fn create_body(self) -> Value {
+        match self {
+            Dialect::SearchQa => json!({ "id": 0 }),
+            _ => json!({}),
+        }
+    }
+
+    /// `POST /reset` for session `id` and task `data_idx`.
+    fn reset_body(self, id: &Value, data_idx: u64) -> Value {
+        match self {
+            Dialect::Plain => json!({ "id": id, "data_idx": data_idx }),
+            Dialect::AlfWorld => json!({ "id": id, "game": data_idx, "world_type": "Text" }),
+            Dialect::WebShop => json!({ "env_idx": id, "session_id": data_idx }),
+            Dialect::SearchQa => json!({ "env_idx": id, "id": data_idx }),
+        }
+    }
+
+    /// Whether the server has a `/close` route.
+    fn closes(self) -> bool {
+        !matches!(self, Dialect::AlfWorld | Dialect::WebShop)
+    }
+}
+
 /// An episode on an AgentGym env server, behind the `Env` trait.
 ///
 /// Creating it creates the session and resets it to `data_idx` (an error
@@ -236,6 +297,7 @@ fn listed_actions(observation: &str) -> Vec<String> {
 /// [`AgentGymEnv::last_error`] names the request and the server's message.
 pub struct AgentGymEnv {
     base: String,
+    dialect: Dialect,
     opts: AgentGymOptions,
     client: Client,
     spec: TaskSpec,
@@ -274,6 +336,7 @@ impl AgentGymEnv {
         }
         let mut env = Self {
             base,
+            dialect: Dialect::of(&spec.env),
             opts,
             client: shared_client()?,
             spec: spec.clone(),
@@ -291,8 +354,7 @@ impl AgentGymEnv {
             last_error: None,
             closed: true,
         };
-        // TextCraft's create requires a body; the others ignore it.
-        let body = env.request("create", &json!({}))?;
+        let body = env.request("create", &env.dialect.create_body())?;
         env.id = match body.get("id") {
             Some(id) => id.clone(),
             None if body.is_number() || body.is_string() => body.clone(),
@@ -330,7 +392,7 @@ impl AgentGymEnv {
         let url = format!("{}/{route}", self.base);
         let sent = match body {
             Some(b) => format!("POST /{route} {b}"),
-            None => format!("GET /{route}?id={}", self.id),
+            None => format!("GET /{route}?{}={}", self.dialect.id_key(), self.id),
         };
         let mut wait = self.opts.client.backoff;
         let mut attempt = 0;
@@ -342,7 +404,7 @@ impl AgentGymEnv {
                         Value::String(s) => s.clone(),
                         other => other.to_string(),
                     };
-                    self.client.get(&url).query(&[("id", id)])
+                    self.client.get(&url).query(&[(self.dialect.id_key(), id)])
                 }
             };
             let rb = rb.timeout(self.opts.client.timeout);
@@ -385,11 +447,10 @@ impl AgentGymEnv {
     /// Reset the session to `data_idx`; the first observation is built as
     /// AgentGym's clients build it.
     fn remote_reset(&mut self) -> Result<(), EnvError> {
-        let body = self.request(
-            "reset",
-            &json!({ "id": self.id, "data_idx": self.data_idx }),
-        )?;
-        let observation = match observation_of(&body) {
+        let body = self.request("reset", &self.dialect.reset_body(&self.id, self.data_idx))?;
+        // WebShop's client reads the observation with a GET after a reset.
+        let from_reset = observation_of(&body).filter(|_| self.dialect != Dialect::WebShop);
+        let observation = match from_reset {
             Some(o) => o,
             None => {
                 let o = self.send("observation", None)?;
@@ -421,7 +482,9 @@ impl AgentGymEnv {
     }
 
     fn remote_step(&mut self, action: &str) -> Result<Result<Step, StepError>, EnvError> {
-        let body = self.request("step", &json!({ "id": self.id, "action": action }))?;
+        let mut request = json!({ "action": action });
+        request[self.dialect.id_key()] = self.id.clone();
+        let body = self.request("step", &request)?;
         let observation = observation_of(&body).ok_or_else(|| {
             EnvError::Remote(format!("POST /step answered no observation: {body}"))
         })?;
@@ -447,7 +510,13 @@ impl AgentGymEnv {
         self.reward_sum += raw;
         self.steps += 1;
         self.done = done;
-        self.success = done && self.reward_sum > 0.0;
+        // WebShop pays partial credit for a partly right purchase; a success
+        // is a perfect one, as in agentrl's own WebShop.
+        self.success = done
+            && match self.dialect {
+                Dialect::WebShop => self.reward_sum >= 1.0 - 1e-9,
+                _ => self.reward_sum > 0.0,
+            };
         self.answer_actions = actions_of(&body);
         self.observation = observation.clone();
         Ok(Ok(Step {
@@ -556,13 +625,17 @@ impl Drop for AgentGymEnv {
             return;
         }
         self.closed = true;
-        // One short try: ALFWorld's and WebShop's servers have no close route
-        // (404) and SciWorld answers a second close with 500; neither matters.
+        if !self.dialect.closes() {
+            return;
+        }
+        // One short try: SciWorld answers a second close with 500; it does not matter.
         let url = format!("{}/close", self.base);
+        let mut body = json!({});
+        body[self.dialect.id_key()] = self.id.clone();
         let rb = self
             .client
             .post(&url)
-            .json(&json!({ "id": self.id }))
+            .json(&body)
             .timeout(std::time::Duration::from_secs(5));
         if let Err(e) = rb.send() {
             tracing::debug!(error = %e, "closing the AgentGym session failed");
@@ -573,6 +646,32 @@ impl Drop for AgentGymEnv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each env's requests as its AgentGym client sends them (agentenv/envs/*.py).
+    #[test]
+    fn each_dialect_names_session_and_task_as_its_client_does() {
+        let id = json!(7);
+        assert_eq!(
+            Dialect::of("babyai").reset_body(&id, 3),
+            json!({"id": 7, "data_idx": 3})
+        );
+        assert_eq!(
+            Dialect::of("alfworld").reset_body(&id, 3),
+            json!({"id": 7, "game": 3, "world_type": "Text"})
+        );
+        assert_eq!(
+            Dialect::of("webshop").reset_body(&id, 3),
+            json!({"env_idx": 7, "session_id": 3})
+        );
+        assert_eq!(
+            Dialect::of("searchqa").reset_body(&id, 3),
+            json!({"env_idx": 7, "id": 3})
+        );
+        assert_eq!(Dialect::of("searchqa").create_body(), json!({"id": 0}));
+        assert_eq!(Dialect::of("webshop").id_key(), "env_idx");
+        assert!(!Dialect::of("alfworld").closes() && !Dialect::of("webshop").closes());
+        assert!(Dialect::of("sciworld").closes());
+    }
 
     #[test]
     fn an_error_body_is_an_error_only_without_an_observation() {
