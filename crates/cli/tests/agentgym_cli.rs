@@ -133,39 +133,6 @@ fn eval_on_an_agentgym_server_says_what_is_missing() {
     assert!(e.contains("list index out of range"), "{e}");
 }
 
-/// `agentrl serve` on a free port, killed when dropped.
-struct Served(std::process::Child, String);
-
-impl Served {
-    fn start(args: &[&str]) -> Self {
-        use std::io::BufRead;
-        let mut child = Command::new(BIN)
-            .args(["serve", "--port", "0"])
-            .args(args)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-        stdout.read_line(&mut line).unwrap();
-        // Keep reading: a closed pipe would fail the server's next print.
-        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in {line:?}"))
-            .to_string();
-        Served(child, url)
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The client speaks ALFWorld's, WebShop's and SearchQA's own request
 /// dialects: `agentrl serve` answers each env's AgentGym dialect exactly as
 /// AgentGym's servers do (422 for a reset without ALFWorld's `game`, 404 for
@@ -173,7 +140,7 @@ impl Drop for Served {
 /// are requests in the right shape.
 #[test]
 fn train_and_eval_speak_alfworld_webshop_and_searchqa() {
-    let served = Served::start(&[
+    let served = common::Served::start(&[
         "--envs",
         "alfworld,webshop,searchqa",
         "--env-param",
@@ -184,7 +151,7 @@ fn train_and_eval_speak_alfworld_webshop_and_searchqa() {
         "cache_dir=memory",
     ]);
     for env in ["alfworld", "webshop", "searchqa"] {
-        let endpoint = format!("{}/{env}", served.1);
+        let endpoint = format!("{}/{env}", served.url);
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path().join("run");
         let mut overrides = overrides(&endpoint);

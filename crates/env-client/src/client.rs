@@ -210,6 +210,25 @@ impl HttpEnv {
         self.last_error.as_ref()
     }
 
+    /// `GET /available_actions`, its failure reported (the `Env` method
+    /// answers none instead).
+    pub fn try_available_actions(&self) -> Result<Vec<String>, EnvError> {
+        self.get_json("available_actions")
+    }
+
+    /// `GET /expert_action`, its failure reported (the `Env` method answers
+    /// none instead).
+    pub fn try_expert_action(&self) -> Result<Option<String>, EnvError> {
+        Ok(self
+            .get_json::<ExpertActionResponse>("expert_action")?
+            .action)
+    }
+
+    /// The server this session lives on.
+    pub fn endpoint(&self) -> &str {
+        &self.base
+    }
+
     /// Close the session now (dropping does the same, ignoring errors).
     pub fn close(mut self) -> Result<(), EnvError> {
         self.closed = true;
@@ -260,8 +279,9 @@ impl HttpEnv {
             match self.authed(build()).send() {
                 Ok(resp) => {
                     let status = resp.status();
-                    let bytes = resp.bytes().map_err(|e| {
-                        EnvError::Remote(format!("reading the answer from {}: {e}", self.base))
+                    let bytes = resp.bytes().map_err(|e| EnvError::Unreachable {
+                        endpoint: self.base.clone(),
+                        reason: format!("reading the answer: {e}"),
                     })?;
                     let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
                         if bytes.is_empty() {
@@ -277,6 +297,13 @@ impl HttpEnv {
                     std::thread::sleep(wait);
                     wait = wait.saturating_mul(2);
                     attempt += 1;
+                }
+                // No answer at all: the server is down or hung.
+                Err(e) if e.is_connect() || e.is_timeout() || e.is_request() => {
+                    return Err(EnvError::Unreachable {
+                        endpoint: self.base.clone(),
+                        reason: e.to_string(),
+                    })
                 }
                 Err(e) => {
                     return Err(EnvError::Remote(format!(
@@ -431,11 +458,10 @@ impl Env for HttpEnv {
     }
 
     fn available_actions(&self) -> Vec<String> {
-        self.get_json::<Vec<String>>("available_actions")
-            .unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "available_actions failed; answering none");
-                Vec::new()
-            })
+        self.try_available_actions().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "available_actions failed; answering none");
+            Vec::new()
+        })
     }
 
     fn state_key(&self) -> u64 {
@@ -443,8 +469,8 @@ impl Env for HttpEnv {
     }
 
     fn expert_action(&mut self) -> Option<String> {
-        match self.get_json::<ExpertActionResponse>("expert_action") {
-            Ok(r) => r.action,
+        match self.try_expert_action() {
+            Ok(action) => action,
             Err(e) => {
                 tracing::warn!(error = %e, "expert_action failed");
                 None

@@ -2,13 +2,15 @@
 //! route ([`protocol`], shared with `agentrl-server`) and [`HttpEnv`], which
 //! makes an environment living on an agentrl server look local behind the
 //! `Env` trait, and [`AgentGymEnv`], the same for AgentGym's Python env
-//! servers in their own dialect.
+//! servers in their own dialect, and [`EndpointPool`], which spreads sessions
+//! over several servers and moves an episode off a server that stops answering.
 //!
 //! This crate needs no web framework and no async runtime of its own, so a
 //! trainer that plays remote environments does not link the server.
 
 mod agentgym;
 mod client;
+mod pool;
 pub mod protocol;
 
 pub use agentgym::{
@@ -16,3 +18,4 @@ pub use agentgym::{
     DataIdxRanges,
 };
 pub use client::{remote_env, ClientOptions, HttpEnv};
+pub use pool::{EndpointPool, PooledEnv};

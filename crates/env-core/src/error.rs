@@ -83,6 +83,10 @@ pub enum EnvError {
     Generation { env: String, reason: String },
     #[error("remote environment error: {0}")]
     Remote(String),
+    /// The env server did not answer at all (refused, reset or timed-out
+    /// connection): another server may still serve the episode.
+    #[error("env server {endpoint} unreachable: {reason}")]
+    Unreachable { endpoint: String, reason: String },
 }
 
 impl EnvError {

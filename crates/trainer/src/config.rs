@@ -335,9 +335,11 @@ pub struct EnvSection {
     pub name: String,
     #[serde(default = "default_difficulty")]
     pub difficulty: String,
-    /// URL of an `agentrl serve` (or AgentGym) env server; empty = in-process.
+    /// URL of an `agentrl serve` (or AgentGym) env server, or a list of
+    /// `agentrl serve` URLs (sessions spread over them, an episode moved off
+    /// a server that stops answering); empty = in-process.
     #[serde(default)]
-    pub endpoint: String,
+    pub endpoint: Endpoints,
     /// RL draws its tasks from the first `train_tasks` train seeds (a fixed
     /// training set); 0 draws from the whole train split.
     #[serde(default)]
@@ -369,6 +371,76 @@ pub struct EnvSection {
     /// (`train` and `val` required, disjoint, so validation is held out).
     #[serde(default)]
     pub data_idx: DataIdxRanges,
+}
+
+/// `env.endpoint`: none (in-process), one URL, or several. Written as a
+/// string when there is at most one, so a one-server config reads back the
+/// same.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Endpoints(Vec<String>);
+
+impl Endpoints {
+    /// In-process: no server.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every server's URL, in configured order.
+    pub fn urls(&self) -> &[String] {
+        &self.0
+    }
+
+    /// Comma-separated URLs (a command line's `--endpoint A,B`).
+    pub fn parse_list(list: &str) -> Self {
+        Endpoints(
+            list.split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(str::to_string)
+                .collect(),
+        )
+    }
+}
+
+impl From<&str> for Endpoints {
+    fn from(url: &str) -> Self {
+        Endpoints(if url.is_empty() {
+            Vec::new()
+        } else {
+            vec![url.to_string()]
+        })
+    }
+}
+
+impl std::fmt::Display for Endpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join(", "))
+    }
+}
+
+impl Serialize for Endpoints {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.as_slice() {
+            [] => s.serialize_str(""),
+            [one] => s.serialize_str(one),
+            many => many.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Endpoints {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(String),
+            Many(Vec<String>),
+        }
+        Ok(match OneOrMany::deserialize(d)? {
+            OneOrMany::One(url) => Endpoints::from(url.as_str()),
+            OneOrMany::Many(urls) => Endpoints(urls),
+        })
+    }
 }
 
 /// How the trainer talks to `env.endpoint`.
@@ -702,14 +774,14 @@ impl TrainConfig {
                 Ok(_) => {}
                 Err(err) => p.add("env.name", err.to_string()),
             }
-        } else if !(e.endpoint.is_empty()
-            || e.endpoint.starts_with("http://")
-            || e.endpoint.starts_with("https://"))
-        {
-            p.add(
-                "env.endpoint",
-                format!("{:?} must start with http:// or https://", e.endpoint),
-            );
+        }
+        for url in e.endpoint.urls() {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                p.add(
+                    "env.endpoint",
+                    format!("{url:?} must start with http:// or https://"),
+                );
+            }
         }
         if e.protocol == EnvProtocol::Agentgym {
             self.check_agentgym(p);
@@ -755,6 +827,12 @@ impl TrainConfig {
             p.add(
                 "env.protocol",
                 "\"agentgym\" needs env.endpoint (the AgentGym server's URL)".into(),
+            );
+        }
+        if e.endpoint.urls().len() > 1 {
+            p.add(
+                "env.endpoint",
+                "\"agentgym\" takes one server (a list of servers needs agentrl serve: moving an episode replays it, which AgentGym's servers do not promise to reproduce)".into(),
             );
         }
         match (e.instructions.trim().is_empty(), e.instructions_file.is_empty()) {
@@ -943,6 +1021,35 @@ fn parse_literal(raw: &str) -> toml::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_endpoint_is_one_url_or_a_list_and_reads_back_the_same() {
+        let one =
+            TrainConfig::from_toml(SMOKE_CONFIG, &["env.endpoint=http://a:1".into()]).unwrap();
+        assert_eq!(one.env.endpoint.urls(), ["http://a:1"]);
+        let many = TrainConfig::from_toml(
+            SMOKE_CONFIG,
+            &[r#"env.endpoint=["http://a:1", "http://b:2"]"#.into()],
+        )
+        .unwrap();
+        assert_eq!(many.env.endpoint.urls(), ["http://a:1", "http://b:2"]);
+        for cfg in [one, many] {
+            let again = TrainConfig::from_toml(&cfg.to_toml().unwrap(), &[]).unwrap();
+            assert_eq!(again.env.endpoint, cfg.env.endpoint);
+        }
+        let text = TrainConfig::from_toml(SMOKE_CONFIG, &[])
+            .unwrap()
+            .to_toml()
+            .unwrap();
+        assert!(text.contains("endpoint = \"\""), "{text}");
+        let e = TrainConfig::from_toml(
+            SMOKE_CONFIG,
+            &[r#"env.endpoint=["http://a:1", "ftp://b"]"#.into()],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("env.endpoint") && e.contains("ftp://b"), "{e}");
+    }
 
     #[test]
     fn smoke_config_parses() {

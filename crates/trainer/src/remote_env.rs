@@ -1,7 +1,10 @@
-//! Environments behind `env.endpoint`: an `agentrl serve` ([`HttpEnv`]) or
-//! one of AgentGym's env servers ([`AgentGymEnv`]), by `env.protocol`.
+//! Environments behind `env.endpoint`: one or several `agentrl serve`
+//! processes ([`EndpointPool`]) or one of AgentGym's env servers
+//! ([`AgentGymEnv`]), by `env.protocol`.
 
-use agentrl_env_client::{AgentGymEnv, AgentGymOptions, DataIdxRanges, HttpEnv};
+use agentrl_env_client::{
+    AgentGymEnv, AgentGymOptions, ClientOptions, DataIdxRanges, EndpointPool,
+};
 use agentrl_env_core::{Env, EnvError, EnvParams, TaskSpec};
 
 use crate::config::{EnvProtocol, EnvSection};
@@ -36,14 +39,33 @@ pub fn remote_maker(
     env: &EnvSection,
     data_idx: DataIdxRanges,
 ) -> Result<Box<EnvMaker<'static>>, EnvError> {
-    let endpoint = env.endpoint.clone();
     match env.protocol {
-        EnvProtocol::Agentrl => Ok(Box::new(
-            move |spec: &TaskSpec, params: &EnvParams| -> Result<Box<dyn Env>, EnvError> {
-                Ok(Box::new(HttpEnv::connect(&endpoint, spec, params, None)?))
-            },
-        )),
+        EnvProtocol::Agentrl => {
+            // The token `agentrl serve --token` reads from the same variable.
+            let token = std::env::var("AGENTRL_SERVER_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty());
+            let opts = ClientOptions {
+                token,
+                ..ClientOptions::default()
+            };
+            let pool = EndpointPool::new(env.endpoint.urls(), opts)?;
+            Ok(Box::new(
+                move |spec: &TaskSpec, params: &EnvParams| -> Result<Box<dyn Env>, EnvError> {
+                    Ok(Box::new(pool.connect(spec, params)?))
+                },
+            ))
+        }
         EnvProtocol::Agentgym => {
+            let endpoint = match env.endpoint.urls() {
+                [one] => one.clone(),
+                urls => {
+                    return Err(EnvError::Remote(format!(
+                        "the agentgym protocol takes one env server, not {}",
+                        urls.len()
+                    )))
+                }
+            };
             let opts = agentgym_options(env)?;
             Ok(Box::new(
                 move |spec: &TaskSpec, _: &EnvParams| -> Result<Box<dyn Env>, EnvError> {

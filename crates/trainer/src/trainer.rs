@@ -138,6 +138,9 @@ pub struct Trainer {
     device: Device,
     watch: CollapseWatch,
     warnings: Vec<CollapseWarning>,
+    /// Built once per run: a pool of env servers keeps what it learnt
+    /// (which server is down, where sessions are) across phases.
+    make: Box<EnvMaker<'static>>,
 }
 
 fn uses_critic(cfg: &TrainConfig) -> bool {
@@ -231,6 +234,7 @@ impl Trainer {
             watch,
             warnings: Vec::new(),
             device,
+            make,
         };
         if t.cfg.sft.demos > 0 && t.cfg.sft.epochs > 0 {
             t.warm_start(progress)?;
@@ -267,6 +271,7 @@ impl Trainer {
         // A kill mid-write leaves a temporary file beside the one it replaced.
         run.remove_temporaries()?;
         let cfg = TrainConfig::load(Some(&run.config_path()), &[])?;
+        let cfg_for_make = cfg.clone();
         let ckpt = run.latest_checkpoint()?;
         let device = Device::Cpu;
         let tokenizer =
@@ -311,6 +316,7 @@ impl Trainer {
             device,
             watch,
             warnings,
+            make: env_maker(&cfg_for_make)?,
         })
     }
 
@@ -339,7 +345,7 @@ impl Trainer {
     }
 
     fn warm_start(&mut self, progress: &mut dyn Progress) -> Result<(), TrainError> {
-        let make = env_maker(&self.cfg)?;
+        let make = self.make.as_ref();
         let noise = self.cfg.sft.expert_noise;
         progress.message(&if noise >= 1.0 {
             format!(
@@ -357,7 +363,7 @@ impl Trainer {
         });
         // Demonstrations come from train seeds far from those RL samples first.
         let demos = sft::demonstrations(
-            make.as_ref(),
+            make,
             &self.tokenizer,
             &self.cfg.env.name,
             &self.cfg.env.difficulty,
@@ -440,7 +446,7 @@ impl Trainer {
         phase: &str,
         temperature: f64,
     ) -> Result<EvalStats, TrainError> {
-        let make = env_maker(&self.cfg)?;
+        let make = self.make.as_ref();
         let c = &self.cfg;
         let mut policy = LocalPolicy::with_cache_reuse(&self.model, c.rollout.kv_cache_reuse);
         let sampling = SamplingParams {
@@ -450,7 +456,7 @@ impl Trainer {
         let (stats, trajs) = evaluate(
             &mut PolicyActor::new(&mut policy, sampling),
             &EvalPlan {
-                make: make.as_ref(),
+                make,
                 env: &c.env.name,
                 difficulty: &c.env.difficulty,
                 params: &c.env.params,
@@ -591,7 +597,7 @@ impl Trainer {
 
     /// Sample this step's tasks: B train seeds, each repeated G times.
     fn step_envs(&self, rng: &mut ChaCha8Rng) -> Result<StepTasks, TrainError> {
-        let make = env_maker(&self.cfg)?;
+        let make = self.make.as_ref();
         let c = &self.cfg;
         let mut envs = Vec::new();
         let mut groups = Vec::new();

@@ -9,7 +9,7 @@ use agentrl_env_core::{EnvParams, Split, TaskSpec, SPLIT_STRIDE};
 use agentrl_rollout::{
     EvalStats, ExpertActor, PolicyActor, RandomActor, RolloutConfig, SamplingParams,
 };
-use agentrl_trainer::config::{EnvProtocol, EnvSection};
+use agentrl_trainer::config::{Endpoints, EnvProtocol, EnvSection};
 use agentrl_trainer::evaluate::EnvMaker;
 use agentrl_trainer::remote_env::remote_maker;
 use agentrl_trainer::{evaluate, EvalPlan, LocalPolicy, TrainedPolicy};
@@ -50,7 +50,8 @@ pub struct EvalArgs {
     /// server serves (e.g. `sciworld` on an AgentGym server).
     #[arg(long)]
     env: String,
-    /// URL of an env server to play on (default: in-process).
+    /// URL of an env server to play on (default: in-process); several
+    /// `agentrl serve` URLs comma-separated spread the episodes over them.
     #[arg(long)]
     endpoint: Option<String>,
     /// How to talk to --endpoint: `agentrl` (`agentrl serve`) or `agentgym`
@@ -114,7 +115,7 @@ fn remote_section(
         _ => EnvSection {
             name: args.env.clone(),
             difficulty: String::new(),
-            endpoint: String::new(),
+            endpoint: Default::default(),
             train_tasks: 0,
             params: Default::default(),
             protocol: args.protocol,
@@ -125,7 +126,7 @@ fn remote_section(
             data_idx: DataIdxRanges::default(),
         },
     };
-    env.endpoint = endpoint.to_string();
+    env.endpoint = Endpoints::parse_list(endpoint);
     if let Some(f) = &args.instructions_file {
         env.instructions = String::new();
         env.instructions_file = f.display().to_string();

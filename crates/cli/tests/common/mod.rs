@@ -47,3 +47,48 @@ pub fn assert_contains_all(text: &str, needles: &[&str]) {
         assert!(text.contains(n), "{n:?} missing from:\n{text}");
     }
 }
+
+/// `agentrl serve ARGS` on a free port, killed when dropped.
+pub struct Served {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+impl Served {
+    pub fn start(args: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(BIN)
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        // Keep reading: a closed pipe would fail the server's next print.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no URL in {line:?}"))
+            .to_string();
+        Served { child, url }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Served {
+    /// Kill the server now (a host going away mid-run).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
