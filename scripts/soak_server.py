@@ -18,8 +18,8 @@ README promises; anything else (a 5xx that is not a cap or timeout, a reset
 connection, the server exiting) is counted as a failure.
 
 Writes a CSV of the samples (--csv) and prints a summary; exits 1 on any
-failure or if the server's memory or fds grew past --max-growth between the
-second sample and the last (the first minute warms caches).
+failure or if the server's memory or fds at the end exceed --max-growth times
+their peak over the first half (after a tenth of the run for warm-up).
 """
 
 import argparse
@@ -228,8 +228,9 @@ def main():
     ap.add_argument("--ttl-secs", type=int, default=20)
     ap.add_argument("--sample-secs", type=float, default=60)
     ap.add_argument("--csv", default="soak.csv")
-    ap.add_argument("--max-growth", type=float, default=1.5,
-                    help="largest allowed ratio of last to second sample (RSS and fds)")
+    ap.add_argument("--max-growth", type=float, default=1.25,
+                    help="largest allowed ratio of the last sample to the peak of the first half "
+                         "after warm-up (RSS and fds)")
     args = ap.parse_args()
 
     server = subprocess.Popen(
@@ -286,11 +287,15 @@ def main():
     print("statuses:", dict(sorted(stats.statuses.items(), key=str)))
     print("server exit on ctrl-c:", code)
     bad = list(stats.failures)
-    if len(rows) >= 3:
-        base, last = rows[1], rows[-1]
+    # Caches fill during the first minutes; a leak shows as the second half
+    # outgrowing the first half's peak.
+    if len(rows) >= 6:
+        warm = rows[len(rows) // 10 + 1 : len(rows) // 2 + 1]
+        last = rows[-1]
         for name, i in [("rss", 1), ("fds", 2)]:
-            if last[i] > args.max_growth * max(base[i], 1):
-                bad.append(f"{name} grew from {base[i]} to {last[i]}")
+            peak = max(r[i] for r in warm)
+            if last[i] > args.max_growth * max(peak, 1):
+                bad.append(f"{name} grew from a first-half peak of {peak} to {last[i]}")
     if code != 0:
         bad.append(f"server exit code {code}")
     for b in bad[:30]:

@@ -60,7 +60,6 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    keep_freed_pages();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -69,6 +68,11 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // A long-lived env server gives freed memory back (its RSS then follows
+    // its live sessions and caches); the tensor commands keep it.
+    if !matches!(cli.command, Command::Serve(_)) {
+        keep_freed_pages();
+    }
     match cli.command {
         Command::Envs(a) => commands::envs::run(a),
         Command::Play(a) => commands::play::run(a),
