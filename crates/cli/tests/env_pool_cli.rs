@@ -38,6 +38,19 @@ fn wait_for_sessions(url: &str) {
     }
 }
 
+/// Run `cmd`, kill `victim` once the run holds a session on it, and return
+/// what the run printed.
+fn run_while_killing(mut cmd: Command, victim: &mut Served) -> std::process::Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_sessions(&victim.url);
+    victim.kill();
+    child.wait_with_output().unwrap()
+}
+
 #[test]
 fn an_eval_over_two_servers_loses_nothing_when_one_dies() {
     let eval = ["eval", "--policy", "expert", "--env", "frozenlake"];
@@ -46,17 +59,12 @@ fn an_eval_over_two_servers_loses_nothing_when_one_dies() {
 
     let mut a = Served::start(&[]);
     let b = Served::start(&[]);
-    let child = Command::new(BIN)
+    let mut child = Command::new(BIN);
+    child
         .args(eval)
         .args(tasks)
-        .args(["--endpoint", &format!("{},{}", a.url, b.url)])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_sessions(&a.url);
-    a.kill();
-    let out = child.wait_with_output().unwrap();
+        .args(["--endpoint", &format!("{},{}", a.url, b.url)]);
+    let out = run_while_killing(child, &mut a);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let pooled = json_stdout(&out);
     for key in [
@@ -84,7 +92,8 @@ fn a_training_run_over_two_servers_finishes_when_one_dies() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let endpoints = format!("env.endpoint=[\"{}\", \"{}\"]", a.url, b.url);
-    let child = Command::new(BIN)
+    let mut child = Command::new(BIN);
+    child
         .arg("train")
         .arg(SMOKE)
         .args([
@@ -97,15 +106,8 @@ fn a_training_run_over_two_servers_finishes_when_one_dies() {
         .arg(&endpoints)
         .arg("--out")
         .arg(&run)
-        .arg("--quiet")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_sessions(&a.url);
-    a.kill();
-    let out = child.wait_with_output().unwrap();
-    common::ok_stdout(&out);
+        .arg("--quiet");
+    common::ok_stdout(&run_while_killing(child, &mut a));
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     let steps: Vec<u64> = metrics
         .lines()
