@@ -287,6 +287,45 @@ fn target(st: &AppState, flavor: Flavor, env: &str, body: Value) -> Target {
     }
 }
 
+/// A session request routed to an AgentGym session.
+struct Call {
+    desc: agentrl_env_core::EnvDescriptor,
+    flavor: Flavor,
+    body: Value,
+    session: Arc<Session>,
+    id: SessionId,
+}
+
+/// The opening `reset` and `step` share: route the env, read the body, and
+/// hand a typed session's request to `typed_route` (answered as the
+/// top-level route answers it). `Err` is an answer already made: the typed
+/// one, a 422, an unknown id.
+async fn open_call<Req, Answer>(
+    st: &AppState,
+    path: &Option<String>,
+    bytes: &Bytes,
+    typed_route: impl AsyncFnOnce(Req) -> Result<Answer, ApiError>,
+) -> Result<Result<Call, Response>, ApiError>
+where
+    Req: serde::de::DeserializeOwned,
+    Answer: serde::Serialize,
+{
+    let desc = route_env(st, path.as_deref())?;
+    let flavor = Flavor::of(desc.name);
+    let body = body_json(bytes)?;
+    Ok(match target(st, flavor, desc.name, body.clone()) {
+        Target::Done(r) => Err(r),
+        Target::Typed(body) => Err(Json(typed_route(typed(body)?).await?).into_response()),
+        Target::AgentGym(session, id) => Ok(Call {
+            desc,
+            flavor,
+            body,
+            session,
+            id,
+        }),
+    })
+}
+
 /// The GET routes' session: `?id=` or `?env_idx=` per env.
 fn query_target(
     st: &AppState,
@@ -388,17 +427,18 @@ pub(crate) async fn reset(
     EnvSegment(path): EnvSegment,
     bytes: Bytes,
 ) -> Result<Response, ApiError> {
-    let desc = route_env(&st, path.as_deref())?;
-    let flavor = Flavor::of(desc.name);
-    let body = body_json(&bytes)?;
-    let (session, id) = match target(&st, flavor, desc.name, body.clone()) {
-        Target::Done(r) => return Ok(r),
-        Target::Typed(body) => {
-            let answer = reset_typed(&st, path.as_deref(), typed(body)?).await?;
-            return Ok(Json(answer).into_response());
-        }
-        Target::AgentGym(s, id) => (s, id),
+    let typed_route = async |req| reset_typed(&st, path.as_deref(), req).await;
+    let call = match open_call(&st, &path, &bytes, typed_route).await? {
+        Ok(call) => call,
+        Err(answered) => return Ok(answered),
     };
+    let Call {
+        desc,
+        flavor,
+        body,
+        session,
+        id,
+    } = call;
     // The task index each client sends, and whether the task changes.
     let index = match flavor {
         Flavor::BabyAi => match int_field(&body, "data_idx") {
@@ -525,17 +565,18 @@ pub(crate) async fn step(
     EnvSegment(path): EnvSegment,
     bytes: Bytes,
 ) -> Result<Response, ApiError> {
-    let desc = route_env(&st, path.as_deref())?;
-    let flavor = Flavor::of(desc.name);
-    let body = body_json(&bytes)?;
-    let (session, id) = match target(&st, flavor, desc.name, body.clone()) {
-        Target::Done(r) => return Ok(r),
-        Target::Typed(body) => {
-            let answer = step_one(&st, path.as_deref(), typed(body)?).await?;
-            return Ok(Json(answer).into_response());
-        }
-        Target::AgentGym(s, id) => (s, id),
+    let typed_route = async |req| step_one(&st, path.as_deref(), req).await;
+    let call = match open_call(&st, &path, &bytes, typed_route).await? {
+        Ok(call) => call,
+        Err(answered) => return Ok(answered),
     };
+    let Call {
+        flavor,
+        body,
+        session,
+        id,
+        ..
+    } = call;
     let Some(action) = body.get("action").and_then(Value::as_str) else {
         return Ok(match body.get("action") {
             None | Some(Value::Null) => missing(&["body", "action"], &body),
