@@ -118,8 +118,15 @@ pub struct AgentGymOptions {
     invalid_action: Vec<Regex>,
     /// Multiplies every reward (SciWorld's scores run −100..100).
     reward_scale: f64,
+    /// Valid steps after which the episode ends unsuccessfully: AgentGym's
+    /// servers keep no step limit (its `BaseTask` stops at `max_rounds`), and
+    /// a scripted player on one would otherwise never stop.
+    pub max_steps: usize,
     pub client: ClientOptions,
 }
+
+/// [`AgentGymOptions::max_steps`] unless set.
+pub const AGENTGYM_MAX_STEPS: usize = 100;
 
 impl AgentGymOptions {
     /// Options for `env`: `instructions` must not be empty (AgentGym's
@@ -170,6 +177,7 @@ impl AgentGymOptions {
             instructions: instructions.to_string(),
             invalid_action,
             reward_scale,
+            max_steps: AGENTGYM_MAX_STEPS,
             client: ClientOptions::default(),
         })
     }
@@ -509,10 +517,14 @@ impl AgentGymEnv {
         let reward = raw * self.opts.reward_scale;
         self.reward_sum += raw;
         self.steps += 1;
+        // Only the server's own end can be a success; the step limit ends
+        // the episode unsuccessfully.
+        let finished = done;
+        let done = finished || self.steps >= self.opts.max_steps;
         self.done = done;
         // WebShop pays partial credit for a partly right purchase; a success
         // is a perfect one, as in agentrl's own WebShop.
-        self.success = done
+        self.success = finished
             && match self.dialect {
                 Dialect::WebShop => self.reward_sum >= 1.0 - 1e-9,
                 _ => self.reward_sum > 0.0,
@@ -605,9 +617,8 @@ impl Env for AgentGymEnv {
         self.invalid_actions
     }
 
-    /// Unbounded: the rollout's turn budget ends the episode.
     fn max_steps(&self) -> usize {
-        usize::MAX
+        self.opts.max_steps
     }
 
     fn is_done(&self) -> bool {

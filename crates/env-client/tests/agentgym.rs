@@ -181,3 +181,18 @@ fn the_instructions_are_required() {
         .to_string();
     assert!(e.contains("env.instructions"), "{e}");
 }
+
+/// AgentGym's servers never end an episode on their own step count: the
+/// client's `max_steps` does, unsuccessfully, so a scripted player stops.
+#[test]
+fn the_step_limit_ends_an_episode_without_success() {
+    let d = DoubleServer::start(Kind::TextCraft);
+    let mut opts = options("textcraft", 1.0);
+    opts.max_steps = 1;
+    let mut env = AgentGymEnv::connect(&d.url(), &spec("textcraft", 0), 7, opts).unwrap();
+    env.reset();
+    let s = env.step("get 1 part7").unwrap();
+    assert!(s.done && !s.success, "{s:?}");
+    assert!(env.is_done() && !env.is_success());
+    assert_eq!(env.max_steps(), 1);
+}
