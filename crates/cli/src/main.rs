@@ -53,6 +53,8 @@ enum Command {
     Generate(commands::generate::GenerateArgs),
     /// Serve environments over HTTP (AgentGym's env-server protocol).
     Serve(commands::serve::ServeArgs),
+    /// Serve a model over an OpenAI-compatible API (completions with token ids and log-probs).
+    ServePolicy(commands::serve_policy::ServePolicyArgs),
     /// Benchmarks: environments, model, server.
     Bench(commands::bench::BenchArgs),
     /// Studies that train several runs and compare them (the Echo Trap).
@@ -80,6 +82,7 @@ fn main() -> anyhow::Result<()> {
         Command::Train(a) => commands::train::run(a),
         Command::Generate(a) => commands::generate::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::ServePolicy(a) => commands::serve_policy::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Study(a) => commands::study::run(a),
     }

@@ -11,14 +11,13 @@
 //! lengths share a step.
 
 use candle_core::{DType, Device, Tensor};
-use rand_chacha::ChaCha8Rng;
 
 use crate::host::with_slices;
 use crate::kernels::{axpy, dot, num_threads, par_chunks_mut, rms_norm_rows, silu, Mm};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::{has_avx2, simd};
 use crate::qwen2::Model;
-use crate::sampling::{sample_row, Generation, SamplingParams};
+use crate::sampling::{sample_row, Generation, SamplingParams, SamplingRng};
 use crate::{ModelConfig, ModelError};
 
 /// The key/value cache of one sequence, kept between `generate` calls so a
@@ -598,7 +597,7 @@ pub(crate) fn generate(
     caches: &mut [SequenceCache],
     contexts: &[Vec<u32>],
     params: &SamplingParams,
-    rng: &mut ChaCha8Rng,
+    mut rng: SamplingRng<'_>,
 ) -> Result<Vec<Generation>, ModelError> {
     if let Some(i) = caches.iter().position(|c| !c.fits(cfg)) {
         return Err(ModelError::InvalidInput(format!(
@@ -650,7 +649,7 @@ pub(crate) fn generate(
             let mut still = Vec::with_capacity(active.len());
             for (j, &i) in active.iter().enumerate() {
                 let logits = &scratch.logits[j * vocab..(j + 1) * vocab];
-                let (tok, lp) = sample_row(logits, params, rng)?;
+                let (tok, lp) = sample_row(logits, params, rng.for_sequence(i))?;
                 let g = &mut gens[i];
                 g.tokens.push(tok);
                 g.logprobs.push(lp);

@@ -12,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::checkpoint::{read_tensors, write_tensors, CONFIG_FILE, WEIGHTS_FILE};
 use crate::decode::SequenceCache;
 use crate::qwen2::{param_specs, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT};
-use crate::sampling::{Generation, SamplingParams};
+use crate::sampling::{Generation, SamplingParams, SamplingRng};
 use crate::{ModelConfig, ModelError};
 
 /// Seed of the fresh value head added to a checkpoint that has none.
@@ -472,6 +472,38 @@ impl PolicyModel {
         contexts: &[Vec<u32>],
         params: &SamplingParams,
         rng: &mut ChaCha8Rng,
+    ) -> Result<Vec<Generation>, ModelError> {
+        self.decode(caches, contexts, params, SamplingRng::Shared(rng))
+    }
+
+    /// [`PolicyModel::generate`] with one random stream per prompt:
+    /// `rngs[i]` alone draws prompt `i`'s tokens, so each continuation is
+    /// the same whatever other prompts share the batch (a server batching
+    /// independent requests, each with its own seed).
+    pub fn generate_independent(
+        &self,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        rngs: &mut [ChaCha8Rng],
+    ) -> Result<Vec<Generation>, ModelError> {
+        if rngs.len() != prompts.len() {
+            return Err(ModelError::InvalidInput(format!(
+                "{} random streams for {} prompts",
+                rngs.len(),
+                prompts.len()
+            )));
+        }
+        let mut caches: Vec<SequenceCache> = prompts.iter().map(|_| self.new_cache()).collect();
+        self.decode(&mut caches, prompts, params, SamplingRng::PerSequence(rngs))
+    }
+
+    /// Checks the inputs of a generation and runs it.
+    fn decode(
+        &self,
+        caches: &mut [SequenceCache],
+        contexts: &[Vec<u32>],
+        params: &SamplingParams,
+        rng: SamplingRng<'_>,
     ) -> Result<Vec<Generation>, ModelError> {
         params.validate()?;
         self.check_ids(contexts)?;

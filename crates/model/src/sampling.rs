@@ -60,6 +60,26 @@ impl SamplingParams {
     }
 }
 
+/// Where a batch's sampling draws come from.
+pub(crate) enum SamplingRng<'a> {
+    /// One stream for the whole batch, drawn sequence by sequence, step by
+    /// step: a sequence's draws depend on the batch it was in.
+    Shared(&'a mut ChaCha8Rng),
+    /// One stream per sequence: a sequence samples the same tokens whatever
+    /// else shares its batch (a server batching independent requests).
+    PerSequence(&'a mut [ChaCha8Rng]),
+}
+
+impl SamplingRng<'_> {
+    /// The stream sequence `i` draws from.
+    pub(crate) fn for_sequence(&mut self, i: usize) -> &mut ChaCha8Rng {
+        match self {
+            SamplingRng::Shared(rng) => rng,
+            SamplingRng::PerSequence(rngs) => &mut rngs[i],
+        }
+    }
+}
+
 /// One generated continuation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {

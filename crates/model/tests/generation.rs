@@ -107,6 +107,54 @@ fn batched_ragged_generation_equals_one_by_one() {
 }
 
 #[test]
+fn independent_streams_sample_the_same_tokens_whatever_the_batch() {
+    let model = fixture_model();
+    let prompts = ragged_prompts();
+    let params = SamplingParams {
+        max_new_tokens: 16,
+        temperature: 1.0,
+        ..SamplingParams::default()
+    };
+    let streams = |order: &[usize]| -> Vec<ChaCha8Rng> {
+        order
+            .iter()
+            .map(|&i| ChaCha8Rng::seed_from_u64(100 + i as u64))
+            .collect()
+    };
+    let order: Vec<usize> = (0..prompts.len()).collect();
+    let batched = model
+        .generate_independent(&prompts, &params, &mut streams(&order))
+        .unwrap();
+    // Reversed, and each alone: prompt i's tokens depend on its stream only.
+    let reversed: Vec<usize> = order.iter().rev().copied().collect();
+    let rev_prompts: Vec<Vec<u32>> = reversed.iter().map(|&i| prompts[i].clone()).collect();
+    let rev = model
+        .generate_independent(&rev_prompts, &params, &mut streams(&reversed))
+        .unwrap();
+    for (k, &i) in reversed.iter().enumerate() {
+        assert_eq!(rev[k].tokens, batched[i].tokens, "prompt {i} reversed");
+        let alone = model
+            .generate_independent(
+                std::slice::from_ref(&prompts[i]),
+                &params,
+                &mut streams(&[i]),
+            )
+            .unwrap()
+            .remove(0);
+        assert_eq!(alone.tokens, batched[i].tokens, "prompt {i} alone");
+    }
+    // Different streams draw different continuations (sampling is on).
+    assert!(batched.windows(2).any(|w| w[0].tokens != w[1].tokens));
+    let e = model
+        .generate_independent(&prompts, &params, &mut streams(&[0]))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("1 random streams for 4 prompts"),
+        "{e}"
+    );
+}
+
+#[test]
 fn generated_logprobs_equal_sequence_logprobs_of_the_result() {
     let model = fixture_model();
     let prompts = ragged_prompts();

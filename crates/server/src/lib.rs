@@ -23,7 +23,6 @@
 //! timeout; each request has a timeout; session ids are random.
 
 mod agentgym;
-mod connections;
 mod error;
 mod openapi;
 mod params;

@@ -7,12 +7,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentrl_connections::ConnectionLimits;
 use agentrl_env_core::{EnvDescriptor, Split, TaskSpec};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::connections::{self, ConnectionLimits};
 use crate::error::ServerError;
 use crate::params::OperatorParams;
 use crate::routes::{router, AppState};
@@ -283,7 +283,7 @@ async fn start(
     };
 
     let task = tokio::spawn(async move {
-        connections::serve(listener, app, limits, signal).await;
+        agentrl_connections::serve(listener, app, limits, signal).await;
         reaper.abort();
         Ok(())
     });

@@ -12,6 +12,7 @@ use agentrl_tokenizer::{MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB};
 use serde::{Deserialize, Serialize};
 
 use crate::collapse::CollapseConfig;
+pub use crate::policy_section::PolicySection;
 
 /// The embedded default: a tiny model, SFT warm start, GRPO + StarPO-S.
 pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/default.toml");
@@ -65,6 +66,9 @@ pub struct TrainConfig {
     /// The Echo Trap watch's thresholds.
     #[serde(default)]
     pub collapse: CollapseConfig,
+    /// A policy served by an OpenAI-compatible server (not for training yet).
+    #[serde(default)]
+    pub policy: PolicySection,
 }
 
 fn default_name() -> String {
@@ -589,6 +593,7 @@ impl TrainConfig {
         self.check_trainer(&mut p);
         self.check_env(&mut p);
         self.check_sft(&mut p);
+        self.check_policy(&mut p);
         for (key, message) in self.collapse.problems() {
             p.add(key, message);
         }
@@ -915,6 +920,24 @@ impl TrainConfig {
                     self.sft.demos
                 ),
             );
+        }
+    }
+
+    /// Training generates with the model it updates: a served model does
+    /// not see the updates (until LoRA hot-loading lands), so its samples
+    /// would be off-policy with nothing to correct for it.
+    fn check_policy(&self, p: &mut Problems) {
+        if !self.policy.endpoint.is_empty() {
+            p.add(
+                "policy.endpoint",
+                format!(
+                    "{:?}: training generates with the local model it updates; a served model would not see the updates (LoRA hot-loading is not built yet). Evaluate through a server with `agentrl eval --policy-endpoint URL`",
+                    self.policy.endpoint
+                ),
+            );
+        }
+        for (key, message) in self.policy.problems() {
+            p.add(&key, message);
         }
     }
 

@@ -9,6 +9,7 @@ pub mod config;
 pub mod evaluate;
 pub mod local_policy;
 pub mod policy_dir;
+pub mod policy_section;
 pub mod ppo;
 pub mod remote_env;
 pub mod run_dir;
@@ -19,7 +20,7 @@ pub mod trainer;
 pub use config::{ConfigError, TrainConfig};
 pub use evaluate::{evaluate, EvalPlan, EvalStats};
 pub use local_policy::{LocalPolicy, PromptTokens};
-pub use policy_dir::TrainedPolicy;
+pub use policy_dir::{PolicySettings, TrainedPolicy};
 pub use trainer::{Progress, Silent, StepMetrics, Summary, Trainer};
 
 /// Anything that can stop a training run, with the file or key it concerns.

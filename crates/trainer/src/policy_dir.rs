@@ -12,21 +12,21 @@ use candle_core::Device;
 use crate::run_dir::RunDir;
 use crate::{TrainConfig, TrainError};
 
-/// A model ready to act, with the rollout settings to act under.
-pub struct TrainedPolicy {
-    pub model: PolicyModel,
+/// A policy directory's tokenizer and settings, without its weights (what
+/// a policy served elsewhere is played with: the prompts are tokenized here).
+pub struct PolicySettings {
     pub tokenizer: ChatTokenizer,
     pub rollout: RolloutConfig,
-    /// The checkpoint directory the weights came from.
+    /// The checkpoint directory.
     pub checkpoint: PathBuf,
-    /// The training config, when `path` was a run directory.
+    /// The training config, when the path was a run directory.
     pub config: Option<TrainConfig>,
 }
 
-impl TrainedPolicy {
+impl PolicySettings {
     /// Open a run directory (uses `checkpoints/latest`), one of a run's
     /// checkpoints (`RUN/checkpoints/best`, `RUN/checkpoints/step-N`: played
-    /// with the run's config) or a model directory.
+    /// with the run's config) or a model directory; reads no weights.
     pub fn open(path: &Path) -> Result<Self, TrainError> {
         let is_run = |p: &Path| p.join("config.toml").is_file() && p.join("checkpoints").is_dir();
         let run_of_checkpoint = path
@@ -51,17 +51,41 @@ impl TrainedPolicy {
         };
         let tokenizer =
             ChatTokenizer::load(&checkpoint).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        let model = PolicyModel::load(&checkpoint, false, &Device::Cpu)?;
         let rollout = config
             .as_ref()
             .map(|c| c.rollout.clone())
             .unwrap_or_default();
         Ok(Self {
-            model,
             tokenizer,
             rollout,
             checkpoint,
             config,
+        })
+    }
+}
+
+/// A model ready to act, with the rollout settings to act under.
+pub struct TrainedPolicy {
+    pub model: PolicyModel,
+    pub tokenizer: ChatTokenizer,
+    pub rollout: RolloutConfig,
+    /// The checkpoint directory the weights came from.
+    pub checkpoint: PathBuf,
+    /// The training config, when `path` was a run directory.
+    pub config: Option<TrainConfig>,
+}
+
+impl TrainedPolicy {
+    /// [`PolicySettings::open`], then the checkpoint's weights.
+    pub fn open(path: &Path) -> Result<Self, TrainError> {
+        let s = PolicySettings::open(path)?;
+        let model = PolicyModel::load(&s.checkpoint, false, &Device::Cpu)?;
+        Ok(Self {
+            model,
+            tokenizer: s.tokenizer,
+            rollout: s.rollout,
+            checkpoint: s.checkpoint,
+            config: s.config,
         })
     }
 }

@@ -6,14 +6,18 @@ use std::str::FromStr;
 
 use agentrl_env_client::DataIdxRanges;
 use agentrl_env_core::{EnvParams, Split, TaskSpec, SPLIT_STRIDE};
+use agentrl_model::PolicyModel;
+use agentrl_policy_client::OpenAiPolicy;
 use agentrl_rollout::{
-    EvalStats, ExpertActor, PolicyActor, RandomActor, RolloutConfig, SamplingParams,
+    EvalStats, ExpertActor, Policy, PolicyActor, RandomActor, RolloutConfig, SamplingParams,
+    Trajectory,
 };
-use agentrl_trainer::config::{Endpoints, EnvProtocol, EnvSection};
+use agentrl_trainer::config::{Endpoints, EnvProtocol, EnvSection, PolicySection};
 use agentrl_trainer::evaluate::EnvMaker;
 use agentrl_trainer::remote_env::remote_maker;
-use agentrl_trainer::{evaluate, EvalPlan, LocalPolicy, TrainedPolicy};
+use agentrl_trainer::{evaluate, EvalPlan, LocalPolicy, PolicySettings};
 use anyhow::Context;
+use candle_core::Device;
 use serde::Serialize;
 
 use super::play::{make_spec, parse_params};
@@ -93,6 +97,44 @@ pub struct EvalArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Write every played trajectory to this file, one JSON object a line
+    /// (its task, turns with replies and actions, tokens, outcome).
+    #[arg(long, value_name = "FILE")]
+    trajectories: Option<PathBuf>,
+    /// Generate with the model an OpenAI-compatible server serves (vLLM,
+    /// SGLang, `agentrl serve-policy`) at this URL; --policy then names the
+    /// directory whose tokenizer and settings it is played with (its
+    /// weights are not loaded).
+    #[arg(long, value_name = "URL")]
+    policy_endpoint: Option<String>,
+    /// The served model's name (default: the only one the server lists).
+    #[arg(long, requires = "policy_endpoint")]
+    policy_model: Option<String>,
+    /// The NAME of the environment variable holding the server's API key.
+    #[arg(long, requires = "policy_endpoint", value_name = "VAR")]
+    policy_api_key_env: Option<String>,
+    /// Requests to the server in flight at once, at most.
+    #[arg(long, requires = "policy_endpoint", default_value_t = PolicySection::default().max_in_flight)]
+    policy_max_in_flight: usize,
+    /// Retries of a request after a connection error, a timeout or a 5xx.
+    #[arg(long, requires = "policy_endpoint", default_value_t = PolicySection::default().max_retries)]
+    policy_max_retries: u32,
+    /// Milliseconds before the first retry (doubling on each, up to 10 s).
+    #[arg(long, requires = "policy_endpoint", default_value_t = PolicySection::default().retry_backoff_ms)]
+    policy_retry_backoff_ms: u64,
+}
+
+/// The `[policy]` section the `--policy-*` flags make, if --policy-endpoint is given.
+fn policy_section(args: &EvalArgs) -> Option<PolicySection> {
+    let endpoint = args.policy_endpoint.clone()?;
+    Some(PolicySection {
+        endpoint,
+        model: args.policy_model.clone().unwrap_or_default(),
+        api_key_env: args.policy_api_key_env.clone().unwrap_or_default(),
+        max_in_flight: args.policy_max_in_flight,
+        max_retries: args.policy_max_retries,
+        retry_backoff_ms: args.policy_retry_backoff_ms,
+    })
 }
 
 fn parse_protocol(s: &str) -> Result<EnvProtocol, String> {
@@ -180,9 +222,9 @@ fn evaluate_policy(
     args: &EvalArgs,
     template: &TaskSpec,
     params: &EnvParams,
-) -> anyhow::Result<EvalStats> {
+) -> anyhow::Result<(EvalStats, Vec<Trajectory>)> {
     let policy = match kind {
-        PolicyKind::Model(path) => Some(TrainedPolicy::open(path)?),
+        PolicyKind::Model(path) => Some(PolicySettings::open(path)?),
         _ => None,
     };
     let local = |spec: &TaskSpec, params: &EnvParams| agentrl_envs::make_env(spec, params);
@@ -214,12 +256,12 @@ fn evaluate_policy(
         rollout: &scripted,
         seed: args.policy_seed,
     };
-    let stats = match kind {
+    let played = match kind {
         PolicyKind::Expert if args.protocol == EnvProtocol::Agentgym => anyhow::bail!(
             "AgentGym's servers have no expert: evaluate a model (--policy RUN_DIR) or random play"
         ),
-        PolicyKind::Expert => evaluate(&mut ExpertActor::new(1, 0.0), &plan)?.0,
-        PolicyKind::Random => evaluate(&mut RandomActor::new(args.policy_seed), &plan)?.0,
+        PolicyKind::Expert => evaluate(&mut ExpertActor::new(1, 0.0), &plan)?,
+        PolicyKind::Random => evaluate(&mut RandomActor::new(args.policy_seed), &plan)?,
         PolicyKind::Model(path) => {
             let policy = policy.with_context(|| format!("{} was not opened", path.display()))?;
             // A run directory evaluated on its own environment keeps the env
@@ -239,17 +281,41 @@ fn evaluate_policy(
                 temperature: args.temperature,
                 ..rollout.sampling(policy.tokenizer.im_end_id())
             };
-            let mut local = LocalPolicy::with_cache_reuse(&policy.model, rollout.kv_cache_reuse);
+            // Served elsewhere, or the checkpoint's own weights.
+            let model;
+            let mut generator: Box<dyn Policy + '_> = match policy_section(args) {
+                Some(section) => {
+                    let remote = OpenAiPolicy::connect(section.client_options()?)?;
+                    Box::new(remote)
+                }
+                None => {
+                    model = PolicyModel::load(&policy.checkpoint, false, &Device::Cpu)?;
+                    Box::new(LocalPolicy::with_cache_reuse(
+                        &model,
+                        rollout.kv_cache_reuse,
+                    ))
+                }
+            };
             let plan = EvalPlan {
                 params,
                 codec: Some(&policy.tokenizer),
                 rollout: &rollout,
                 ..plan
             };
-            evaluate(&mut PolicyActor::new(&mut local, sampling), &plan)?.0
+            evaluate(&mut PolicyActor::new(generator.as_mut(), sampling), &plan)?
         }
     };
-    Ok(stats)
+    Ok(played)
+}
+
+/// Every trajectory as one JSON line.
+fn write_trajectories(path: &std::path::Path, trajs: &[Trajectory]) -> anyhow::Result<()> {
+    let mut text = String::new();
+    for t in trajs {
+        text.push_str(&serde_json::to_string(t)?);
+        text.push('\n');
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Run the evaluation and print it.
@@ -262,6 +328,11 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         anyhow::bail!("--n must be at least 1");
     }
     task_range(args.seed_start, args.n)?;
+    if args.policy_endpoint.is_some() && !matches!(kind, PolicyKind::Model(_)) {
+        anyhow::bail!(
+            "--policy-endpoint needs --policy RUN_DIR or MODEL_DIR: the tokenizer and settings the served model is played with (its weights are not loaded)"
+        );
+    }
     if args.endpoint.is_none() && args.protocol == EnvProtocol::Agentgym {
         anyhow::bail!("--protocol agentgym needs --endpoint (the AgentGym server's URL)");
     }
@@ -287,17 +358,22 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         }
     };
     let params = parse_params(&args.params)?;
+    let (stats, trajectories) = evaluate_policy(&kind, &args, &template, &params)?;
     let report = EvalReport {
         env: template.env.clone(),
         difficulty: template.difficulty.clone(),
         split: template.split.to_string(),
-        policy: match &kind {
-            PolicyKind::Expert => "expert".to_string(),
-            PolicyKind::Random => "random".to_string(),
-            PolicyKind::Model(p) => p.display().to_string(),
+        policy: match (&kind, &args.policy_endpoint) {
+            (PolicyKind::Expert, _) => "expert".to_string(),
+            (PolicyKind::Random, _) => "random".to_string(),
+            (PolicyKind::Model(p), None) => p.display().to_string(),
+            (PolicyKind::Model(p), Some(url)) => format!("{url} (tokenizer of {})", p.display()),
         },
-        stats: evaluate_policy(&kind, &args, &template, &params)?,
+        stats,
     };
+    if let Some(path) = &args.trajectories {
+        write_trajectories(path, &trajectories)?;
+    }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

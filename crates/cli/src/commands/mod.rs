@@ -6,5 +6,6 @@ pub mod eval;
 pub mod generate;
 pub mod play;
 pub mod serve;
+pub mod serve_policy;
 pub mod study;
 pub mod train;

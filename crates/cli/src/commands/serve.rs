@@ -97,7 +97,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// ctrl-c, or SIGTERM on Unix (what `docker stop` and systemd send).
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::error!(error = %e, "cannot listen for ctrl-c");
@@ -122,5 +122,5 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    eprintln!("agentrl serve: shutting down, draining in-flight requests");
+    eprintln!("agentrl: shutting down, draining in-flight requests");
 }

@@ -1,6 +1,7 @@
 //! Accepting and serving connections, with the limits `axum::serve` lacks:
-//! a cap on open connections and hyper's header-read timeout. The app and
-//! its per-request timeout stay in [`crate::routes`].
+//! a cap on open connections and hyper's header-read timeout, shared by the
+//! env server (`agentrl serve`) and the policy server (`agentrl
+//! serve-policy`). Each server's app and its per-request timeout stay its own.
 //!
 //! At the cap, a new client waits until a slot frees up. To free one, the
 //! connection idle the longest (no request in flight for at least
@@ -30,7 +31,7 @@ use tower::ServiceExt;
 
 /// How connections are accepted and kept.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct ConnectionLimits {
+pub struct ConnectionLimits {
     /// Open connections at most.
     pub max_connections: usize,
     /// A connection must deliver a whole request head within this time of
@@ -43,7 +44,7 @@ pub(crate) struct ConnectionLimits {
 /// be closed to make room: a client is unlikely to be reusing a connection
 /// at the very moment it is closed after a second of silence (the HTTP/1.1
 /// keep-alive race), while one used a moment ago is likely in use again.
-pub(crate) const EVICT_IDLE_AFTER: Duration = Duration::from_secs(1);
+pub const EVICT_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// How often a client waiting at the cap looks for a connection to close.
 const LOOK_AGAIN_AFTER: Duration = Duration::from_millis(20);
@@ -102,7 +103,7 @@ impl Drop for InFlight {
 
 /// Serve `app` on `listener` until `signal`, then stop accepting, let open
 /// connections finish their requests, and return.
-pub(crate) async fn serve(
+pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,

@@ -1,0 +1,366 @@
+//! `agentrl serve-policy` and `agentrl eval --policy-endpoint`, as a user
+//! runs them (the built binary): a tiny run's checkpoint served on loopback
+//! plays the same greedy episodes through the server as in-process, also
+//! through a double that drops every third connection and answers 500 to
+//! every fourth request.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_agentrl");
+
+/// A seconds-long run: an expert warm start on 3×3 FrozenLake and one RL
+/// step, after which greedy play wins 5 of the 12 maps played below with 4
+/// distinct move sequences: the comparison sees wins and losses.
+const CONFIG: &str = r#"
+name = "policy-test"
+[env]
+name = "frozenlake"
+difficulty = "easy"
+[env.params]
+is_slippery = false
+size = 3
+[model]
+vocab_size = 400
+hidden_size = 64
+num_hidden_layers = 1
+num_attention_heads = 4
+num_key_value_heads = 2
+intermediate_size = 128
+[sft]
+demos = 48
+epochs = 8
+lr = 1e-2
+batch_size = 8
+expert_noise = 0.0
+[rollout]
+n = 2
+env_groups = 2
+max_turns = 5
+max_actions_per_turn = 1
+max_actions = 5
+response_length = 12
+[trainer]
+total_training_steps = 1
+test_freq = 0
+save_freq = 0
+val_tasks = 4
+"#;
+
+/// The trained run, made once per test binary.
+fn run_dir() -> &'static Path {
+    static RUN: OnceLock<PathBuf> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("policy_cli");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("config.toml");
+        std::fs::write(&config, CONFIG).unwrap();
+        let run = dir.join("run");
+        let out = Command::new(BIN)
+            .arg("train")
+            .arg(&config)
+            .arg("--quiet")
+            .arg("--out")
+            .arg(&run)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "train failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        run
+    })
+}
+
+/// `agentrl serve-policy` on a free loopback port; killed when dropped.
+struct ServedPolicy {
+    child: Child,
+    addr: SocketAddr,
+    /// Kept open: the server prints more than its first line.
+    _stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl ServedPolicy {
+    fn start(model: &Path) -> Self {
+        let mut child = Command::new(BIN)
+            .args([
+                "serve-policy",
+                "--port",
+                "0",
+                "--served-model-name",
+                "tiny",
+                "--model",
+            ])
+            .arg(model)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .parse()
+            .unwrap();
+        Self {
+            child,
+            addr,
+            _stdout: stdout,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for ServedPolicy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `agentrl eval --json --trajectories FILE` with `extra` flags: the report
+/// and the trajectories.
+fn eval(extra: &[&str], trajectories: &Path) -> (Value, Vec<Value>) {
+    let out = Command::new(BIN)
+        .args([
+            "eval",
+            "--env",
+            "frozenlake",
+            "--n",
+            "12",
+            "--json",
+            "--policy",
+        ])
+        .arg(run_dir())
+        .arg("--trajectories")
+        .arg(trajectories)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "eval {extra:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let trajs = std::fs::read_to_string(trajectories)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (report, trajs)
+}
+
+/// What must agree between two evaluations of the same greedy policy.
+fn outcome(report: &Value) -> Value {
+    let mut r = report.clone();
+    r.as_object_mut().unwrap().remove("policy");
+    r
+}
+
+/// Per task: its spec, success, each turn's actions and the tokens played.
+fn episodes(trajs: &[Value]) -> Vec<(Value, Value, Vec<Value>, Value)> {
+    trajs
+        .iter()
+        .map(|t| {
+            let actions = t["turns"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|turn| turn["actions"].clone())
+                .collect();
+            (
+                t["spec"].clone(),
+                t["success"].clone(),
+                actions,
+                t["tokens"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn eval_through_serve_policy_plays_the_local_greedy_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (local, local_trajs) = eval(&[], &dir.path().join("local.jsonl"));
+    let server = ServedPolicy::start(run_dir());
+    let (remote, remote_trajs) = eval(
+        &["--policy-endpoint", &server.url(), "--policy-model", "tiny"],
+        &dir.path().join("remote.jsonl"),
+    );
+    assert_eq!(outcome(&remote), outcome(&local));
+    assert_eq!(episodes(&remote_trajs), episodes(&local_trajs));
+    assert_eq!(local_trajs.len(), 12);
+    // Neither all wins nor all losses: the comparison means something.
+    let wins = local_trajs.iter().filter(|t| t["success"] == true).count();
+    assert!(0 < wins && wins < 12, "{wins} of 12 tasks won");
+    assert!(remote["policy"].as_str().unwrap().contains(&server.url()));
+}
+
+/// Counts of what the flaky double did.
+#[derive(Default)]
+struct Flaky {
+    connections: AtomicUsize,
+    dropped: AtomicUsize,
+    requests: AtomicUsize,
+    failed: AtomicUsize,
+    upstream: String,
+}
+
+/// Forward a request upstream, except every fourth, which answers 500.
+async fn forward(
+    State(f): State<Arc<Flaky>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if f.requests.fetch_add(1, Ordering::SeqCst) % 4 == 3 {
+        f.failed.fetch_add(1, Ordering::SeqCst);
+        let body = r#"{"error":{"message":"flaky double","type":"server_error","param":null,"code":null}}"#;
+        return (StatusCode::INTERNAL_SERVER_ERROR, body).into_response();
+    }
+    let mut req = reqwest::Client::new()
+        .request(method, format!("{}{uri}", f.upstream))
+        .body(body);
+    if let Some(v) = headers.get(header::CONTENT_TYPE) {
+        req = req.header(header::CONTENT_TYPE, v);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status();
+    let kind = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let mut out = (status, resp.bytes().await.unwrap()).into_response();
+    if let Some(v) = kind {
+        out.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    out
+}
+
+/// Serve `flaky` on loopback from a thread of its own: one request per
+/// connection, every third connection read and dropped unanswered.
+fn start_flaky(flaky: Arc<Flaky>) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new()
+        .fallback(forward)
+        .with_state(Arc::clone(&flaky));
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                if flaky.connections.fetch_add(1, Ordering::SeqCst) % 3 == 2 {
+                    flaky.dropped.fetch_add(1, Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 4096];
+                        let _ = stream.readable().await;
+                        let _ = stream.try_read(&mut buf);
+                        drop(stream);
+                    });
+                    continue;
+                }
+                let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(false)
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+    });
+    addr
+}
+
+#[test]
+fn eval_loses_no_trajectory_to_dropped_connections_and_500s() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServedPolicy::start(run_dir());
+    let (healthy, healthy_trajs) = eval(
+        &["--policy-endpoint", &server.url()],
+        &dir.path().join("healthy.jsonl"),
+    );
+    let flaky = Arc::new(Flaky {
+        upstream: server.url(),
+        ..Flaky::default()
+    });
+    let proxy = start_flaky(Arc::clone(&flaky));
+    let (through, through_trajs) = eval(
+        &[
+            "--policy-endpoint",
+            &format!("http://{proxy}"),
+            "--policy-max-retries",
+            "10",
+            "--policy-retry-backoff-ms",
+            "5",
+        ],
+        &dir.path().join("flaky.jsonl"),
+    );
+    assert_eq!(outcome(&through), outcome(&healthy));
+    assert_eq!(episodes(&through_trajs), episodes(&healthy_trajs));
+    assert_eq!(through_trajs.len(), 12);
+    assert!(
+        flaky.dropped.load(Ordering::SeqCst) > 0,
+        "no connection dropped"
+    );
+    assert!(flaky.failed.load(Ordering::SeqCst) > 0, "no 500 answered");
+}
+
+#[test]
+fn eval_names_a_policy_endpoint_without_a_policy_directory() {
+    let out = Command::new(BIN)
+        .args([
+            "eval",
+            "--env",
+            "frozenlake",
+            "--policy-endpoint",
+            "http://127.0.0.1:9",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--policy-endpoint needs --policy"), "{err}");
+}
+
+#[test]
+fn train_refuses_a_policy_endpoint() {
+    let out = Command::new(BIN)
+        .args(["train", "policy.endpoint=\"http://127.0.0.1:8000\""])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("policy.endpoint") && err.contains("LoRA"),
+        "{err}"
+    );
+}

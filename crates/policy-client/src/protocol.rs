@@ -1,0 +1,370 @@
+//! The OpenAI-compatible wire types: `/v1/completions`,
+//! `/v1/chat/completions`, `/v1/models` and the error body, with the vLLM
+//! extensions rollouts need (`return_token_ids`, `stop_token_ids`,
+//! `ignore_eos`, `top_k`).
+//!
+//! Requests are strict (`deny_unknown_fields`: `agentrl serve-policy`
+//! rejects a field it would otherwise ignore); answers are lenient (vLLM and
+//! SGLang add fields of their own).
+
+use serde::{Deserialize, Serialize};
+
+/// `prompt` of a completions request: text, token ids, or a list of either.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// One prompt as text.
+    Text(String),
+    /// One prompt as token ids.
+    Tokens(Vec<u32>),
+    /// Several prompts, each text or token ids.
+    Batch(Vec<PromptItem>),
+}
+
+/// One prompt of a [`Prompt::Batch`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PromptItem {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+impl Prompt {
+    /// The prompts, in order.
+    pub fn items(&self) -> Vec<PromptItem> {
+        match self {
+            Prompt::Text(t) => vec![PromptItem::Text(t.clone())],
+            Prompt::Tokens(t) => vec![PromptItem::Tokens(t.clone())],
+            Prompt::Batch(items) => items.clone(),
+        }
+    }
+}
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// The stop strings, in order.
+    pub fn strings(&self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s.clone()],
+            Stop::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    /// The served model's name; optional for `agentrl serve-policy` (one model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub prompt: Option<Prompt>,
+    /// New tokens per choice at most (default: up to the context length).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<usize>,
+    /// Default 1; 0 is greedy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Default 1 (off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// vLLM's extension; 0 or -1 is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i64>,
+    /// Choices per prompt (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<usize>,
+    /// Generation of a choice ends at the first of these strings (excluded
+    /// from the text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    /// vLLM's extension: generation ends after any of these token ids (included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM's extension: do not stop at the model's end-of-sequence tokens
+    /// (`stop_token_ids` still apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_eos: Option<bool>,
+    /// The same seed and request give the same choices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Return log-probs: 0 gives each sampled token's own (top alternatives
+    /// are not computed by `agentrl serve-policy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u32>,
+    /// vLLM's extension: answer `token_ids` and `prompt_token_ids` per choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_token_ids: Option<bool>,
+    /// Streaming is not supported: only `false` is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Echoing the prompt is not supported: only `false` is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub echo: Option<bool>,
+    /// An end-user id (OpenAI's abuse monitoring); not used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// Token usage of a request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+/// The legacy completions `logprobs` object.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionLogprobs {
+    /// Each generated token's text.
+    #[serde(default)]
+    pub tokens: Vec<String>,
+    /// Each generated token's log-probability.
+    #[serde(default)]
+    pub token_logprobs: Vec<Option<f32>>,
+    /// Top alternatives per token; `null` from `agentrl serve-policy`.
+    #[serde(default)]
+    pub top_logprobs: Option<serde_json::Value>,
+}
+
+/// One choice of a completion.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    #[serde(default)]
+    pub logprobs: Option<CompletionLogprobs>,
+    /// `stop` (a stop token or string) or `length` (`max_tokens` reached).
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    /// The stop token id or string that ended the choice (vLLM's field).
+    #[serde(default)]
+    pub stop_reason: Option<serde_json::Value>,
+    /// The generated token ids (with `return_token_ids`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
+    /// The prompt's token ids (with `return_token_ids`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+}
+
+/// The answer to `POST /v1/completions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(default)]
+    pub usage: Option<Usage>,
+}
+
+/// A chat message's content: text, or a list of text parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a [`MessageContent::Parts`]; only `{"type": "text"}` parts are served.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// A message of a chat request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestMessage {
+    pub role: String,
+    pub content: MessageContent,
+    /// A participant's name; not used by the chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatCompletionRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub messages: Option<Vec<RequestMessage>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<usize>,
+    /// OpenAI's newer name for `max_tokens` (give one of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_token_ids: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_eos: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Return each sampled token's log-prob.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    /// Top alternatives per token: only 0 is served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
+    /// vLLM's extension: answer `prompt_token_ids` and each choice's `token_ids`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_token_ids: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// The assistant's message in a chat answer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResponseMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// One token of a chat answer's `logprobs.content`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    /// The token text's UTF-8 bytes.
+    pub bytes: Vec<u8>,
+    /// Top alternatives: always empty (not computed).
+    #[serde(default)]
+    pub top_logprobs: Vec<serde_json::Value>,
+}
+
+/// A chat choice's `logprobs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// One choice of a chat answer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: ResponseMessage,
+    #[serde(default)]
+    pub logprobs: Option<ChatLogprobs>,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    #[serde(default)]
+    pub stop_reason: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
+}
+
+/// The answer to `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    /// The rendered chat's token ids (with `return_token_ids`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+}
+
+/// One served model in `GET /v1/models`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub id: String,
+    #[serde(default)]
+    pub object: String,
+    #[serde(default)]
+    pub created: u64,
+    #[serde(default)]
+    pub owned_by: String,
+    /// Prompt plus generated tokens at most (vLLM's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<usize>,
+}
+
+/// The answer to `GET /v1/models`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelList {
+    #[serde(default)]
+    pub object: String,
+    pub data: Vec<ModelCard>,
+}
+
+/// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    pub error: ErrorDetail,
+}
+
+/// What went wrong, and with which request field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The request field at fault (`max_tokens`, `prompt[1]`, …), if one is.
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_parse_as_text_ids_or_lists_of_either() {
+        let p = |v: serde_json::Value| serde_json::from_value::<Prompt>(v).unwrap().items();
+        assert_eq!(
+            p(serde_json::json!("hi")),
+            vec![PromptItem::Text("hi".into())]
+        );
+        assert_eq!(
+            p(serde_json::json!([1, 2])),
+            vec![PromptItem::Tokens(vec![1, 2])]
+        );
+        assert_eq!(
+            p(serde_json::json!(["a", [3]])),
+            vec![PromptItem::Text("a".into()), PromptItem::Tokens(vec![3])]
+        );
+        assert!(serde_json::from_value::<Prompt>(serde_json::json!([-1])).is_err());
+    }
+
+    #[test]
+    fn a_request_serialises_only_the_fields_set() {
+        let r = CompletionRequest {
+            prompt: Some(Prompt::Tokens(vec![5])),
+            max_tokens: Some(3),
+            ..CompletionRequest::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            serde_json::json!({"prompt": [5], "max_tokens": 3})
+        );
+    }
+}

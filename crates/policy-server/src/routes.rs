@@ -1,0 +1,349 @@
+//! The routes (`/v1/models`, `/v1/completions`, `/v1/chat/completions`,
+//! `/health`), their JSON extractor and the layers around them.
+//!
+//! A handler checks the request into a [`Plan`] (tokenizing on a blocking
+//! thread), queues its sequences for the model thread, and writes the answer
+//! (decoding on a blocking thread): the async runtime only moves bytes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentrl_model::Generation;
+use agentrl_policy_client::protocol::{
+    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
+    ModelCard, ModelList,
+};
+use agentrl_tokenizer::ChatTokenizer;
+use axum::body::Bytes;
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use tower::timeout::error::Elapsed;
+use tower::timeout::TimeoutLayer;
+use tower::{BoxError, ServiceBuilder};
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+
+use crate::answer::{self, Choice};
+use crate::batcher::{GenerateError, Generator};
+use crate::error::ApiError;
+use crate::plan::{self, ModelLimits, Plan};
+
+/// Shared state of every route.
+pub(crate) struct AppState {
+    /// The name the model is served under.
+    pub name: String,
+    pub tokenizer: ChatTokenizer,
+    pub limits: ModelLimits,
+    pub generator: Generator,
+    pub api_key: Option<String>,
+    /// When the server started (the model card's `created`).
+    pub created: u64,
+}
+
+pub(crate) type Shared = Arc<AppState>;
+
+/// The application: routes plus auth, request timeout, body limit, panic
+/// and JSON-error layers.
+pub(crate) fn router(state: Shared, body_limit: usize, request_timeout: Duration) -> Router {
+    let routes = Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .fallback(not_found);
+    // The timeout drops the request's future: the client hears 503 at once;
+    // sequences already queued are still generated (and their answer dropped).
+    let timeout = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(move |e: BoxError| async move {
+            if e.is::<Elapsed>() {
+                ApiError::timeout(request_timeout)
+            } else {
+                ApiError::internal(format!("internal error: {e}"))
+            }
+        }))
+        .layer(TimeoutLayer::new(request_timeout));
+    routes
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
+        .layer(timeout)
+        // One configurable body limit: tower-http's; axum's own 2 MB default is off.
+        .layer(DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(body_limit))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(middleware::map_response(json_errors))
+        .with_state(state)
+}
+
+/// A JSON body whose deserialisation errors are 400s naming the field
+/// (`max_tokens`, `messages[0].content`, an unknown field).
+pub(crate) struct OpenAiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for OpenAiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            ApiError::new(
+                e.status(),
+                "invalid_request_error",
+                e.body_text(),
+                None,
+                None,
+            )
+        })?;
+        let de = &mut serde_json::Deserializer::from_slice(&bytes);
+        serde_path_to_error::deserialize(de)
+            .map(OpenAiJson)
+            .map_err(|e| body_error(&e))
+    }
+}
+
+/// A deserialisation error as a 400: the field it is about is the path, or
+/// the unknown field's name.
+fn body_error(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let message = e.inner().to_string();
+    let path = e.path().to_string();
+    let unknown = message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next());
+    match (path.as_str(), unknown) {
+        (_, Some(field)) => ApiError::invalid(field, message.clone()),
+        (".", None) => ApiError::bad_request(format!("the body is not a valid request: {message}")),
+        (field, None) => ApiError::invalid(field, format!("{field}: {message}")),
+    }
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn models(State(st): State<Shared>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list".into(),
+        data: vec![ModelCard {
+            id: st.name.clone(),
+            object: "model".into(),
+            created: st.created,
+            owned_by: "agentrl".into(),
+            max_model_len: Some(st.limits.max_model_len),
+        }],
+    })
+}
+
+async fn completions(
+    State(st): State<Shared>,
+    OpenAiJson(req): OpenAiJson<CompletionRequest>,
+) -> Result<Json<CompletionResponse>, ApiError> {
+    st.check_model(req.model.as_deref())?;
+    let plan = {
+        let st = Arc::clone(&st);
+        blocking(move || plan::completion(&req, &st.tokenizer, &st.limits)).await??
+    };
+    let gens = st.generate(&plan).await?;
+    let answer = blocking(move || {
+        let choices = finish_all(&st.tokenizer, gens, &plan)?;
+        answer::completion_response(&st.tokenizer, &st.name, &plan, choices)
+            .map_err(|e| ApiError::internal(format!("decoding: {e}")))
+    })
+    .await??;
+    Ok(Json(answer))
+}
+
+async fn chat_completions(
+    State(st): State<Shared>,
+    OpenAiJson(req): OpenAiJson<ChatCompletionRequest>,
+) -> Result<Json<ChatCompletionResponse>, ApiError> {
+    st.check_model(req.model.as_deref())?;
+    let plan = {
+        let st = Arc::clone(&st);
+        blocking(move || plan::chat(&req, &st.tokenizer, &st.limits)).await??
+    };
+    let gens = st.generate(&plan).await?;
+    let answer = blocking(move || {
+        let choices = finish_all(&st.tokenizer, gens, &plan)?;
+        answer::chat_response(&st.tokenizer, &st.name, &plan, choices)
+            .map_err(|e| ApiError::internal(format!("decoding: {e}")))
+    })
+    .await??;
+    Ok(Json(answer))
+}
+
+impl AppState {
+    /// A request may name the served model or none.
+    fn check_model(&self, asked: Option<&str>) -> Result<(), ApiError> {
+        match asked {
+            Some(m) if m != self.name => Err(ApiError::unknown_model(m, &self.name)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every sequence of `plan`, from the model thread.
+    async fn generate(&self, plan: &Plan) -> Result<Vec<Generation>, ApiError> {
+        let (prompts, rngs) = plan.sequences();
+        self.generator
+            .generate(prompts, rngs, plan.params.clone())
+            .await
+            .map_err(|e| match e {
+                GenerateError::Busy(queued) => ApiError::busy(queued),
+                GenerateError::Stopped => ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    "the server is shutting down",
+                    None,
+                    None,
+                ),
+                GenerateError::Failed(msg) => ApiError::internal(msg),
+            })
+    }
+}
+
+/// Stop strings applied to every generation.
+fn finish_all(
+    tokenizer: &ChatTokenizer,
+    gens: Vec<Generation>,
+    plan: &Plan,
+) -> Result<Vec<Choice>, ApiError> {
+    gens.into_iter()
+        .map(|g| answer::finish(tokenizer, g, &plan.stop_strings))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ApiError::internal(format!("decoding: {e}")))
+}
+
+/// Run `f` on tokio's blocking pool (tokenizing and decoding stay off the
+/// async workers).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("a request task failed: {e}")))
+}
+
+/// Every `/v1` route needs the API key when one is set; `/health` stays open.
+async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    let Some(key) = st.api_key.as_deref() else {
+        return next.run(req).await;
+    };
+    if req.uri().path() == "/health" {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(given.as_bytes(), key.as_bytes()) {
+        next.run(req).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
+}
+
+/// Compares without an early exit, so timing does not reveal a key prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!(
+            "no route {} {} (served: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health)",
+            req.method(),
+            req.uri().path()
+        ),
+        None,
+        None,
+    )
+}
+
+fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let msg = err
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".to_string());
+    tracing::error!(panic = %msg, "a request handler panicked");
+    ApiError::internal(format!("internal error: {msg}")).into_response()
+}
+
+/// Every non-JSON error answer (axum's 405, tower-http's 413, …) in
+/// OpenAI's error shape.
+async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_lowercase()
+    } else {
+        text
+    };
+    let kind = if status.is_server_error() {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    };
+    let mut out = ApiError::new(status, kind, message, None, None).into_response();
+    // Keep headers such as `Allow` on a 405.
+    for (name, value) in parts.headers.iter() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name, value.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentrl_policy_client::protocol::CompletionRequest;
+
+    fn error_of(body: &str) -> ApiError {
+        let de = &mut serde_json::Deserializer::from_str(body);
+        let e = serde_path_to_error::deserialize::<_, CompletionRequest>(de).unwrap_err();
+        body_error(&e)
+    }
+
+    #[test]
+    fn body_errors_name_the_field() {
+        let e = error_of(r#"{"prompt": "x", "max_tokens": "ten"}"#);
+        assert_eq!(e.body.error.param.as_deref(), Some("max_tokens"));
+        let e = error_of(r#"{"prompt": "x", "best_of": 2}"#);
+        assert_eq!(e.body.error.param.as_deref(), Some("best_of"));
+        let e = error_of(r#"{"prompt": {"a": 1}}"#);
+        assert_eq!(e.body.error.param.as_deref(), Some("prompt"));
+        let e = error_of("not json");
+        assert_eq!(e.body.error.param, None);
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn keys_compare_whole() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"ab", b"abc"));
+    }
+}
