@@ -319,6 +319,7 @@ impl<'e> Episode<'e> {
             format_error: false,
             invalid_actions: 0,
             state_key: self.env.state_key(),
+            observation: self.env.observation(),
         };
         self.error = None;
     }
@@ -492,6 +493,10 @@ fn finish(ep: Episode<'_>) -> Trajectory {
         env_done: ep.env.is_done(),
         truncated: ep.truncated,
         env_steps: ep.env.steps(),
+        instructions: ep.env.instructions(),
+        final_observation: ep.env.observation(),
+        final_state_key: ep.env.state_key(),
+        env_max_steps: ep.env.max_steps(),
     }
 }
 

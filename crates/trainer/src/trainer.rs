@@ -456,6 +456,7 @@ impl Trainer {
                 params: &c.env.params,
                 split: Split::Val,
                 seeds: 0..c.trainer.val_tasks as u64,
+                samples: 1,
                 codec: Some(&self.tokenizer),
                 rollout: &c.rollout,
                 seed: c.trainer.seed ^ 0x5eed_0fa1,
