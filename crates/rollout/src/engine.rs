@@ -41,6 +41,14 @@ pub struct RolloutConfig {
     pub top_p: f64,
     pub top_k: usize,
     pub max_turns: usize,
+    /// ScalingInter-RL (AgentGym-RL's `scaling_inter_stepwise`): the turn
+    /// budget of each stage of RL, growing as training goes (e.g. `[2, 4,
+    /// 8]`); empty = `max_turns` throughout. Validation and evaluation play
+    /// `max_turns`.
+    pub max_turns_schedule: Vec<usize>,
+    /// RL steps per stage of `max_turns_schedule` (stage = step / this, the
+    /// last stage holding).
+    pub max_turns_stage_steps: usize,
     pub max_actions_per_turn: usize,
     /// Action budget of a whole trajectory.
     pub max_actions: usize,
@@ -82,6 +90,8 @@ impl Default for RolloutConfig {
             top_p: 1.0,
             top_k: 0,
             max_turns: 5,
+            max_turns_schedule: Vec::new(),
+            max_turns_stage_steps: 0,
             max_actions_per_turn: 2,
             max_actions: 10,
             response_length: 32,
