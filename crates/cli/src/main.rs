@@ -55,6 +55,8 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     /// Benchmarks: environments, model, server.
     Bench(commands::bench::BenchArgs),
+    /// report.md and a self-contained report.html (PNG plots) of a run, sequence or study.
+    Report(commands::report::ReportArgs),
     /// Sequential multi-environment training and its forgetting table.
     Sequence(commands::sequence::SequenceArgs),
     /// Studies that train several runs and compare them (the Echo Trap).
@@ -79,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         Command::Generate(a) => commands::generate::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Report(a) => commands::report::run(a),
         Command::Sequence(a) => commands::sequence::run(a),
         Command::Study(a) => commands::study::run(a),
     }

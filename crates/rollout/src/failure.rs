@@ -180,15 +180,22 @@ fn budget_exhausted(t: &Trajectory, _max_turns: usize) -> bool {
 /// quantities dropped (`get 2 oak log` names `oak log`, `take apple 1 from
 /// countertop 2` names `apple 1` and `countertop 2`); a bracket action names
 /// its argument (`click[blue shirt]`), except free-text ones (`search`,
-/// `answer`). One-word actions (`Up`, `inventory`) name nothing.
+/// `answer`). One-word actions (`Up`, `inventory`) name nothing. Only
+/// well-formed actions count: a turn whose every action the environment
+/// rejected is `invalid_action` (unparseable text names no object).
+/// (Which actions of a turn were rejected is not recorded, so a turn with
+/// some rejected and some not is checked whole.)
 fn state_inconsistency(t: &Trajectory, _max_turns: usize) -> bool {
     let mut shown = normalise(&t.instructions);
     t.turns.iter().any(|turn| {
         shown.push_str(&normalise(&turn.observation));
-        turn.actions
-            .iter()
-            .flat_map(|a| object_phrases(a))
-            .any(|phrase| !shown.contains(&phrase))
+        let all_rejected = turn.invalid_actions >= turn.actions.len();
+        !all_rejected
+            && turn
+                .actions
+                .iter()
+                .flat_map(|a| object_phrases(a))
+                .any(|phrase| !shown.contains(&phrase))
     })
 }
 
@@ -532,6 +539,14 @@ mod tests {
             turn(2, "You see a drawer 3.", &["go to fridge 1"]),
         ]);
         assert_eq!(labels(&t), [FailureLabel::StateInconsistency]);
+    }
+
+    #[test]
+    fn a_rejected_action_is_invalid_not_inconsistent() {
+        // `<answer>Right` did not parse as a move: it names no object.
+        let mut t = failed(vec![turn(1, ROOM, &["<answer>Right"])]);
+        t.turns[0].invalid_actions = 1;
+        assert_eq!(labels(&t), [FailureLabel::InvalidAction]);
     }
 
     #[test]

@@ -20,8 +20,8 @@ use agentrl_algos as algos;
 use agentrl_env_core::{stable_hash, Env, EnvError, EnvParams, Split, TaskSpec, SPLIT_STRIDE};
 use agentrl_model::{AdamW, AdamWConfig, PolicyModel};
 use agentrl_rollout::{
-    run_rollouts, EpisodeTally, GroupFilterType, PolicyActor, RolloutConfig, SamplingParams,
-    Trajectory,
+    run_rollouts, EpisodeTally, FailureCounts, GroupFilterType, PolicyActor, RolloutConfig,
+    SamplingParams, Trajectory,
 };
 use agentrl_tokenizer::ChatTokenizer;
 use candle_core::{Device, Var};
@@ -459,12 +459,15 @@ impl Trainer {
             all.extend(trajs);
         }
         let pooled = EvalStats::of(&all);
+        let mut failures = FailureCounts::default();
+        failures.add(&all, self.cfg.rollout.max_turns);
         self.run.log_record(
             &pooled,
             &[
                 ("kind", json!("eval")),
                 ("phase", json!(phase)),
                 ("step", json!(step)),
+                ("failures", json!(failures)),
             ],
         )?;
         Ok((pooled, per_env))
@@ -539,10 +542,13 @@ impl Trainer {
                 seed: c.trainer.seed ^ 0x5eed_0fa1,
             },
         )?;
+        let mut failures = FailureCounts::default();
+        failures.add(&trajs, c.rollout.max_turns);
         let mut fields = vec![
             ("kind", json!(kind)),
             ("phase", json!(phase)),
             ("step", json!(step)),
+            ("failures", json!(failures)),
         ];
         if kind != "eval" {
             fields.push(("env", json!(source.env)));

@@ -63,6 +63,10 @@ pub struct EvalArgs {
     /// Samples drawn per task for pass@k's unbiased estimator (default: k).
     #[arg(long, requires = "k")]
     samples: Option<usize>,
+    /// In the matrix: write every play, with its failure labels, to this
+    /// JSONL file (one line per trajectory).
+    #[arg(long, value_name = "FILE")]
+    trajectories: Option<PathBuf>,
     /// URL of an env server to play on (default: in-process).
     #[arg(long)]
     endpoint: Option<String>,
@@ -303,7 +307,11 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     }
     let several_difficulties = args.difficulty.as_deref().is_some_and(|d| d.contains(','));
     let env = match (&args.env, &args.envs) {
-        (Some(env), None) if args.k.is_none() && !several_difficulties => env.clone(),
+        (Some(env), None)
+            if args.k.is_none() && !several_difficulties && args.trajectories.is_none() =>
+        {
+            env.clone()
+        }
         _ => return matrix::run(&args),
     };
     let kind = policy_kind(&args);

@@ -5,6 +5,7 @@ pub mod envs;
 pub mod eval;
 pub mod generate;
 pub mod play;
+pub mod report;
 pub mod sequence;
 pub mod serve;
 pub mod study;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use agentrl_env_client::DataIdxRanges;
 use agentrl_env_core::{EnvParams, Split, TaskSpec};
-use agentrl_rollout::FailureLabel;
+use agentrl_rollout::{failure_labels, FailureLabel, Trajectory};
 use agentrl_trainer::eval_matrix::{
     evaluate_cell, Cell, CellFigures, MatrixPlan, Player, INTERVAL_METHOD,
 };
@@ -19,6 +19,7 @@ use agentrl_trainer::remote_env::remote_maker;
 use agentrl_trainer::{TrainConfig, TrainedPolicy};
 use anyhow::Context;
 use serde::Serialize;
+use serde_json::json;
 
 use super::{cell_difficulty, policy_kind, remote_section, task_range, EvalArgs, PolicyKind};
 use crate::commands::play::parse_params;
@@ -88,6 +89,7 @@ pub(super) fn run(args: &EvalArgs) -> anyhow::Result<()> {
         (PolicyKind::Model(p), None) => anyhow::bail!("{} was not opened", p.display()),
     };
     let mut figures = Vec::new();
+    let mut dump = String::new();
     for cell in &cells {
         let make = cell_maker(args, &cell.env, run_config)?;
         let plan = MatrixPlan {
@@ -104,9 +106,22 @@ pub(super) fn run(args: &EvalArgs) -> anyhow::Result<()> {
                 cell.env, cell.difficulty, args.n
             );
         }
-        let (f, _) = evaluate_cell(&player, cell, &plan)
+        let (f, trajs) = evaluate_cell(&player, cell, &plan)
             .with_context(|| format!("evaluating {}/{}", cell.env, cell.difficulty))?;
+        if args.trajectories.is_some() {
+            let max_turns = match &trained {
+                Some(p) => p.rollout.max_turns,
+                None => usize::MAX,
+            };
+            for t in &trajs {
+                dump.push_str(&trajectory_line(t, max_turns).to_string());
+                dump.push('\n');
+            }
+        }
         figures.push(f);
+    }
+    if let Some(path) = &args.trajectories {
+        std::fs::write(path, dump).with_context(|| format!("cannot write {}", path.display()))?;
     }
     let report = MatrixReport {
         policy: args.policy.clone(),
@@ -220,6 +235,26 @@ fn cell_maker(
             Ok(remote_maker(&section, DataIdxRanges::identity())?)
         }
     }
+}
+
+/// One play as a JSON line: the task, the outcome, its failure labels and
+/// every turn (observation, reply, actions and what the env made of them).
+fn trajectory_line(t: &Trajectory, max_turns: usize) -> serde_json::Value {
+    json!({
+        "task": t.spec.to_string(),
+        "success": t.success,
+        "labels": failure_labels(t, max_turns),
+        "env_done": t.env_done,
+        "env_steps": t.env_steps,
+        "turns": t.turns.iter().map(|x| json!({
+            "observation": x.observation,
+            "reply": x.reply,
+            "actions": x.actions,
+            "invalid_actions": x.invalid_actions,
+            "format_error": x.format_error,
+        })).collect::<Vec<_>>(),
+        "final_observation": t.final_observation,
+    })
 }
 
 /// `0.231 [0.180, 0.282]`.
