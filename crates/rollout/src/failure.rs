@@ -199,13 +199,14 @@ fn state_inconsistency(t: &Trajectory, _max_turns: usize) -> bool {
     })
 }
 
-/// The last action the agent played.
+/// The last action the agent played, unless the environment rejected
+/// every action of its turn (then it committed to nothing).
 fn final_action(t: &Trajectory) -> Option<&str> {
-    t.turns
-        .iter()
-        .rev()
-        .find_map(|x| x.actions.last())
-        .map(String::as_str)
+    let turn = t.turns.iter().rev().find(|x| !x.actions.is_empty())?;
+    match turn.invalid_actions >= turn.actions.len() {
+        true => None,
+        false => turn.actions.last().map(String::as_str),
+    }
 }
 
 fn is_commit(action: &str) -> bool {
