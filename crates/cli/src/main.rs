@@ -46,7 +46,7 @@ enum Command {
     /// Play an environment in the terminal (actions from stdin, one per line).
     Play(commands::play::PlayArgs),
     /// Evaluate a policy (expert, random, or a trained model) on an environment.
-    Eval(commands::eval::EvalArgs),
+    Eval(Box<commands::eval::EvalArgs>),
     /// Train a policy: SFT warm start then RL (default: embedded tiny setup).
     Train(commands::train::TrainArgs),
     /// Generate text with a model directory (chat template, sampling).
@@ -57,6 +57,10 @@ enum Command {
     ServePolicy(commands::serve_policy::ServePolicyArgs),
     /// Benchmarks: environments, model, server.
     Bench(commands::bench::BenchArgs),
+    /// report.md and a self-contained report.html (PNG plots) of a run, sequence or study.
+    Report(commands::report::ReportArgs),
+    /// Sequential multi-environment training and its forgetting table.
+    Sequence(commands::sequence::SequenceArgs),
     /// Studies that train several runs and compare them (the Echo Trap).
     Study(commands::study::StudyArgs),
 }
@@ -78,12 +82,14 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Envs(a) => commands::envs::run(a),
         Command::Play(a) => commands::play::run(a),
-        Command::Eval(a) => commands::eval::run(a),
+        Command::Eval(a) => commands::eval::run(*a),
         Command::Train(a) => commands::train::run(a),
         Command::Generate(a) => commands::generate::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::ServePolicy(a) => commands::serve_policy::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Report(a) => commands::report::run(a),
+        Command::Sequence(a) => commands::sequence::run(a),
         Command::Study(a) => commands::study::run(a),
     }
 }

@@ -2,6 +2,8 @@
 //! solver and a uniformly random player. The engine drives all three
 //! through the same episode loop ([`crate::play_episodes`]).
 
+use std::collections::HashMap;
+
 use agentrl_env_core::{stable_hash, TaskSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -68,9 +70,22 @@ impl<P: ScriptedPlayer> Scripted<P> {
 
 impl<P: ScriptedPlayer> Actor for Scripted<P> {
     fn begin(&mut self, specs: &[&TaskSpec]) -> Result<(), RolloutError> {
+        // The j-th copy of a task in the batch (several samples of one task)
+        // gets its own stream; the first keeps the task's, so a batch of
+        // distinct tasks plays as it always has.
+        let mut copies: HashMap<&TaskSpec, u64> = HashMap::new();
         self.rngs = specs
             .iter()
-            .map(|s| Ok(ChaCha8Rng::seed_from_u64(self.player.stream_seed(s)?)))
+            .map(|&s| {
+                let seed = self.player.stream_seed(s)?;
+                let j = copies.entry(s).or_insert(0);
+                let seed = match *j {
+                    0 => seed,
+                    j => stable_hash(&[&seed.to_le_bytes(), b"sample", &j.to_le_bytes()]),
+                };
+                *j += 1;
+                Ok(ChaCha8Rng::seed_from_u64(seed))
+            })
             .collect::<Result<_, RolloutError>>()?;
         Ok(())
     }

@@ -41,6 +41,14 @@ pub struct RolloutConfig {
     pub top_p: f64,
     pub top_k: usize,
     pub max_turns: usize,
+    /// ScalingInter-RL (AgentGym-RL's `scaling_inter_stepwise`): the turn
+    /// budget of each stage of RL, growing as training goes (e.g. `[2, 4,
+    /// 8]`); empty = `max_turns` throughout. Validation and evaluation play
+    /// `max_turns`.
+    pub max_turns_schedule: Vec<usize>,
+    /// RL steps per stage of `max_turns_schedule` (stage = step / this, the
+    /// last stage holding).
+    pub max_turns_stage_steps: usize,
     pub max_actions_per_turn: usize,
     /// Action budget of a whole trajectory.
     pub max_actions: usize,
@@ -82,6 +90,8 @@ impl Default for RolloutConfig {
             top_p: 1.0,
             top_k: 0,
             max_turns: 5,
+            max_turns_schedule: Vec::new(),
+            max_turns_stage_steps: 0,
             max_actions_per_turn: 2,
             max_actions: 10,
             response_length: 32,
@@ -319,6 +329,7 @@ impl<'e> Episode<'e> {
             format_error: false,
             invalid_actions: 0,
             state_key: self.env.state_key(),
+            observation: self.env.observation(),
         };
         self.error = None;
     }
@@ -492,6 +503,10 @@ fn finish(ep: Episode<'_>) -> Trajectory {
         env_done: ep.env.is_done(),
         truncated: ep.truncated,
         env_steps: ep.env.steps(),
+        instructions: ep.env.instructions(),
+        final_observation: ep.env.observation(),
+        final_state_key: ep.env.state_key(),
+        env_max_steps: ep.env.max_steps(),
     }
 }
 

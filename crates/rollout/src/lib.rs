@@ -10,11 +10,13 @@
 //!   played by an [`Actor`];
 //! - [`actor`]: the actors: a model policy, the expert, random play;
 //! - [`trajectory`]: what a finished episode holds;
-//! - [`stats`]: figures over finished episodes.
+//! - [`stats`]: figures over finished episodes;
+//! - [`failure`]: rule-based failure labels of unsuccessful episodes.
 
 pub mod actor;
 pub mod codec;
 pub mod engine;
+pub mod failure;
 pub mod format;
 pub mod policy;
 pub mod stats;
@@ -26,6 +28,7 @@ pub use engine::{
     expert_demonstrations, play_episodes, run_rollouts, Actor, GroupFilterType, Play, Reply,
     RolloutConfig, RolloutError, Seat, SYSTEM_PROMPT,
 };
+pub use failure::{failure_labels, FailureCounts, FailureLabel};
 pub use format::{FormatError, ReplyFormat};
 pub use policy::{Generation, Policy, PolicyError, SamplingParams};
 pub use stats::{EpisodeTally, EvalStats};

@@ -25,6 +25,9 @@ pub struct Turn {
     pub invalid_actions: usize,
     /// Environment state before the turn (GiGPO anchor states).
     pub state_key: u64,
+    /// The environment's observation the turn was played from.
+    #[serde(default)]
+    pub observation: String,
 }
 
 impl Turn {
@@ -52,6 +55,19 @@ pub struct Trajectory {
     pub truncated: bool,
     /// Valid environment steps taken.
     pub env_steps: usize,
+    /// The environment's instructions (rules, grammar), shown before the
+    /// first observation.
+    #[serde(default)]
+    pub instructions: String,
+    /// The observation after the last turn.
+    #[serde(default)]
+    pub final_observation: String,
+    /// The environment's state after the last turn.
+    #[serde(default)]
+    pub final_state_key: u64,
+    /// The environment's own step limit (0 when it has none it reports).
+    #[serde(default)]
+    pub env_max_steps: usize,
 }
 
 impl Trajectory {
@@ -75,6 +91,14 @@ impl Trajectory {
 
     pub fn invalid_actions(&self) -> usize {
         self.turns.iter().map(|t| t.invalid_actions).sum()
+    }
+
+    /// The state after turn `k`: the next turn's starting state, or the
+    /// final state after the last turn.
+    pub fn state_after(&self, k: usize) -> u64 {
+        self.turns
+            .get(k + 1)
+            .map_or(self.final_state_key, |t| t.state_key)
     }
 
     /// Per-token rewards. With `per_turn`, each turn's reward sits on that

@@ -196,6 +196,7 @@ mod tests {
             format_error,
             invalid_actions: 0,
             state_key: 0,
+            observation: String::new(),
         }
     }
 
@@ -211,6 +212,10 @@ mod tests {
             env_done: true,
             truncated: false,
             env_steps: 1,
+            instructions: String::new(),
+            final_observation: String::new(),
+            final_state_key: 0,
+            env_max_steps: 0,
         }
     }
 

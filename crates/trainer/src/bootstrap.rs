@@ -15,6 +15,7 @@ use agentrl_tokenizer::ChatTokenizer;
 use candle_core::Device;
 
 use crate::config::{EnvProtocol, TrainConfig};
+use crate::mixture::task_sources;
 
 /// Train tasks whose first observation the tiny tokenizer of an env without
 /// an expert is trained on (each is a session on the server).
@@ -179,6 +180,38 @@ pub fn starting_policy(
             48,
         )?
     };
+    // One tokenizer for every env the policy meets: a mixture's other
+    // sources, then `model.tokenizer_envs` (played in-process).
+    let mut corpus = corpus;
+    let mut covered = vec![cfg.env.name.clone()];
+    let in_process = |spec: &TaskSpec, params: &EnvParams| agentrl_envs::make_env(spec, params);
+    let extra = task_sources(cfg)
+        .into_iter()
+        .map(|s| (s.env, s.params, true))
+        .chain(
+            cfg.model
+                .tokenizer_envs
+                .iter()
+                .map(|e| (e.clone(), EnvParams::new(), false)),
+        );
+    for (env, params, from_run) in extra {
+        if covered.contains(&env) {
+            continue;
+        }
+        let desc =
+            agentrl_envs::find(&env).map_err(|e| BootstrapError::Tokenizer(e.to_string()))?;
+        let maker: &EnvMaker<'_> = if from_run { make } else { &in_process };
+        corpus.extend(environment_corpus(
+            maker,
+            &env,
+            desc.difficulties,
+            &params,
+            &cfg.rollout,
+            cfg.sft.actions_per_turn,
+            48,
+        )?);
+        covered.push(env);
+    }
     let tok = ChatTokenizer::train_bpe(&corpus, cfg.model.config.vocab_size)
         .map_err(|e| BootstrapError::Tokenizer(e.to_string()))?;
     // `[model] vocab_size` is what the tokenizer was asked for; the model

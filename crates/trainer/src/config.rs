@@ -12,7 +12,9 @@ use agentrl_tokenizer::{MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB};
 use serde::{Deserialize, Serialize};
 
 use crate::collapse::CollapseConfig;
+use crate::mixture::{mixture_problems, MixtureEntry};
 pub use crate::policy_section::PolicySection;
+use crate::schedule::{max_turns_schedule_problems, CurriculumSection};
 
 /// The embedded default: a tiny model, SFT warm start, GRPO + StarPO-S.
 pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/default.toml");
@@ -69,6 +71,13 @@ pub struct TrainConfig {
     /// A policy served by an OpenAI-compatible server (not for training yet).
     #[serde(default)]
     pub policy: PolicySection,
+    /// The easy → hard difficulty curriculum (off when empty).
+    #[serde(default, skip_serializing_if = "CurriculumSection::is_off")]
+    pub curriculum: CurriculumSection,
+    /// Several environments trained at once, in set proportions (see
+    /// [`crate::mixture`]); empty = `[env]` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mixture: Vec<MixtureEntry>,
 }
 
 fn default_name() -> String {
@@ -88,6 +97,10 @@ pub struct ModelSection {
     pub path: String,
     /// Seed of the tiny model's initial weights.
     pub init_seed: u64,
+    /// Environments whose text the tiny tokenizer is trained on besides the
+    /// run's own (a run whose policy later trains or is evaluated on them:
+    /// one tokenizer covers every env of a sequence).
+    pub tokenizer_envs: Vec<String>,
     /// The tiny model's architecture. Its `vocab_size` is the size the
     /// tokenizer is trained to; the model gets the tokenizer's actual size.
     pub config: ModelConfig,
@@ -104,6 +117,7 @@ impl Default for ModelSection {
         Self {
             path: String::new(),
             init_seed: 0,
+            tokenizer_envs: Vec::new(),
             config: default_tiny_model(),
         }
     }
@@ -116,6 +130,8 @@ struct ModelTable {
     path: String,
     #[serde(default)]
     init_seed: u64,
+    #[serde(default)]
+    tokenizer_envs: Vec<String>,
     #[serde(flatten)]
     config: toml::Table,
 }
@@ -126,6 +142,7 @@ impl TryFrom<ModelTable> for ModelSection {
         Ok(Self {
             path: t.path,
             init_seed: t.init_seed,
+            tokenizer_envs: t.tokenizer_envs,
             config: model_config_over_default(t.config)?,
         })
     }
@@ -168,12 +185,15 @@ impl Serialize for ModelSection {
         struct Flat<'a> {
             path: &'a str,
             init_seed: u64,
+            #[serde(skip_serializing_if = "<[String]>::is_empty")]
+            tokenizer_envs: &'a [String],
             #[serde(flatten)]
             config: &'a ModelConfig,
         }
         Flat {
             path: &self.path,
             init_seed: self.init_seed,
+            tokenizer_envs: &self.tokenizer_envs,
             config: &self.config,
         }
         .serialize(s)
@@ -597,7 +617,51 @@ impl TrainConfig {
         for (key, message) in self.collapse.problems() {
             p.add(key, message);
         }
+        self.check_schedules(&mut p);
         p.0
+    }
+
+    /// ScalingInter-RL's turn schedule, the curriculum, the mixture and the
+    /// tokenizer's extra envs (each checked in its own module).
+    fn check_schedules(&self, p: &mut Problems) {
+        let in_process = self.env.endpoint.is_empty() && self.env.protocol == EnvProtocol::Agentrl;
+        let mut found = max_turns_schedule_problems(&self.rollout);
+        let known = agentrl_envs::find(&self.env.name)
+            .ok()
+            .filter(|_| in_process)
+            .map(|d| d.difficulties);
+        found.extend(self.curriculum.problems(known, self.trainer.test_freq));
+        found.extend(mixture_problems(&self.mixture, &self.env.name, in_process));
+        if !self.mixture.is_empty() {
+            if self.curriculum.is_on() {
+                found.push((
+                    "curriculum.difficulties".into(),
+                    "a curriculum trains one env; a [[mixture]] sets each env's difficulty".into(),
+                ));
+            }
+            if self.env.protocol == EnvProtocol::Agentgym {
+                found.push((
+                    "mixture".into(),
+                    "mixes agentrl's envs (in-process or on `agentrl serve`), not AgentGym servers"
+                        .into(),
+                ));
+            }
+        }
+        if self.model.path.is_empty() {
+            for (i, name) in self.model.tokenizer_envs.iter().enumerate() {
+                if let Err(e) = agentrl_envs::find(name) {
+                    found.push((format!("model.tokenizer_envs[{i}]"), e.to_string()));
+                }
+            }
+        } else if !self.model.tokenizer_envs.is_empty() {
+            found.push((
+                "model.tokenizer_envs".into(),
+                "applies to the tiny model's tokenizer; model.path brings its own".into(),
+            ));
+        }
+        for (key, message) in found {
+            p.add(&key, message);
+        }
     }
 
     fn check_name(&self, p: &mut Problems) {
@@ -1400,6 +1464,69 @@ mod tests {
             }
         }
         assert!(n >= 5, "{n} configs");
+    }
+
+    #[test]
+    fn schedules_mixtures_and_tokenizer_envs_are_checked_with_the_rest() {
+        for (overrides, key) in [
+            (
+                &[
+                    "rollout.max_turns_schedule=[2, 0]",
+                    "rollout.max_turns_stage_steps=5",
+                ][..],
+                "rollout.max_turns_schedule",
+            ),
+            (
+                &["rollout.max_turns_schedule=[2, 4]"][..],
+                "rollout.max_turns_stage_steps",
+            ),
+            (
+                &[
+                    "curriculum.difficulties=['easy', 'nightmare']",
+                    "curriculum.stage_steps=5",
+                ][..],
+                "curriculum.difficulties",
+            ),
+            (
+                &[
+                    "curriculum.difficulties=['easy', 'hard']",
+                    "curriculum.advance_at=0.5",
+                    "trainer.test_freq=0",
+                ][..],
+                "curriculum.advance_at",
+            ),
+            (
+                &["mixture=[{name = 'frozenlake'}, {name = 'chess'}]"][..],
+                "mixture[1].name",
+            ),
+            (&["mixture=[{name = 'sokoban'}]"][..], "env.name"),
+            (
+                &["model.tokenizer_envs=['chess']"][..],
+                "model.tokenizer_envs[0]",
+            ),
+        ] {
+            assert_eq!(problem_keys(overrides), [key], "{overrides:?}");
+        }
+        let c = TrainConfig::load(
+            None,
+            &[
+                "rollout.max_turns_schedule=[2, 4, 8]".into(),
+                "rollout.max_turns_stage_steps=20".into(),
+                "curriculum.difficulties=['easy', 'hard']".into(),
+                "curriculum.stage_steps=25".into(),
+                "model.tokenizer_envs=['sokoban']".into(),
+            ],
+        )
+        .unwrap();
+        let again = TrainConfig::from_toml(&c.to_toml().unwrap(), &[]).unwrap();
+        assert_eq!(c, again, "the new sections round-trip");
+        let plain = TrainConfig::load(None, &[]).unwrap().to_toml().unwrap();
+        assert!(
+            !plain.contains("[curriculum]")
+                && !plain.contains("mixture")
+                && !plain.contains("tokenizer_envs"),
+            "a run without them writes none of them: {plain}"
+        );
     }
 
     #[test]

@@ -41,6 +41,14 @@ pub struct TrainerState {
     /// The best validation so far, whose weights are in `checkpoints/best`.
     #[serde(default)]
     pub best: Option<BestCheckpoint>,
+    /// The curriculum's stage when it advances on validation success
+    /// (`curriculum.advance_at`; by step count the stage is a function of
+    /// the step and this stays 0).
+    #[serde(default)]
+    pub curriculum_stage: usize,
+    /// Validation before RL of each task source, with a mixture.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub before_per_env: std::collections::BTreeMap<String, EvalStats>,
 }
 
 /// The run's best validation so far (`checkpoints/best/` holds its weights

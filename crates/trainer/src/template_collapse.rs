@@ -143,6 +143,10 @@ mod tests {
             env_done: true,
             truncated: false,
             env_steps: 1,
+            instructions: String::new(),
+            final_observation: String::new(),
+            final_state_key: 0,
+            env_max_steps: 0,
         }
     }
 

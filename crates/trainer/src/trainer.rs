@@ -3,7 +3,8 @@
 //! ```text
 //! warm start (SFT on expert demos) ─► evaluate "before"
 //! for step in 1..=T:
-//!     sample B train tasks, G rollouts each            (rollout engine)
+//!     this step's turn budget and difficulty           (ScalingInter-RL, curriculum)
+//!     sample B train tasks, G rollouts each            (rollout engine; a mixture deals B by weight)
 //!     keep the top groups by raw-reward std            (StarPO-S)
 //!     advantages                                       (GRPO / RLOO / RE++ / GAE / GiGPO)
 //!     PPO epochs over mini-batches                     (clipped loss, KL, entropy, value)
@@ -11,13 +12,17 @@
 //! evaluate "after" ─► summary.json
 //! ```
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use agentrl_algos as algos;
 use agentrl_env_core::{stable_hash, Env, EnvError, EnvParams, Split, TaskSpec, SPLIT_STRIDE};
 use agentrl_model::{AdamW, AdamWConfig, PolicyModel};
-use agentrl_rollout::{run_rollouts, GroupFilterType, PolicyActor, SamplingParams, Trajectory};
+use agentrl_rollout::{
+    run_rollouts, EpisodeTally, FailureCounts, GroupFilterType, PolicyActor, RolloutConfig,
+    SamplingParams, Trajectory,
+};
 use agentrl_tokenizer::ChatTokenizer;
 use candle_core::{Device, Var};
 use rand::{Rng, SeedableRng};
@@ -28,11 +33,13 @@ use crate::advantages;
 use crate::batch::{PpoBatch, Scoring};
 use crate::bootstrap::starting_policy;
 use crate::collapse::{CollapseSignal, CollapseWatch, StepSignals};
-use crate::config::TrainConfig;
+use crate::config::{SftSection, TrainConfig};
 use crate::evaluate::{evaluate, EnvMaker, EvalPlan, EvalStats};
 use crate::local_policy::LocalPolicy;
+use crate::mixture::{groups_per_source, task_sources, TaskSource};
 use crate::ppo::{ppo_update, split_value_head, Optimizers, StepLr, UpdateStats};
 use crate::run_dir::{BestCheckpoint, RunDir, TrainerState};
+use crate::schedule::max_turns_at;
 use crate::template_collapse;
 use crate::{sft, TrainError};
 
@@ -70,6 +77,12 @@ pub struct Summary {
     pub best: Option<BestCheckpoint>,
     /// Every collapse signal the watch raised, with the step it rose at.
     pub collapse_warnings: Vec<CollapseWarning>,
+    /// With a mixture: validation of each task source (`env/difficulty`)
+    /// before and after RL (`before`/`after` pool them).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub before_per_env: BTreeMap<String, EvalStats>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub after_per_env: BTreeMap<String, EvalStats>,
     pub run_dir: PathBuf,
 }
 
@@ -101,6 +114,16 @@ pub struct StepMetrics {
     pub format_error_rate: f64,
     pub rollout_seconds: f64,
     pub update_seconds: f64,
+    /// This step's turn budget (ScalingInter-RL's stage, or `max_turns`).
+    #[serde(default)]
+    pub max_turns: usize,
+    /// This step's training difficulty (the curriculum's stage); empty for
+    /// a mixture, whose sources are in `per_env`.
+    #[serde(default)]
+    pub difficulty: String,
+    /// With a mixture: each source's figures this step (`env/difficulty`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub per_env: BTreeMap<String, EvalStats>,
     /// The collapse signals that hold after this step.
     #[serde(default)]
     pub collapse: Vec<CollapseSignal>,
@@ -243,7 +266,9 @@ impl Trainer {
             }
         }
         progress.message("evaluating the starting policy on held-out validation seeds");
-        let before = t.evaluate_now(0, "before")?;
+        let (before, before_per_env) =
+            t.validate_sources(0, "before", t.cfg.trainer.val_temperature)?;
+        t.state.before_per_env = before_per_env;
         progress.message(&format!(
             "before RL: success {:.1}%",
             100.0 * before.success_rate
@@ -361,17 +386,31 @@ impl Trainer {
         } else {
             format!("warm start: {} expert demonstrations", self.cfg.sft.demos)
         });
-        // Demonstrations come from train seeds far from those RL samples first.
-        let demos = sft::demonstrations(
-            make,
-            &self.tokenizer,
-            &self.cfg.env.name,
-            &self.cfg.env.difficulty,
-            &self.cfg.env.params,
-            &self.cfg.rollout,
-            &self.cfg.sft,
-            SPLIT_STRIDE / 2,
-        )?;
+        // Demonstrations come from train seeds far from those RL samples
+        // first; a mixture's are dealt among its sources by weight.
+        let sources = task_sources(&self.cfg);
+        let weights: Vec<f64> = sources.iter().map(|s| s.weight).collect();
+        let counts = groups_per_source(&weights, self.cfg.sft.demos, 1);
+        let mut demos = Vec::new();
+        for (source, count) in sources.iter().zip(counts) {
+            let difficulty = match sources.len() {
+                1 => &self.cfg.env.difficulty,
+                _ => &source.difficulty,
+            };
+            demos.extend(sft::demonstrations(
+                make,
+                &self.tokenizer,
+                &source.env,
+                difficulty,
+                &source.params,
+                &self.cfg.rollout,
+                &SftSection {
+                    demos: count,
+                    ..self.cfg.sft.clone()
+                },
+                SPLIT_STRIDE / 2,
+            )?);
+        }
         let batches = demos.len().div_ceil(self.cfg.sft.batch_size.max(1)) * self.cfg.sft.epochs;
         progress.phase("sft", batches);
         let losses = sft::train(
@@ -394,12 +433,50 @@ impl Trainer {
 
     /// Validation on the held-out seeds (same seeds every time).
     pub fn evaluate_now(&mut self, step: usize, phase: &str) -> Result<EvalStats, TrainError> {
-        self.validate(step, phase, self.cfg.trainer.val_temperature)
+        Ok(self
+            .validate_sources(step, phase, self.cfg.trainer.val_temperature)?
+            .0)
     }
 
     /// Validation of the greedy policy (temperature 0).
     pub fn evaluate_greedy(&mut self, step: usize, phase: &str) -> Result<EvalStats, TrainError> {
-        self.validate(step, phase, 0.0)
+        Ok(self.validate_sources(step, phase, 0.0)?.0)
+    }
+
+    /// Validation of every task source at `temperature`: the pooled figures
+    /// (logged as the `eval` record of `phase`, as a one-env run's) and,
+    /// with a mixture, each source's (logged as `eval_env` records).
+    fn validate_sources(
+        &mut self,
+        step: usize,
+        phase: &str,
+        temperature: f64,
+    ) -> Result<(EvalStats, BTreeMap<String, EvalStats>), TrainError> {
+        let sources = task_sources(&self.cfg);
+        if let [source] = sources.as_slice() {
+            let (stats, _) = self.validate(step, phase, temperature, source, "eval")?;
+            return Ok((stats, BTreeMap::new()));
+        }
+        let mut per_env = BTreeMap::new();
+        let mut all = Vec::new();
+        for source in &sources {
+            let (stats, trajs) = self.validate(step, phase, temperature, source, "eval_env")?;
+            per_env.insert(source.key(), stats);
+            all.extend(trajs);
+        }
+        let pooled = EvalStats::of(&all);
+        let mut failures = FailureCounts::default();
+        failures.add(&all, self.cfg.rollout.max_turns);
+        self.run.log_record(
+            &pooled,
+            &[
+                ("kind", json!("eval")),
+                ("phase", json!(phase)),
+                ("step", json!(step)),
+                ("failures", json!(failures)),
+            ],
+        )?;
+        Ok((pooled, per_env))
     }
 
     /// Whether the run also validates greedily (see `trainer.val_greedy`).
@@ -439,13 +516,16 @@ impl Trainer {
         Ok(())
     }
 
-    /// Validation at `temperature`, logged under `phase`.
+    /// Validation of `source` at `temperature`, logged as a `kind` record
+    /// of `phase` (with the source's env and difficulty).
     fn validate(
         &mut self,
         step: usize,
         phase: &str,
         temperature: f64,
-    ) -> Result<EvalStats, TrainError> {
+        source: &TaskSource,
+        kind: &str,
+    ) -> Result<(EvalStats, Vec<Trajectory>), TrainError> {
         let make = self.make.as_ref();
         let c = &self.cfg;
         let mut policy = LocalPolicy::with_cache_reuse(&self.model, c.rollout.kv_cache_reuse);
@@ -457,28 +537,34 @@ impl Trainer {
             &mut PolicyActor::new(&mut policy, sampling),
             &EvalPlan {
                 make,
-                env: &c.env.name,
-                difficulty: &c.env.difficulty,
-                params: &c.env.params,
+                env: &source.env,
+                difficulty: &source.difficulty,
+                params: &source.params,
                 split: Split::Val,
                 seeds: 0..c.trainer.val_tasks as u64,
+                samples: 1,
                 codec: Some(&self.tokenizer),
                 rollout: &c.rollout,
                 seed: c.trainer.seed ^ 0x5eed_0fa1,
             },
         )?;
-        self.run.log_record(
-            &stats,
-            &[
-                ("kind", json!("eval")),
-                ("phase", json!(phase)),
-                ("step", json!(step)),
-            ],
-        )?;
+        let mut failures = FailureCounts::default();
+        failures.add(&trajs, c.rollout.max_turns);
+        let mut fields = vec![
+            ("kind", json!(kind)),
+            ("phase", json!(phase)),
+            ("step", json!(step)),
+            ("failures", json!(failures)),
+        ];
+        if kind != "eval" {
+            fields.push(("env", json!(source.env)));
+            fields.push(("difficulty", json!(source.difficulty)));
+        }
+        self.run.log_record(&stats, &fields)?;
         if let Some(t) = trajs.first() {
             self.log_trajectory(step, phase, t)?;
         }
-        Ok(stats)
+        Ok((stats, trajs))
     }
 
     fn log_trajectory(&self, step: usize, phase: &str, t: &Trajectory) -> Result<(), TrainError> {
@@ -526,6 +612,7 @@ impl Trainer {
         progress.advance(self.state.step, "");
         while self.state.step < total {
             let step = self.state.step + 1;
+            self.announce_stages(step, progress);
             let mut m = self.rl_step(step)?;
             for signal in self.watch.observe(m.signals()) {
                 let text = format!("step {step}: collapse warning: {}", signal.describe());
@@ -554,6 +641,9 @@ impl Trainer {
                     "step {step}: validation success {:.1}%",
                     100.0 * s.success_rate
                 ));
+                if self.cfg.curriculum.by_threshold() {
+                    self.curriculum_check(step, &s, progress)?;
+                }
                 last_eval = Some((step, s));
             }
             progress.advance(step, &text);
@@ -564,9 +654,9 @@ impl Trainer {
             }
         }
         progress.finish_phase();
-        let after = match last_eval {
-            Some((s, stats)) if s == total => stats,
-            _ => self.evaluate_now(total, "after")?,
+        let (after, after_per_env) = match last_eval {
+            Some((s, stats)) if s == total => (stats, BTreeMap::new()),
+            _ => self.validate_sources(total, "after", self.cfg.trainer.val_temperature)?,
         };
         self.keep_if_best(total, &after)?;
         let after_greedy = match self.greedy_validation() {
@@ -578,9 +668,23 @@ impl Trainer {
         let before = self.state.before.clone().ok_or_else(|| {
             TrainError::Checkpoint("the trainer state has no 'before' evaluation".into())
         })?;
+        let sources = task_sources(&self.cfg);
+        let (env, difficulty) = match sources.as_slice() {
+            [one] => (one.env.clone(), one.difficulty.clone()),
+            many => (
+                many.iter()
+                    .map(|s| s.env.as_str())
+                    .collect::<Vec<_>>()
+                    .join("+"),
+                many.iter()
+                    .map(|s| s.difficulty.as_str())
+                    .collect::<Vec<_>>()
+                    .join("+"),
+            ),
+        };
         let summary = Summary {
-            env: self.cfg.env.name.clone(),
-            difficulty: self.cfg.env.difficulty.clone(),
+            env,
+            difficulty,
             steps: total,
             wall_seconds: self.state.wall_seconds,
             before,
@@ -589,31 +693,132 @@ impl Trainer {
             after_greedy,
             best: self.state.best.clone(),
             collapse_warnings: self.warnings.clone(),
+            before_per_env: self.state.before_per_env.clone(),
+            after_per_env,
             run_dir: self.run.path.clone(),
         };
         self.run.write_summary(&summary)?;
         Ok(summary)
     }
 
-    /// Sample this step's tasks: B train seeds, each repeated G times.
-    fn step_envs(&self, rng: &mut ChaCha8Rng) -> Result<StepTasks, TrainError> {
+    /// The sources RL draws from at `step`: the mixture's entries, or the
+    /// env at the curriculum's difficulty for the step.
+    pub fn step_sources(&self, step: usize) -> Vec<TaskSource> {
+        let mut sources = task_sources(&self.cfg);
+        if let [one] = sources.as_mut_slice() {
+            one.difficulty = self
+                .cfg
+                .curriculum
+                .difficulty_at(step, self.state.curriculum_stage, &self.cfg.env.difficulty)
+                .to_string();
+        }
+        sources
+    }
+
+    /// This step's tasks: B train seeds, dealt among the sources by weight
+    /// (all to the one env without a mixture), each repeated G times.
+    fn step_envs(&self, step: usize, rng: &mut ChaCha8Rng) -> Result<StepTasks, TrainError> {
         let make = self.make.as_ref();
         let c = &self.cfg;
+        let sources = self.step_sources(step);
+        let weights: Vec<f64> = sources.iter().map(|s| s.weight).collect();
+        let counts = groups_per_source(&weights, c.rollout.env_groups, step);
+        let pool = match c.env.train_tasks {
+            0 => SPLIT_STRIDE / 2,
+            n => n,
+        };
         let mut envs = Vec::new();
         let mut groups = Vec::new();
-        for g in 0..c.rollout.env_groups {
-            let pool = match c.env.train_tasks {
-                0 => SPLIT_STRIDE / 2,
-                n => n,
-            };
-            let seed = rng.random_range(0..pool);
-            let spec = TaskSpec::new(&c.env.name, Split::Train, &c.env.difficulty, seed);
-            for _ in 0..c.rollout.n {
-                envs.push(make(&spec, &c.env.params)?);
-                groups.push(g);
+        let mut g = 0;
+        for (source, count) in sources.iter().zip(counts) {
+            for _ in 0..count {
+                let seed = rng.random_range(0..pool);
+                let spec = TaskSpec::new(&source.env, Split::Train, &source.difficulty, seed);
+                for _ in 0..c.rollout.n {
+                    envs.push(make(&spec, &source.params)?);
+                    groups.push(g);
+                }
+                g += 1;
             }
         }
         Ok((envs, groups))
+    }
+
+    /// The rollout settings of RL step `step`: the config's, with the turn
+    /// budget of ScalingInter-RL's stage.
+    pub fn step_rollout(&self, step: usize) -> RolloutConfig {
+        RolloutConfig {
+            max_turns: max_turns_at(&self.cfg.rollout, step),
+            ..self.cfg.rollout.clone()
+        }
+    }
+
+    /// Say when a step starts a new turn-budget or curriculum stage.
+    fn announce_stages(&self, step: usize, progress: &mut dyn Progress) {
+        let c = &self.cfg;
+        if !c.rollout.max_turns_schedule.is_empty() {
+            let turns = max_turns_at(&c.rollout, step);
+            if step == 1 || turns != max_turns_at(&c.rollout, step - 1) {
+                progress.message(&format!("step {step}: ScalingInter-RL turn budget {turns}"));
+            }
+        }
+        if c.curriculum.is_on() && !c.curriculum.by_threshold() {
+            let stage = &self.step_sources(step)[0].difficulty;
+            let before = (step > 1).then(|| self.step_sources(step - 1)[0].difficulty.clone());
+            if before.as_ref() != Some(stage) {
+                progress.message(&format!("step {step}: curriculum difficulty {stage}"));
+            }
+        }
+    }
+
+    /// `curriculum.advance_at`: validate the current stage's difficulty
+    /// (`validation` when it is `env.difficulty`, which was just validated)
+    /// and move to the next stage when its success rate reaches the
+    /// threshold. The stage is trainer state, saved with the checkpoint
+    /// that follows.
+    fn curriculum_check(
+        &mut self,
+        step: usize,
+        validation: &EvalStats,
+        progress: &mut dyn Progress,
+    ) -> Result<(), TrainError> {
+        let c = self.cfg.curriculum.clone();
+        let last = c.difficulties.len() - 1;
+        let stage = self.state.curriculum_stage.min(last);
+        if stage == last {
+            return Ok(());
+        }
+        let source = TaskSource {
+            difficulty: c.difficulties[stage].clone(),
+            ..task_sources(&self.cfg)[0].clone()
+        };
+        let stats = if source.difficulty == self.cfg.env.difficulty {
+            let fields = [
+                ("kind", json!("eval_curriculum")),
+                ("phase", json!("curriculum")),
+                ("step", json!(step)),
+                ("env", json!(source.env)),
+                ("difficulty", json!(source.difficulty)),
+            ];
+            self.run.log_record(validation, &fields)?;
+            validation.clone()
+        } else {
+            let temperature = self.cfg.trainer.val_temperature;
+            self.validate(step, "curriculum", temperature, &source, "eval_curriculum")?
+                .0
+        };
+        if stats.success_rate >= c.advance_at {
+            self.state.curriculum_stage = stage + 1;
+            progress.message(&format!(
+                "step {step}: curriculum: {:.1}% on {} reaches {:.1}%: training on {} from step {}",
+                100.0 * stats.success_rate,
+                c.difficulties[stage],
+                100.0 * c.advance_at,
+                c.difficulties[stage + 1],
+                step + 1
+            ));
+        }
+        Ok(())
     }
 
     /// One RL step: rollouts, filter, then the update on the kept groups.
@@ -621,16 +826,16 @@ impl Trainer {
         let seed = self.cfg.trainer.seed;
         let mut rng = step_rng(seed, step, "rollout");
         let t0 = Instant::now();
-        let (envs, groups) = self.step_envs(&mut rng)?;
+        let (envs, groups) = self.step_envs(step, &mut rng)?;
+        let rollout = self.step_rollout(step);
         let trajs = {
-            let mut policy =
-                LocalPolicy::with_cache_reuse(&self.model, self.cfg.rollout.kv_cache_reuse);
+            let mut policy = LocalPolicy::with_cache_reuse(&self.model, rollout.kv_cache_reuse);
             run_rollouts(
                 &mut policy,
                 &self.tokenizer,
                 envs,
                 &groups,
-                &self.cfg.rollout,
+                &rollout,
                 &mut rng,
             )?
         };
@@ -654,6 +859,22 @@ impl Trainer {
         }
         let lr = rl_learning_rates(&self.cfg, step);
         let mut m = StepMetrics::of_rollouts(step, &trajs, &filter);
+        m.max_turns = rollout.max_turns;
+        let sources = self.step_sources(step);
+        match sources.as_slice() {
+            [one] => m.difficulty = one.difficulty.clone(),
+            many => {
+                for source in many {
+                    let mut tally = EpisodeTally::default();
+                    for t in trajs.iter().filter(|t| {
+                        t.spec.env == source.env && t.spec.difficulty == source.difficulty
+                    }) {
+                        tally.add(std::slice::from_ref(t));
+                    }
+                    m.per_env.insert(source.key(), tally.stats());
+                }
+            }
+        }
         let every = self.cfg.collapse.mi_every;
         if every > 0 && step.is_multiple_of(every) {
             m.template_collapse = template_collapse::measure(

@@ -1,5 +1,6 @@
 //! `agentrl eval`: run a policy on N tasks of one environment and report
-//! success rate, mean reward and mean steps.
+//! success rate, mean reward and mean steps; with `--envs`, `--k` or several
+//! difficulties, the evaluation matrix (see [`matrix`]).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -21,6 +22,8 @@ use candle_core::Device;
 use serde::Serialize;
 
 use super::play::{make_spec, parse_params};
+
+mod matrix;
 
 /// Which policy acts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,8 +55,18 @@ pub struct EvalArgs {
     policy: String,
     /// Environment name (see `agentrl envs`); with --endpoint, any name the
     /// server serves (e.g. `sciworld` on an AgentGym server).
+    #[arg(long, required_unless_present = "envs", conflicts_with = "envs")]
+    env: Option<String>,
+    /// Several environments, comma-separated: the evaluation matrix, one
+    /// row per environment and difficulty.
+    #[arg(long, value_delimiter = ',')]
+    envs: Option<Vec<String>>,
+    /// avg@k and pass@k with k samples of every task (the matrix).
     #[arg(long)]
-    env: String,
+    k: Option<usize>,
+    /// Samples drawn per task for pass@k's unbiased estimator (default: k).
+    #[arg(long, requires = "k")]
+    samples: Option<usize>,
     /// URL of an env server to play on (default: in-process); several
     /// `agentrl serve` URLs comma-separated spread the episodes over them.
     #[arg(long)]
@@ -73,7 +86,8 @@ pub struct EvalArgs {
     /// agentgym: multiplies every reward (SciWorld: 0.01).
     #[arg(long)]
     reward_scale: Option<f64>,
-    /// Difficulty level (default: the environment's first).
+    /// Difficulty level (default: the environment's first); in the matrix,
+    /// several, comma-separated.
     #[arg(long)]
     difficulty: Option<String>,
     /// Seed split: train, val or test.
@@ -88,7 +102,9 @@ pub struct EvalArgs {
     /// Seed of the random policy's choices (of a model's sampling).
     #[arg(long, default_value_t = 0)]
     policy_seed: u64,
-    /// Environment parameter as KEY=VALUE (JSON value); repeatable.
+    /// Environment parameter as KEY=VALUE (JSON value); repeatable. In the
+    /// matrix, ENV.KEY=VALUE for one environment; a bare KEY goes to every
+    /// environment that has it.
     #[arg(long = "param", value_name = "KEY=VALUE")]
     params: Vec<String>,
     /// Sampling temperature of a model policy (0 = greedy).
@@ -98,7 +114,8 @@ pub struct EvalArgs {
     #[arg(long)]
     json: bool,
     /// Write every played trajectory to this file, one JSON object a line
-    /// (its task, turns with replies and actions, tokens, outcome).
+    /// (its task, turns with replies and actions, tokens, outcome; in the
+    /// matrix, with its failure labels).
     #[arg(long, value_name = "FILE")]
     trajectories: Option<PathBuf>,
     /// Generate with the model an OpenAI-compatible server serves (vLLM,
@@ -149,13 +166,14 @@ fn parse_protocol(s: &str) -> Result<EnvProtocol, String> {
 /// section when `--policy` is a run trained on the same env and protocol.
 fn remote_section(
     args: &EvalArgs,
+    name: &str,
     endpoint: &str,
     run: Option<&EnvSection>,
 ) -> anyhow::Result<EnvSection> {
     let mut env = match run {
-        Some(r) if r.name == args.env && r.protocol == args.protocol => r.clone(),
+        Some(r) if r.name == name && r.protocol == args.protocol => r.clone(),
         _ => EnvSection {
-            name: args.env.clone(),
+            name: name.to_string(),
             difficulty: String::new(),
             endpoint: Default::default(),
             train_tasks: 0,
@@ -184,8 +202,7 @@ fn remote_section(
         && env.instructions_file.is_empty()
     {
         anyhow::bail!(
-            "--protocol agentgym needs --instructions-file (AgentGym's servers keep no prompt), or a --policy run trained on {} with its instructions",
-            args.env
+            "--protocol agentgym needs --instructions-file (AgentGym's servers keep no prompt), or a --policy run trained on {name} with its instructions"
         );
     }
     Ok(env)
@@ -235,7 +252,7 @@ fn evaluate_policy(
                 .as_ref()
                 .and_then(|p| p.config.as_ref())
                 .map(|c| &c.env);
-            let section = remote_section(args, url, run_env)?;
+            let section = remote_section(args, &template.env, url, run_env)?;
             // The task indices are the server's own (its data_idx for AgentGym).
             Some(remote_maker(&section, DataIdxRanges::identity())?)
         }
@@ -252,6 +269,7 @@ fn evaluate_policy(
         params,
         split: template.split,
         seeds: task_range(args.seed_start, args.n)?,
+        samples: 1,
         codec: None,
         rollout: &scripted,
         seed: args.policy_seed,
@@ -318,17 +336,37 @@ fn write_trajectories(path: &std::path::Path, trajs: &[Trajectory]) -> anyhow::R
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-/// Run the evaluation and print it.
-pub fn run(args: EvalArgs) -> anyhow::Result<()> {
-    let kind: PolicyKind = match args.policy.parse() {
+/// The difficulty of `env` (`given`, or the default of the env or its
+/// server), checked against the env when agentrl ships it.
+fn cell_difficulty(args: &EvalArgs, env: &str, given: Option<&str>) -> anyhow::Result<String> {
+    match (&args.endpoint, agentrl_envs::find(env)) {
+        (None, _) | (Some(_), Ok(_)) => Ok(make_spec(env, given, &args.split, 0)?.difficulty),
+        // An env agentrl does not ship: the server knows its levels.
+        (Some(_), Err(_)) => match (given, args.protocol) {
+            (Some(d), _) => Ok(d.to_string()),
+            (None, EnvProtocol::Agentgym) => Ok("default".to_string()),
+            (None, EnvProtocol::Agentrl) => anyhow::bail!(
+                "--env {env} is not an agentrl environment: give its --difficulty on the server"
+            ),
+        },
+    }
+}
+
+/// The policy `--policy` names.
+fn policy_kind(args: &EvalArgs) -> PolicyKind {
+    match args.policy.parse() {
         Ok(k) => k,
         Err(never) => match never {},
-    };
+    }
+}
+
+/// Run the evaluation and print it.
+pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     if args.n == 0 {
         anyhow::bail!("--n must be at least 1");
     }
     task_range(args.seed_start, args.n)?;
-    if args.policy_endpoint.is_some() && !matches!(kind, PolicyKind::Model(_)) {
+    if args.policy_endpoint.is_some() && !matches!(policy_kind(&args), PolicyKind::Model(_)) {
         anyhow::bail!(
             "--policy-endpoint needs --policy RUN_DIR or MODEL_DIR: the tokenizer and settings the served model is played with (its weights are not loaded)"
         );
@@ -336,27 +374,18 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     if args.endpoint.is_none() && args.protocol == EnvProtocol::Agentgym {
         anyhow::bail!("--protocol agentgym needs --endpoint (the AgentGym server's URL)");
     }
-    let template = match (&args.endpoint, agentrl_envs::find(&args.env)) {
-        (None, _) | (Some(_), Ok(_)) => make_spec(
-            &args.env,
-            args.difficulty.as_deref(),
-            &args.split,
-            args.seed_start,
-        )?,
-        // An env agentrl does not ship: the server knows its levels.
-        (Some(_), Err(_)) => {
-            let split: Split = args.split.parse()?;
-            let difficulty = match (&args.difficulty, args.protocol) {
-                (Some(d), _) => d.clone(),
-                (None, EnvProtocol::Agentgym) => "default".to_string(),
-                (None, EnvProtocol::Agentrl) => anyhow::bail!(
-                    "--env {} is not an agentrl environment: give its --difficulty on the server",
-                    args.env
-                ),
-            };
-            TaskSpec::new(&args.env, split, difficulty, args.seed_start)
-        }
+    let several_difficulties = args.difficulty.as_deref().is_some_and(|d| d.contains(','));
+    let env = match (&args.env, &args.envs) {
+        (Some(env), None) if args.k.is_none() && !several_difficulties => env.clone(),
+        _ if args.policy_endpoint.is_some() => anyhow::bail!(
+            "--policy-endpoint plays one --env at a time (the matrix, --envs/--k, plays local policies)"
+        ),
+        _ => return matrix::run(&args),
     };
+    let kind = policy_kind(&args);
+    let split: Split = args.split.parse()?;
+    let difficulty = cell_difficulty(&args, &env, args.difficulty.as_deref())?;
+    let template = TaskSpec::new(&env, split, difficulty, args.seed_start);
     let params = parse_params(&args.params)?;
     let (stats, trajectories) = evaluate_policy(&kind, &args, &template, &params)?;
     let report = EvalReport {

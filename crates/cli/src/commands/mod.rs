@@ -5,6 +5,8 @@ pub mod envs;
 pub mod eval;
 pub mod generate;
 pub mod play;
+pub mod report;
+pub mod sequence;
 pub mod serve;
 pub mod serve_policy;
 pub mod study;

@@ -1,4 +1,5 @@
 //! `agentrl study echo-trap [CONFIG] [key=value …] [--quick] [--out DIR]`
+//! and `agentrl study generalisation` (see [`generalisation`]).
 //!
 //! RAGEN's Echo Trap, reproduced or not: the same setup trained twice with
 //! the same seed, once as vanilla GRPO (every group kept, symmetric clip, a
@@ -17,6 +18,8 @@ use serde_json::{json, Value};
 
 use super::train::{load_config, Bars};
 
+mod generalisation;
+
 #[derive(clap::Args)]
 pub struct StudyArgs {
     #[command(subcommand)]
@@ -27,6 +30,9 @@ pub struct StudyArgs {
 enum Study {
     /// Vanilla GRPO against StarPO-S on one setup: does the run collapse?
     EchoTrap(EchoTrapArgs),
+    /// Easy → hard, held-in vs held-out, sequential vs mixture, the
+    /// valid-action list and ScalingInter-RL: one report.
+    Generalisation(generalisation::GeneralisationArgs),
 }
 
 #[derive(clap::Args)]
@@ -106,6 +112,7 @@ fn study_overrides(quick: bool) -> &'static [&'static str] {
 pub fn run(args: StudyArgs) -> anyhow::Result<()> {
     match args.study {
         Study::EchoTrap(a) => echo_trap(a),
+        Study::Generalisation(a) => generalisation::run(a),
     }
 }
 
