@@ -51,6 +51,8 @@ fn the_study_trains_every_arm_and_reports_every_question() {
     let study: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("study.json")).unwrap()).unwrap();
     assert_eq!(study["experiments"].as_array().unwrap().len(), 6);
+    // The held-in/held-out matrix: the start and all seven trained policies.
+    assert_eq!(study["experiments"][1]["rows"].as_array().unwrap().len(), 8);
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     for part in [
         "## Held-in and held-out environments",
