@@ -240,3 +240,51 @@ async fn accept_error(e: std::io::Error) {
     tracing::error!(error = %e, "accept failed; pausing for 100 ms");
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
+
+/// The message of a handler's panic payload (`String` or `&str`), for the
+/// 500 both servers answer instead of dropping the connection.
+pub fn panic_message(err: &(dyn std::any::Any + Send)) -> String {
+    err.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".to_string())
+}
+
+/// Re-answer a non-JSON error (axum's 405, tower-http's 413, …) in a
+/// server's own JSON error shape: `rebuild` gets the status and the original
+/// body's text (the status's reason when empty); headers such as `Allow`
+/// and `WWW-Authenticate` are kept. Other answers pass through.
+pub async fn json_error_answer(
+    resp: Response,
+    rebuild: impl FnOnce(axum::http::StatusCode, String) -> Response,
+) -> Response {
+    use axum::http::header;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_lowercase()
+    } else {
+        text
+    };
+    let mut out = rebuild(status, message);
+    for (name, value) in parts.headers.iter() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
+}

@@ -268,11 +268,7 @@ async fn not_found(req: Request) -> ApiError {
 }
 
 fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    let msg = err
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "unknown panic".to_string());
+    let msg = agentrl_connections::panic_message(err.as_ref());
     tracing::error!(panic = %msg, "a request handler panicked");
     ApiError::internal(format!("internal error: {msg}")).into_response()
 }
@@ -280,40 +276,15 @@ fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
 /// Every non-JSON error answer (axum's 405, tower-http's 413, …) in
 /// OpenAI's error shape.
 async fn json_errors(resp: Response) -> Response {
-    let status = resp.status();
-    if !(status.is_client_error() || status.is_server_error()) {
-        return resp;
-    }
-    let is_json = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if is_json {
-        return resp;
-    }
-    let (parts, body) = resp.into_parts();
-    let text = axum::body::to_bytes(body, 64 * 1024)
-        .await
-        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-        .unwrap_or_default();
-    let message = if text.is_empty() {
-        status.canonical_reason().unwrap_or("error").to_lowercase()
-    } else {
-        text
-    };
-    let kind = if status.is_server_error() {
-        "server_error"
-    } else {
-        "invalid_request_error"
-    };
-    let mut out = ApiError::new(status, kind, message, None, None).into_response();
-    // Keep headers such as `Allow` on a 405.
-    for (name, value) in parts.headers.iter() {
-        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
-            out.headers_mut().insert(name, value.clone());
-        }
-    }
-    out
+    agentrl_connections::json_error_answer(resp, |status, message| {
+        let kind = if status.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
+        ApiError::new(status, kind, message, None, None).into_response()
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -247,11 +247,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    let msg = err
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "unknown panic".to_string());
+    let msg = agentrl_connections::panic_message(err.as_ref());
     tracing::error!(panic = %msg, "a request handler panicked");
     ApiError::internal(format!("internal error (an environment panicked): {msg}")).into_response()
 }
@@ -259,43 +255,18 @@ fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
 /// Turns every non-JSON error answer (axum's 405, tower-http's 413, …) into
 /// the same `{"error", "kind"}` body the routes answer.
 async fn json_errors(resp: Response) -> Response {
-    let status = resp.status();
-    if !(status.is_client_error() || status.is_server_error()) {
-        return resp;
-    }
-    let is_json = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if is_json {
-        return resp;
-    }
-    let (parts, body) = resp.into_parts();
-    let text = axum::body::to_bytes(body, 64 * 1024)
-        .await
-        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-        .unwrap_or_default();
-    let kind = match status {
-        StatusCode::NOT_FOUND => ErrorKind::NotFound,
-        StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
-        StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::PayloadTooLarge,
-        StatusCode::UNAUTHORIZED => ErrorKind::Unauthorized,
-        s if s.is_server_error() => ErrorKind::Internal,
-        _ => ErrorKind::BadRequest,
-    };
-    let message = if text.is_empty() {
-        status.canonical_reason().unwrap_or("error").to_lowercase()
-    } else {
-        text
-    };
-    let mut out = ApiError::new(status, kind, message).into_response();
-    // Keep headers such as Allow (405) and WWW-Authenticate.
-    for (name, value) in parts.headers.iter() {
-        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
-            out.headers_mut().insert(name.clone(), value.clone());
-        }
-    }
-    out
+    agentrl_connections::json_error_answer(resp, |status, message| {
+        let kind = match status {
+            StatusCode::NOT_FOUND => ErrorKind::NotFound,
+            StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
+            StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::PayloadTooLarge,
+            StatusCode::UNAUTHORIZED => ErrorKind::Unauthorized,
+            s if s.is_server_error() => ErrorKind::Internal,
+            _ => ErrorKind::BadRequest,
+        };
+        ApiError::new(status, kind, message).into_response()
+    })
+    .await
 }
 
 async fn not_found(req: Request<Body>) -> ApiError {
