@@ -134,21 +134,7 @@ fn echo_trap(args: EchoTrapArgs) -> anyhow::Result<()> {
         let cfg = load_config(&a).with_context(|| format!("the {} arm's config", arm.name))?;
         configs.push((arm, cfg));
     }
-    let out = args.out.clone().unwrap_or_else(|| {
-        let ts = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        PathBuf::from("runs").join(format!("echo-trap-{ts}"))
-    });
-    RunDir::check_new(&out).with_context(|| {
-        format!(
-            "--out {}: a study is not written into an existing directory",
-            out.display()
-        )
-    })?;
-    fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    eprintln!("study directory: {}", out.display());
+    let out = study_dir(args.out.as_ref(), "echo-trap")?;
 
     let mut curves = Vec::new();
     let mut summaries = Vec::new();
@@ -298,6 +284,27 @@ fn plot(rows: &[Value], path: &Path) -> anyhow::Result<()> {
     root.present()
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+/// A study's new directory: `out`, or `runs/NAME-TIMESTAMP`; never an
+/// existing run's.
+pub(crate) fn study_dir(out: Option<&PathBuf>, name: &str) -> anyhow::Result<PathBuf> {
+    let out = out.cloned().unwrap_or_else(|| {
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        PathBuf::from("runs").join(format!("{name}-{ts}"))
+    });
+    RunDir::check_new(&out).with_context(|| {
+        format!(
+            "--out {}: a study is not written into an existing directory",
+            out.display()
+        )
+    })?;
+    fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    eprintln!("study directory: {}", out.display());
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -292,21 +292,7 @@ pub fn run(args: GeneralisationArgs) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let (base, envs) = base_config(&args)?;
     let arms = arms(&base, &envs)?;
-    let out = args.out.clone().unwrap_or_else(|| {
-        let ts = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        PathBuf::from("runs").join(format!("generalisation-{ts}"))
-    });
-    RunDir::check_new(&out).with_context(|| {
-        format!(
-            "--out {}: a study is not written into an existing directory",
-            out.display()
-        )
-    })?;
-    fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    eprintln!("study directory: {}", out.display());
+    let out = super::study_dir(args.out.as_ref(), "generalisation")?;
     let scale = if args.quick { &QUICK } else { &FULL };
     let (tasks, k) = (args.tasks.unwrap_or(scale.tasks), args.k.unwrap_or(scale.k));
     anyhow::ensure!(tasks >= 1 && k >= 1, "--tasks and --k must be at least 1");
