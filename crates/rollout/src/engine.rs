@@ -29,6 +29,23 @@ pub enum GroupFilterType {
     Snr,
 }
 
+/// How the agent carries what it worked out from turn to turn
+/// (AgentGym-RL's agent module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentStrategy {
+    /// Act every turn from the prompt alone.
+    #[default]
+    Plain,
+    /// Plan, then act: the first reply's thoughts are a plan for the whole
+    /// task, shown in every later prompt.
+    Plan,
+    /// Reflect: after a reply that could not be read or named an invalid
+    /// action, the next reply first reflects on what went wrong; the latest
+    /// reflection is shown in every later prompt.
+    Reflect,
+}
+
 /// How trajectories are played (the `[rollout]` config section, verl/RAGEN names).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -79,6 +96,14 @@ pub struct RolloutConfig {
     /// A local model keeps each dialogue's KV cache between turns and encodes
     /// only what a turn adds (off: every turn re-encodes the whole dialogue).
     pub kv_cache_reuse: bool,
+    /// verl-agent's memory: unset, every turn continues the whole dialogue;
+    /// `k`, every turn gets a fresh prompt holding the instructions, the
+    /// last `k` turns as text (state, actions, reward) and the current
+    /// state, and is trained as a sequence of its own. `0` is a Markov
+    /// prompt: only the current state.
+    pub history_turns: Option<usize>,
+    /// Plain, plan-then-act or reflect ([`AgentStrategy`]).
+    pub agent: AgentStrategy,
 }
 
 impl Default for RolloutConfig {
@@ -106,6 +131,8 @@ impl Default for RolloutConfig {
             rollout_filter_eps: 0.01,
             drop_zero_std_groups: false,
             kv_cache_reuse: true,
+            history_turns: None,
+            agent: AgentStrategy::Plain,
         }
     }
 }
@@ -301,13 +328,58 @@ struct Episode<'e> {
     actions_left: usize,
     finished: bool,
     truncated: bool,
+    /// Where the sequence in play begins in `conv` (0 until a history
+    /// window starts a turn's own sequence).
+    sequence_start: usize,
+    /// Every sequence start after the first.
+    sequence_starts: Vec<usize>,
+    /// What the agent strategy keeps from earlier turns.
+    memory: Memory,
+}
+
+/// What a plan or reflect agent carries between turns.
+#[derive(Default)]
+struct Memory {
+    /// The first reply's thoughts (`plan`).
+    plan: Option<String>,
+    /// The latest reflection (`reflect`).
+    reflection: Option<String>,
+    /// The last turn failed: the next reply reflects first (`reflect`).
+    reflect_now: bool,
+}
+
+impl Memory {
+    /// Keep what `turn` (0-based) wrote, under `strategy`, and note whether
+    /// the next turn must reflect.
+    fn record(
+        &mut self,
+        strategy: AgentStrategy,
+        turn: usize,
+        reply: &Turn,
+        thought: Option<String>,
+    ) {
+        match strategy {
+            AgentStrategy::Plain => {}
+            AgentStrategy::Plan => {
+                if turn == 0 {
+                    self.plan = thought;
+                }
+            }
+            AgentStrategy::Reflect => {
+                if self.reflect_now && thought.is_some() {
+                    self.reflection = thought;
+                }
+                self.reflect_now = reply.format_error || reply.invalid_actions > 0;
+            }
+        }
+    }
 }
 
 impl<'e> Episode<'e> {
     fn seat(&mut self, episode: usize) -> Seat<'_> {
         Seat {
             episode,
-            prompt: &self.conv.tokens,
+            prompt: &self.conv.tokens[self.sequence_start..],
             turns_played: self.turns.len(),
             env: &mut *self.env,
             turn: &mut self.turn,
@@ -336,27 +408,70 @@ impl<'e> Episode<'e> {
 }
 
 /// The text of the user message that opens turn `turn` (1-based).
+///
+/// With the whole dialogue in the context, the first message carries the
+/// instructions and later ones only what changed (the last reward, an
+/// error, the new state). With a history window every message is a whole
+/// prompt: the instructions, the window's turns as text, the new state.
 fn user_message(
     env: &dyn Env,
     cfg: &RolloutConfig,
     turn: usize,
     actions_left: usize,
-    last: Option<&Turn>,
+    history: &[Turn],
     last_error: Option<&str>,
+    memory: &Memory,
 ) -> String {
     let mut s = String::new();
-    if turn == 1 {
+    let window = cfg.history_turns;
+    if turn == 1 || window.is_some() {
         s.push_str(&env.instructions());
         s.push('\n');
         s.push_str(&cfg.format.instruction(cfg.max_actions_per_turn));
         s.push('\n');
-    } else if let Some(t) = last {
-        if cfg.feed_reward {
-            s.push_str(&format!("Reward: {:.2}\n", t.reward()));
+    }
+    if turn == 1 && cfg.agent == AgentStrategy::Plan {
+        s.push_str("First write a short plan for the whole task in your thoughts; it stays with you until the end.\n");
+    }
+    // In a dialogue the plan and reflections are still in the context; a
+    // fresh prompt carries them.
+    if window.is_some() {
+        if let Some(plan) = &memory.plan {
+            s.push_str(&format!("Your plan: {plan}\n"));
         }
-        if let Some(err) = last_error {
-            s.push_str(&format!("Invalid: {err}\n"));
+        if let Some(reflection) = &memory.reflection {
+            s.push_str(&format!("Your reflection: {reflection}\n"));
         }
+    }
+    let shown = window.map_or(0, |k| k.min(history.len()));
+    if shown > 0 {
+        let first = history.len() - shown + 1;
+        s.push_str(&format!("Your last {shown} turns:\n"));
+        for (j, t) in history[history.len() - shown..].iter().enumerate() {
+            let actions = if t.actions.is_empty() {
+                "none (unreadable reply)".to_string()
+            } else {
+                t.actions.join(" || ")
+            };
+            s.push_str(&format!(
+                "Turn {}:\nState:\n{}\nActions: {actions}\n",
+                first + j,
+                t.observation
+            ));
+            if cfg.feed_reward {
+                s.push_str(&format!("Reward: {:.2}\n", t.reward()));
+            }
+        }
+    } else if let Some(t) = history.last().filter(|_| cfg.feed_reward) {
+        s.push_str(&format!("Reward: {:.2}\n", t.reward()));
+    }
+    if let Some(err) = last_error.filter(|_| turn > 1) {
+        s.push_str(&format!("Invalid: {err}\n"));
+    }
+    if memory.reflect_now {
+        s.push_str(
+            "Your last reply failed. Before acting, reflect in your thoughts on what went wrong.\n",
+        );
     }
     s.push_str(&format!("Turn {turn}:\nState:\n{}\n", env.observation()));
     if cfg.show_valid_actions {
@@ -369,6 +484,15 @@ fn user_message(
     s
 }
 
+/// A turn's opening context as its own sequence: system prompt, the user
+/// message, the assistant header.
+fn opening(codec: &dyn ChatCodec, user: &str) -> Result<Vec<u32>, CodecError> {
+    let mut ids = codec.message("system", SYSTEM_PROMPT)?;
+    ids.extend(codec.message("user", user)?);
+    ids.extend(codec.assistant_header_for("assistant")?);
+    Ok(ids)
+}
+
 fn start_episode<'e>(
     env: &'e mut dyn Env,
     group: usize,
@@ -379,10 +503,16 @@ fn start_episode<'e>(
     let mut conv = Conversation::default();
     let mut too_long = false;
     if let Some(codec) = codec {
-        conv.push_context(&codec.message("system", SYSTEM_PROMPT)?);
-        let first = user_message(&*env, cfg, 1, cfg.max_actions, None, None);
-        conv.push_context(&codec.message("user", &first)?);
-        conv.push_context(&codec.assistant_header_for("assistant")?);
+        let first = user_message(
+            &*env,
+            cfg,
+            1,
+            cfg.max_actions,
+            &[],
+            None,
+            &Memory::default(),
+        );
+        conv.push_context(&opening(codec, &first)?);
         // A first prompt that leaves no room for a reply ends before it starts.
         too_long = conv.tokens.len() + cfg.response_length > cfg.max_context_tokens;
     }
@@ -396,6 +526,9 @@ fn start_episode<'e>(
         actions_left: cfg.max_actions,
         finished: too_long,
         truncated: too_long,
+        sequence_start: 0,
+        sequence_starts: Vec::new(),
+        memory: Memory::default(),
     })
 }
 
@@ -472,21 +605,33 @@ fn advance(
     let Some(codec) = codec else {
         return Ok(());
     };
-    let mut next = codec.encode("\n")?;
     let msg = user_message(
         &*ep.env,
         cfg,
         turn_no + 1,
         ep.actions_left,
-        ep.turns.last(),
+        &ep.turns,
         ep.error.as_deref(),
+        &ep.memory,
     );
-    next.extend(codec.message("user", &msg)?);
-    next.extend(codec.assistant_header_for("assistant")?);
-    if ep.conv.tokens.len() + next.len() + cfg.response_length > cfg.max_context_tokens {
+    // A history window starts a sequence of its own; otherwise the
+    // dialogue goes on.
+    let (next, context) = if cfg.history_turns.is_some() {
+        (opening(codec, &msg)?, 0)
+    } else {
+        let mut next = codec.encode("\n")?;
+        next.extend(codec.message("user", &msg)?);
+        next.extend(codec.assistant_header_for("assistant")?);
+        (next, ep.conv.tokens.len() - ep.sequence_start)
+    };
+    if context + next.len() + cfg.response_length > cfg.max_context_tokens {
         ep.finished = true;
         ep.truncated = true;
         return Ok(());
+    }
+    if cfg.history_turns.is_some() {
+        ep.sequence_start = ep.conv.tokens.len();
+        ep.sequence_starts.push(ep.sequence_start);
     }
     ep.conv.push_context(&next);
     Ok(())
@@ -498,6 +643,7 @@ fn finish(ep: Episode<'_>) -> Trajectory {
         group: ep.group,
         tokens: ep.conv.tokens,
         loss_mask: ep.conv.mask,
+        sequence_starts: ep.sequence_starts,
         turns: ep.turns,
         success: ep.env.is_success(),
         env_done: ep.env.is_done(),
@@ -567,6 +713,9 @@ pub fn play_episodes(
             if ep.turn.format_error || ep.turn.invalid_actions > 0 {
                 ep.turn.penalty = cfg.format_penalty;
             }
+            let thought = cfg.format.thought(&ep.turn.reply);
+            ep.memory
+                .record(cfg.agent, ep.turns.len(), &ep.turn, thought);
             let turn = std::mem::take(&mut ep.turn);
             ep.turns.push(turn);
             advance(ep, codec, cfg)?;

@@ -359,6 +359,7 @@ mod tests {
             group: 0,
             tokens: vec![],
             loss_mask: vec![],
+            sequence_starts: vec![],
             env_steps: turns.len(),
             turns,
             success: false,

@@ -77,6 +77,26 @@ impl ReplyFormat {
         Ok(actions.into_iter().take(max_actions.max(1)).collect())
     }
 
+    /// The reply's thoughts (what a plan or a reflection is read from):
+    /// the text of its `<think>…</think>`, or of its `Thought:` before
+    /// `Action:`; `None` when it has none or it is blank.
+    pub fn thought(self, reply: &str) -> Option<String> {
+        let text = match self {
+            ReplyFormat::ThinkAnswer => {
+                let start = reply.find("<think>")? + "<think>".len();
+                let len = reply[start..].find("</think>")?;
+                &reply[start..start + len]
+            }
+            ReplyFormat::React => {
+                let start = reply.find("Thought:")? + "Thought:".len();
+                let rest = &reply[start..];
+                &rest[..rest.find("Action:").unwrap_or(rest.len())]
+            }
+        };
+        let text = text.trim();
+        (!text.is_empty()).then(|| text.to_string())
+    }
+
     /// Render actions as a well-formed reply (expert demonstrations).
     pub fn render(self, thought: &str, actions: &[String]) -> String {
         match self {
@@ -109,6 +129,25 @@ fn think_answer_block(reply: &str) -> Option<(&str, &str)> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn thoughts_are_read_from_either_format() {
+        let t = ReplyFormat::ThinkAnswer;
+        assert_eq!(
+            t.thought("<think> go right </think><answer>Right</answer>")
+                .as_deref(),
+            Some("go right")
+        );
+        assert_eq!(t.thought("<think></think><answer>Right</answer>"), None);
+        assert_eq!(t.thought("<think>unclosed"), None);
+        let r = ReplyFormat::React;
+        assert_eq!(
+            r.thought("Thought: look first\nAction: look").as_deref(),
+            Some("look first")
+        );
+        assert_eq!(r.thought("Action: look"), None);
+    }
+
     use super::*;
 
     #[test]

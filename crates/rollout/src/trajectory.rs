@@ -43,10 +43,19 @@ pub struct Trajectory {
     pub spec: TaskSpec,
     /// Index of the group (same TaskSpec) this trajectory belongs to.
     pub group: usize,
-    /// The whole conversation: prompt, replies and observations.
+    /// Everything the policy read and wrote: with the whole dialogue in the
+    /// context (the default) one sequence of prompt, replies and
+    /// observations; with a history window (`rollout.history_turns`) each
+    /// turn's own prompt and reply, one sequence after another (see
+    /// [`Trajectory::sequence_ranges`]).
     pub tokens: Vec<u32>,
     /// 1 exactly on tokens the policy generated (including its `<|im_end|>`).
     pub loss_mask: Vec<u8>,
+    /// Where each sequence after the first begins in `tokens` (empty: one
+    /// sequence). No token attends across a start: the model reads each
+    /// sequence on its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sequence_starts: Vec<usize>,
     pub turns: Vec<Turn>,
     pub success: bool,
     /// The environment ended the episode (vs. turn/action/context budget).
@@ -79,6 +88,20 @@ impl Trajectory {
     /// Return the policy is trained on: env rewards plus penalties.
     pub fn score(&self) -> f32 {
         self.turns.iter().map(Turn::reward).sum()
+    }
+
+    /// Token ranges `[start, end)` of the sequences the model reads on its
+    /// own, in order; together they cover `tokens`.
+    pub fn sequence_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        sequence_ranges(&self.sequence_starts, self.tokens.len())
+    }
+
+    /// The sequences themselves (see [`Trajectory::sequence_ranges`]).
+    pub fn sequences(&self) -> Vec<&[u32]> {
+        self.sequence_ranges()
+            .into_iter()
+            .map(|r| &self.tokens[r])
+            .collect()
     }
 
     pub fn generated_tokens(&self) -> usize {
@@ -130,5 +153,65 @@ impl Trajectory {
             }
         }
         ids
+    }
+}
+
+/// The ranges of a token row of `len` tokens cut at `starts`.
+pub fn sequence_ranges(starts: &[usize], len: usize) -> Vec<std::ops::Range<usize>> {
+    let mut cuts: Vec<usize> = std::iter::once(0)
+        .chain(starts.iter().copied().filter(|&s| s > 0 && s < len))
+        .collect();
+    cuts.push(len);
+    cuts.windows(2)
+        .filter(|w| w[1] > w[0])
+        .map(|w| w[0]..w[1])
+        .collect()
+}
+
+/// A row in the *shifted* frame of a trajectory with several sequences
+/// (entry `i` scores token `i + 1`), cut into the shifted rows of its
+/// sequences: sequence `[a, b)` owns entries `a..b - 1`, and the entry
+/// between two sequences (a first token, predicted by no one) is dropped.
+pub fn split_shifted<T: Clone>(row: &[T], ranges: &[std::ops::Range<usize>]) -> Vec<Vec<T>> {
+    ranges
+        .iter()
+        .map(|r| row[r.start.min(row.len())..(r.end - 1).min(row.len())].to_vec())
+        .collect()
+}
+
+/// The inverse of [`split_shifted`]: the sequences' shifted rows joined into
+/// one shifted row, `fill` on each entry between two sequences.
+pub fn join_shifted<T: Clone>(rows: Vec<Vec<T>>, fill: T) -> Vec<T> {
+    let mut out = Vec::with_capacity(rows.iter().map(|r| r.len() + 1).sum());
+    for (i, row) in rows.into_iter().enumerate() {
+        if i > 0 {
+            out.push(fill.clone());
+        }
+        out.extend(row);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_cover_the_row_and_ignore_empty_cuts() {
+        assert_eq!(sequence_ranges(&[], 5), vec![0..5]);
+        assert_eq!(sequence_ranges(&[2, 4], 6), vec![0..2, 2..4, 4..6]);
+        assert_eq!(sequence_ranges(&[0, 3, 3, 9], 5), vec![0..3, 3..5]);
+        assert!(sequence_ranges(&[], 0).is_empty());
+    }
+
+    #[test]
+    fn split_then_join_restores_a_shifted_row() {
+        // Tokens 0..7 in sequences [0,3) [3,7): shifted entries 0..6; entry
+        // 2 scores token 3, the second sequence's first token.
+        let ranges = sequence_ranges(&[3], 7);
+        let row: Vec<i32> = (0..6).collect();
+        let parts = split_shifted(&row, &ranges);
+        assert_eq!(parts, vec![vec![0, 1], vec![3, 4, 5]]);
+        assert_eq!(join_shifted(parts, -1), vec![0, 1, -1, 3, 4, 5]);
     }
 }

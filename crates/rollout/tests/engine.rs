@@ -431,3 +431,168 @@ fn a_models_reply_without_a_conversation_is_an_error() {
     let e = play_episodes(&mut actor, None, &mut [corridor()], &[0], &cfg(), &mut rng);
     assert!(matches!(e, Err(RolloutError::NoConversation)));
 }
+
+/// What each sequence of a trajectory reads as text.
+fn sequence_texts(t: &Trajectory) -> Vec<String> {
+    t.sequences()
+        .into_iter()
+        .map(|s| CharCodec.decode(s).unwrap())
+        .collect()
+}
+
+#[test]
+fn history_window_gives_each_turn_its_own_sequence() {
+    let one_step = ["<think></think><answer>R</answer>"];
+    for k in [0, 1] {
+        let c = RolloutConfig {
+            history_turns: Some(k),
+            ..cfg()
+        };
+        let t = play(&one_step, &c);
+        assert!(t.success);
+        assert_eq!(t.turns.len(), 3);
+        let ranges = t.sequence_ranges();
+        assert_eq!(ranges.len(), 3, "one sequence per turn (k = {k})");
+        for (turn, range) in t.turns.iter().zip(&ranges) {
+            // Each sequence opens with the system message and ends with its reply.
+            assert_eq!(t.tokens[range.start], IM_START);
+            assert_eq!((turn.start, turn.end), (turn.start, range.end));
+            assert!(range.contains(&turn.start));
+            assert!(t.loss_mask[turn.start..turn.end].iter().all(|&m| m == 1));
+            let policy_tokens = t.loss_mask[range.clone()].iter().filter(|&&m| m == 1);
+            assert_eq!(policy_tokens.count(), turn.end - turn.start);
+        }
+        let texts = sequence_texts(&t);
+        for (i, text) in texts.iter().enumerate() {
+            // Every prompt is whole: the instructions, then the state now.
+            assert!(text.contains("Go R"), "turn {}: {text}", i + 1);
+            assert!(text.contains(&format!("Turn {}:\nState:\nat {i}\n", i + 1)));
+            assert_eq!(
+                text.matches("State:").count(),
+                1 + k.min(i),
+                "turn {}",
+                i + 1
+            );
+        }
+        if k == 1 {
+            // The window holds the last turn only: its state, actions and reward.
+            assert!(texts[2]
+                .contains("Your last 1 turns:\nTurn 2:\nState:\nat 1\nActions: R\nReward: 0.00\n"));
+            assert!(!texts[2].contains("at 0"));
+        } else {
+            assert!(!texts[1].contains("Your last") && texts[1].contains("Reward: 0.00\n"));
+        }
+    }
+}
+
+#[test]
+fn history_window_matches_the_dialogue_turn_for_turn() {
+    // The same replies score the same rewards, actions and policy tokens with
+    // or without the window; only the prompts differ.
+    let full = play(&WALK, &cfg());
+    let windowed = play(
+        &WALK,
+        &RolloutConfig {
+            history_turns: Some(2),
+            ..cfg()
+        },
+    );
+    assert!(full.sequence_starts.is_empty());
+    assert_eq!(windowed.sequence_starts.len(), 1);
+    assert_eq!(full.generated_tokens(), windowed.generated_tokens());
+    for (a, b) in full.turns.iter().zip(&windowed.turns) {
+        assert_eq!((&a.actions, a.reward()), (&b.actions, b.reward()));
+        assert_eq!(full.tokens[a.start..a.end], windowed.tokens[b.start..b.end]);
+    }
+    assert_eq!(full.score(), windowed.score());
+}
+
+#[test]
+fn history_window_limits_each_sequence_not_the_trajectory() {
+    // Four one-step turns of ~200 tokens each fit a 300-token context with a
+    // window of 0, though the whole dialogue would not.
+    let c = RolloutConfig {
+        max_context_tokens: 300,
+        max_actions_per_turn: 1,
+        ..cfg()
+    };
+    let one_step = ["<think></think><answer>R</answer>"];
+    assert!(play(&one_step, &c).truncated);
+    let t = play(
+        &one_step,
+        &RolloutConfig {
+            history_turns: Some(0),
+            ..c
+        },
+    );
+    assert!(!t.truncated && t.success);
+    assert!(t.sequence_ranges().iter().all(|r| r.len() <= 300));
+}
+
+/// Policy tokens of each sequence: exactly its turn's reply.
+fn assert_one_reply_per_sequence(t: &Trajectory) {
+    let ranges = t.sequence_ranges();
+    assert_eq!(ranges.len(), t.turns.len());
+    for (turn, range) in t.turns.iter().zip(&ranges) {
+        let policy: Vec<usize> = range.clone().filter(|&i| t.loss_mask[i] == 1).collect();
+        assert_eq!(policy, (turn.start..turn.end).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn plan_agent_keeps_its_first_thoughts_in_every_prompt() {
+    let c = RolloutConfig {
+        agent: agentrl_rollout::AgentStrategy::Plan,
+        history_turns: Some(0),
+        max_actions_per_turn: 1,
+        ..cfg()
+    };
+    let reply = ["<think>walk right</think><answer>R</answer>"];
+    let t = play(&reply, &c);
+    assert!(t.success);
+    assert_one_reply_per_sequence(&t);
+    let texts = sequence_texts(&t);
+    assert!(texts[0].contains("First write a short plan"));
+    assert!(!texts[0].contains("Your plan:"));
+    for text in &texts[1..] {
+        assert!(text.contains("Your plan: walk right\n"), "{text}");
+        assert!(!text.contains("First write a short plan"));
+    }
+}
+
+#[test]
+fn reflect_agent_reflects_after_a_failure_and_keeps_the_reflection() {
+    let replies = [
+        "<think></think><answer>L</answer>",
+        "<think>L is a wall</think><answer>R</answer>",
+        "<think></think><answer>R</answer>",
+    ];
+    let c = RolloutConfig {
+        agent: agentrl_rollout::AgentStrategy::Reflect,
+        history_turns: Some(0),
+        max_actions_per_turn: 1,
+        ..cfg()
+    };
+    let t = play(&replies, &c);
+    assert!(t.success);
+    assert_one_reply_per_sequence(&t);
+    let texts = sequence_texts(&t);
+    assert!(!texts[0].contains("reflect"));
+    assert!(texts[1].contains("Your last reply failed. Before acting, reflect"));
+    assert!(!texts[1].contains("Your reflection:"));
+    for text in &texts[2..] {
+        assert!(text.contains("Your reflection: L is a wall\n"), "{text}");
+        assert!(!text.contains("Your last reply failed"));
+    }
+    // In a dialogue the reflection is in the context already: asked for once.
+    let t = play(
+        &replies,
+        &RolloutConfig {
+            history_turns: None,
+            ..c
+        },
+    );
+    let text = CharCodec.decode(&t.tokens).unwrap();
+    assert_eq!(text.matches("Your last reply failed").count(), 1);
+    assert!(!text.contains("Your reflection:"));
+}

@@ -207,6 +207,7 @@ mod tests {
             group,
             tokens: vec![0; 7],
             loss_mask: vec![0, 0, 1, 1, 0, 1, 1],
+            sequence_starts: vec![],
             turns: vec![turn(2, 4, 0.0, true), turn(5, 7, reward, false)],
             success: reward > 0.0,
             env_done: true,

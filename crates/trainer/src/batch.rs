@@ -6,7 +6,10 @@
 //! from the prefix ending at `t`), which is also where the critic's value
 //! `V(prefix_t)` lives.
 
+use std::ops::Range;
+
 use agentrl_model::PolicyModel;
+use agentrl_rollout::trajectory::{join_shifted, split_shifted};
 use agentrl_rollout::Trajectory;
 use candle_core::{Device, Tensor};
 
@@ -95,21 +98,69 @@ fn score_rows(
     let mut logprobs = Vec::with_capacity(trajs.len());
     let mut values = Vec::new();
     for part in trajs.chunks(chunk.max(1)) {
-        let seqs: Vec<Vec<u32>> = part.iter().map(|t| t.tokens.clone()).collect();
-        let out = model.sequence_logprobs(&seqs)?;
-        let trimmed = |rows: Vec<Vec<f32>>| -> Vec<Vec<f32>> {
-            rows.into_iter()
-                .zip(part)
-                .map(|(row, t)| row[..t.tokens.len() - 1].to_vec())
-                .collect()
-        };
-        logprobs.extend(trimmed(out.logprobs.detach().to_vec2::<f32>()?));
+        let rows = ModelRows::of(part.iter());
+        let out = model.sequence_logprobs(&rows.seqs)?;
+        logprobs.extend(rows.join(out.logprobs.detach().to_vec2::<f32>()?));
         if let Some(v) = out.values {
-            values.extend(trimmed(v.detach().to_vec2::<f32>()?));
+            values.extend(rows.join(v.detach().to_vec2::<f32>()?));
         }
     }
     let values = (!values.is_empty()).then_some(values);
     Ok(ScoredRows { logprobs, values })
+}
+
+/// Some trajectories as the model reads them: every sequence of each
+/// (one, or one per turn with a history window) as a row of one batch.
+/// Per-trajectory rows in the shifted frame are cut into per-sequence rows
+/// on the way in ([`ModelRows::split`]) and joined on the way out
+/// ([`ModelRows::join`]).
+pub struct ModelRows {
+    /// The model's input rows.
+    pub seqs: Vec<Vec<u32>>,
+    /// Each trajectory's sequence ranges (in its own token indices).
+    ranges: Vec<Vec<Range<usize>>>,
+}
+
+impl ModelRows {
+    /// The sequences of `trajs`, in order.
+    pub fn of<'t>(trajs: impl Iterator<Item = &'t Trajectory>) -> Self {
+        let mut seqs = Vec::new();
+        let mut ranges = Vec::new();
+        for t in trajs {
+            let r = t.sequence_ranges();
+            seqs.extend(r.iter().map(|r| t.tokens[r.clone()].to_vec()));
+            ranges.push(r);
+        }
+        Self { seqs, ranges }
+    }
+
+    /// Per-trajectory shifted rows (in the order given to [`ModelRows::of`])
+    /// cut into the model's per-sequence rows.
+    pub fn split<'r>(&self, rows: impl Iterator<Item = &'r Vec<f32>>) -> Vec<Vec<f32>> {
+        rows.zip(&self.ranges)
+            .flat_map(|(row, r)| split_shifted(row, r))
+            .collect()
+    }
+
+    /// The model's per-sequence output rows (padded to any width) joined
+    /// into per-trajectory shifted rows, 0 between sequences.
+    pub fn join(&self, mut seq_rows: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+        let mut rows = seq_rows.drain(..);
+        self.ranges
+            .iter()
+            .map(|ranges| {
+                let parts = ranges
+                    .iter()
+                    .map(|r| {
+                        let mut row = rows.next().unwrap_or_default();
+                        row.truncate(r.len().saturating_sub(1));
+                        row
+                    })
+                    .collect();
+                join_shifted(parts, 0.0)
+            })
+            .collect()
+    }
 }
 
 /// A trajectory's loss mask in the shifted frame.

@@ -10,7 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::advantages::Targets;
-use crate::batch::{padded, PpoBatch};
+use crate::batch::{padded, ModelRows, PpoBatch};
 use crate::config::TrainConfig;
 use crate::TrainError;
 
@@ -142,14 +142,11 @@ fn minibatch_loss(
 ) -> Result<(Tensor, UpdateStats), TrainError> {
     let (actor, critic) = (&cfg.actor, &cfg.critic);
     let agg = actor.loss_agg_mode;
-    let seqs: Vec<Vec<u32>> = rows
-        .iter()
-        .map(|&i| batch.trajs[i].tokens.clone())
-        .collect();
-    let out = model.sequence_logprobs(&seqs)?;
+    let model_rows = ModelRows::of(rows.iter().map(|&i| &batch.trajs[i]));
+    let out = model.sequence_logprobs(&model_rows.seqs)?;
     let width = out.logprobs.dim(1)?;
     let tensor = |src: &[Vec<f32>]| -> candle_core::Result<Tensor> {
-        let picked: Vec<Vec<f32>> = rows.iter().map(|&i| src[i].clone()).collect();
+        let picked = model_rows.split(rows.iter().map(|&i| &src[i]));
         padded(&picked, width, &model.device)
     };
     let mask = tensor(&batch.masks)?;

@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::batch::{padded, shifted_mask};
+use crate::batch::{padded, shifted_mask, ModelRows};
 use crate::config::SftSection;
 use crate::evaluate::EnvMaker;
 use crate::TrainError;
@@ -46,11 +46,11 @@ pub fn demonstrations(
 
 /// Mean next-token NLL of the policy tokens of `trajs` (differentiable).
 pub fn nll(model: &PolicyModel, trajs: &[&Trajectory]) -> Result<candle_core::Tensor, TrainError> {
-    let seqs: Vec<Vec<u32>> = trajs.iter().map(|t| t.tokens.clone()).collect();
-    let out = model.sequence_logprobs(&seqs)?;
+    let rows = ModelRows::of(trajs.iter().copied());
+    let out = model.sequence_logprobs(&rows.seqs)?;
     let width = out.logprobs.dim(1)?;
     let masks: Vec<Vec<f32>> = trajs.iter().map(|t| shifted_mask(t)).collect();
-    let mask = padded(&masks, width, &model.device)?;
+    let mask = padded(&rows.split(masks.iter()), width, &model.device)?;
     let total = (out.logprobs * &mask)?.sum_all()?;
     let count = mask.sum_all()?.to_scalar::<f32>()?.max(1.0);
     Ok((total.neg()? / count as f64)?)

@@ -133,6 +133,7 @@ mod tests {
             spec: TaskSpec::new("bandit", Split::Train, "easy", 0),
             group: 0,
             loss_mask: vec![0; tokens.len()],
+            sequence_starts: vec![],
             tokens,
             turns: vec![Turn {
                 start,

@@ -8,6 +8,7 @@
 
 use agentrl_env_core::{Split, TaskSpec};
 use agentrl_rollout::{run_rollouts, Trajectory};
+use agentrl_trainer::batch::ModelRows;
 use agentrl_trainer::config::SMOKE_CONFIG;
 use agentrl_trainer::ppo::UpdateStats;
 use agentrl_trainer::trainer::rl_learning_rates;
@@ -29,11 +30,12 @@ const OVERRIDES: &[&str] = &[
     "trainer.total_training_steps=1",
 ];
 
-/// Summed log-probability of each trajectory's policy tokens.
+/// Summed log-probability of each trajectory's policy tokens (each of its
+/// sequences scored on its own).
 fn policy_logprob(t: &Trainer, trajs: &[Trajectory]) -> Vec<f32> {
-    let seqs: Vec<Vec<u32>> = trajs.iter().map(|x| x.tokens.clone()).collect();
-    let out = t.model.sequence_logprobs(&seqs).unwrap();
-    let rows = out.logprobs.to_vec2::<f32>().unwrap();
+    let model_rows = ModelRows::of(trajs.iter());
+    let out = t.model.sequence_logprobs(&model_rows.seqs).unwrap();
+    let rows = model_rows.join(out.logprobs.to_vec2::<f32>().unwrap());
     trajs
         .iter()
         .zip(rows)
@@ -63,13 +65,13 @@ fn start(overrides: &[&str]) -> (tempfile::TempDir, Trainer) {
     (dir, t)
 }
 
-/// Two groups of 8 bandit rollouts where, whatever was played, every other
-/// sample of each group "succeeds".
+/// Two groups of 8 rollouts of the run's env where, whatever was played,
+/// every other sample of each group "succeeds".
 fn rollouts(t: &Trainer) -> Vec<Trajectory> {
     let mut envs = Vec::new();
     let mut groups = Vec::new();
     for g in 0..2 {
-        let spec = TaskSpec::new("bandit", Split::Train, "easy", g as u64);
+        let spec = TaskSpec::new(&t.cfg.env.name, Split::Train, "easy", g as u64);
         for _ in 0..8 {
             envs.push(agentrl_envs::make_env(&spec, &Default::default()).unwrap());
             groups.push(g);
@@ -98,8 +100,29 @@ fn rollouts(t: &Trainer) -> Vec<Trajectory> {
 
 #[test]
 fn update_raises_above_mean_replies_and_lowers_the_rest() {
-    let (_dir, mut t) = start(&[]);
+    update_moves_the_right_way(&[]);
+}
+
+#[test]
+fn update_moves_the_right_way_with_a_turn_per_sequence() {
+    // Three-turn FrozenLake episodes, each turn its own sequence: the
+    // advantages reach every turn's tokens through the per-sequence rows.
+    update_moves_the_right_way(&[
+        "env.name=frozenlake",
+        "rollout.max_turns=3",
+        "rollout.history_turns=1",
+    ]);
+}
+
+fn update_moves_the_right_way(overrides: &[&str]) {
+    let (_dir, mut t) = start(overrides);
     let trajs = rollouts(&t);
+    if t.cfg.rollout.history_turns.is_some() {
+        assert!(trajs
+            .iter()
+            .all(|x| x.sequence_ranges().len() == x.turns.len()));
+        assert!(trajs.iter().any(|x| x.turns.len() > 1));
+    }
     let before = policy_logprob(&t, &trajs);
     let lr = rl_learning_rates(&t.cfg, 1);
     let stats = t.update(trajs.clone(), 1, lr).unwrap();
