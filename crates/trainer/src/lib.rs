@@ -20,6 +20,7 @@ pub mod schedule;
 pub mod sequence;
 pub mod sft;
 pub mod template_collapse;
+pub mod tensorboard;
 pub mod trainer;
 
 pub use config::{ConfigError, TrainConfig};

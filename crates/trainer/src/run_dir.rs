@@ -5,6 +5,7 @@
 //! RUN_DIR/config.toml            resolved config
 //! RUN_DIR/metrics.jsonl          one JSON object per RL step ("kind":"train") and evaluation ("kind":"eval")
 //! RUN_DIR/trajectories.jsonl     sampled trajectories
+//! RUN_DIR/tensorboard/           the metrics as TensorBoard event files (one per start or resume)
 //! RUN_DIR/checkpoints/step-N/    model (HF layout) + tokenizer + optimizer.safetensors
 //!                                (+ critic_optimizer.safetensors with a value head) + trainer_state.json
 //! RUN_DIR/checkpoints/latest     name of the newest complete checkpoint
@@ -18,6 +19,9 @@
 //! disk before `latest` names a checkpoint, so a checkpoint never refers to
 //! lines that could be lost.
 
+use std::sync::Mutex;
+
+use crate::tensorboard::{EventWriter, TENSORBOARD_DIR};
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -64,6 +68,8 @@ pub struct BestCheckpoint {
 /// A run's directory (see the module documentation for its layout).
 pub struct RunDir {
     pub path: PathBuf,
+    /// The run's writer also feeds TensorBoard ([`RunDir::watch_in_tensorboard`]).
+    events: Option<Mutex<EventWriter>>,
 }
 
 /// The logs a run appends to.
@@ -93,6 +99,7 @@ impl RunDir {
         fs::create_dir_all(path.join("checkpoints")).map_err(|e| err(path, e))?;
         Ok(Self {
             path: path.to_path_buf(),
+            events: None,
         })
     }
 
@@ -118,6 +125,7 @@ impl RunDir {
         }
         Ok(Self {
             path: path.to_path_buf(),
+            events: None,
         })
     }
 
@@ -179,8 +187,30 @@ impl RunDir {
         agentrl_durable::sync_dir(&self.path).map_err(|e| err(&self.path, e))
     }
 
+    /// From now on every metrics record also goes to a new TensorBoard
+    /// event file under `tensorboard/` (see [`crate::tensorboard`]). Only
+    /// the run's writer calls this.
+    pub fn watch_in_tensorboard(mut self) -> Result<Self, RunDirError> {
+        let writer = EventWriter::create(&self.path)
+            .map_err(|e| err(&self.path.join(TENSORBOARD_DIR), e))?;
+        self.events = Some(Mutex::new(writer));
+        Ok(self)
+    }
+
     pub fn log_metrics(&self, value: &serde_json::Value) -> Result<(), RunDirError> {
-        self.append_line("metrics.jsonl", value)
+        self.append_line("metrics.jsonl", value)?;
+        self.write_events(value)
+    }
+
+    /// The record's scalars to TensorBoard, when watched.
+    fn write_events(&self, value: &serde_json::Value) -> Result<(), RunDirError> {
+        let Some(events) = &self.events else {
+            return Ok(());
+        };
+        // A panic elsewhere while the writer was held leaves it usable: it
+        // writes whole records or fails.
+        let mut w = events.lock().unwrap_or_else(|p| p.into_inner());
+        w.write_metrics(value).map_err(|e| err(w.path(), e))
     }
 
     /// Append `record` to `metrics.jsonl` as one JSON object with `fields`
@@ -205,7 +235,7 @@ impl RunDir {
         for (key, value) in fields {
             line.insert(key.to_string(), value.clone());
         }
-        self.append_line("metrics.jsonl", &serde_json::Value::Object(line))
+        self.log_metrics(&serde_json::Value::Object(line))
     }
 
     /// The `"kind": "train"` records of `metrics.jsonl`, in order (none when

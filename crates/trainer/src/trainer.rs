@@ -238,7 +238,7 @@ impl Trainer {
         // Before any work: values (a config built in code has not been
         // through `TrainConfig::load`) and the model directory.
         cfg.validate_for_new_run()?;
-        let run = RunDir::create(run_path)?;
+        let run = RunDir::create(run_path)?.watch_in_tensorboard()?;
         run.write_config(&cfg.to_toml()?)?;
         let device = Device::Cpu;
         let make = env_maker(&cfg)?;
@@ -292,7 +292,7 @@ impl Trainer {
 
     /// Continue a run from its latest checkpoint.
     pub fn resume(run_path: &Path) -> Result<Self, TrainError> {
-        let run = RunDir::open(run_path)?;
+        let run = RunDir::open(run_path)?.watch_in_tensorboard()?;
         // A kill mid-write leaves a temporary file beside the one it replaced.
         run.remove_temporaries()?;
         let cfg = TrainConfig::load(Some(&run.config_path()), &[])?;
