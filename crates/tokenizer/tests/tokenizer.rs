@@ -1,8 +1,6 @@
 //! Tokenizer and chat template: the qwen2-tiny fixture made by transformers,
 //! and byte-level BPE training.
 
-use std::path::PathBuf;
-
 use agentrl_tokenizer::{
     ChatMessage, ChatTokenizer, TemplateError, TokenizerError, CHATML_TEMPLATE,
 };
@@ -10,26 +8,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-fn fixture_dir() -> PathBuf {
-    // The model crate's fixture: one transformers checkpoint serves both crates.
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny")
-}
-
-fn reference() -> Value {
-    let text = std::fs::read_to_string(fixture_dir().join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
+#[path = "../../model/tests/qwen2_tiny/mod.rs"]
+mod qwen2_tiny;
+use qwen2_tiny::{fixture_dir, reference, u32s as ids};
 
 fn reference_messages(r: &Value) -> Vec<ChatMessage> {
     serde_json::from_value(r["chat_messages"].clone()).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 /// Environment-like text: Sokoban boards (with `√` for a box on target),
