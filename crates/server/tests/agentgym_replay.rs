@@ -14,7 +14,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{start, test_config, Api};
+use common::{serve, start, test_config, Api};
 use serde_json::{json, Value};
 
 /// The envs `agentrl serve` speaks AgentGym's dialect for (sciworld: no env).
@@ -261,8 +261,7 @@ async fn replay(api: &Api, env: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agentgym_clients_requests_get_agentgyms_answers() {
-    let server = start(test_config()).await;
-    let api = Api::new(&server);
+    let (server, api) = serve().await;
     for env in ENVS {
         replay(&api, env).await;
     }
@@ -271,8 +270,7 @@ async fn agentgym_clients_requests_get_agentgyms_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn babyai_data_idx_picks_agentgyms_level_and_the_operator_may_pick_a_difficulty() {
-    let server = start(test_config()).await;
-    let api = Api::new(&server);
+    let (server, api) = serve().await;
     let (_, v) = api.send("POST", "/babyai/create", None).await;
     let id = v["id"].as_u64().unwrap();
     let mut missions = Vec::new();
@@ -317,8 +315,7 @@ async fn babyai_data_idx_picks_agentgyms_level_and_the_operator_may_pick_a_diffi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_sessions_under_env_keep_the_typed_api_and_agentgym_ones_count_invalid_actions() {
-    let server = start(test_config()).await;
-    let api = Api::new(&server);
+    let (server, api) = serve().await;
     // An agentrl client (it names the env) under /{env}/: 400 as at the top level.
     let (_, v) = api
         .send("POST", "/counter/create", Some(&json!({"env": "counter"})))

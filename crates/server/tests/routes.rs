@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use agentrl_server::ServerConfig;
-use common::{start, start_with, test_config, Api};
+use common::{serve, start, start_with, test_config, Api};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -20,8 +20,7 @@ fn assert_error(status: StatusCode, body: &Value, expected: StatusCode, kind: &s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_answers() {
-    let server = start(test_config()).await;
-    let api = Api::new(&server);
+    let (server, api) = serve().await;
 
     let (s, v) = api.get("/health").await;
     assert_eq!(s, 200);
@@ -142,8 +141,7 @@ async fn every_route_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agentgym_style_create_without_body_or_content_type_works() {
-    let server = start(test_config()).await;
-    let api = Api::new(&server);
+    let (server, api) = serve().await;
     // requests.post(f"{base}/create") sends no body and no content type.
     let r = api
         .client
@@ -164,8 +162,7 @@ async fn agentgym_style_create_without_body_or_content_type_works() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_input_gets_the_right_4xx_with_a_json_error() {
-    let server = start(test_config()).await;
-    let api = Api::new(&server);
+    let (server, api) = serve().await;
     let id = api.counter_session(2).await;
 
     // Malformed JSON.
@@ -317,8 +314,7 @@ async fn thousand_concurrent_sessions_step_in_parallel() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_steps_on_one_session_are_serialised() {
-    let server = start(test_config()).await;
-    let api = Api::new(&server);
+    let (server, api) = serve().await;
     let id = api.counter_session(1000).await;
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
@@ -477,8 +473,7 @@ async fn token_is_required_when_configured() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_in_flight_requests_finish() {
-    let server = start(test_config()).await;
-    let api = Api::new(&server);
+    let (server, api) = serve().await;
     let (_, v) = api.create(json!({"env": "counter"})).await;
     let id = v["id"].as_u64().unwrap();
     // "slow" takes 300 ms inside the env.

@@ -234,6 +234,13 @@ pub async fn start_with(change: impl FnOnce(&mut ServerConfig)) -> ServerHandle 
     start(config).await
 }
 
+/// A server on `test_config()` and a client of it.
+pub async fn serve() -> (ServerHandle, Api) {
+    let server = start(test_config()).await;
+    let api = Api::new(&server);
+    (server, api)
+}
+
 /// Open file descriptors of this process.
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")
