@@ -6,7 +6,7 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 
 mod common;
-use common::{agentrl, assert_contains_all, failure_stderr, ok_stdout, BIN};
+use common::{agentrl, agentrl_line, assert_contains_all, failure_stderr, ok_stdout, BIN};
 
 fn agentrl_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
     let mut child = Command::new(BIN)
@@ -43,21 +43,15 @@ fn envs_lists_the_first_three_environments_with_splits() {
 #[test]
 fn envs_json_has_names_difficulties_and_splits() {
     let rows: Value = serde_json::from_str(&ok_stdout(&agentrl(&["envs", "--json"]))).unwrap();
-    let sokoban = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == "sokoban")
-        .unwrap();
+    let row = |name: &str| {
+        let rows = rows.as_array().unwrap();
+        rows.iter().find(|r| r["name"] == name).unwrap().clone()
+    };
+    let sokoban = row("sokoban");
     assert_eq!(sokoban["difficulties"], serde_json::json!(["easy", "hard"]));
     assert_eq!(sokoban["default_difficulty"], "easy");
     assert_eq!(sokoban["splits"]["val"]["start"], 4294967296u64);
-    let bandit = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == "bandit")
-        .unwrap();
+    let bandit = row("bandit");
     assert_eq!(bandit["default_max_turns"], 1);
 }
 
@@ -193,32 +187,13 @@ fn a_gigabyte_action_line_is_an_error_not_an_abort() {
 
 #[test]
 fn eval_seed_range_past_the_split_is_an_error() {
-    let out = agentrl(&[
-        "eval",
-        "--policy",
-        "random",
-        "--env",
-        "bandit",
-        "--seed-start",
-        "18446744073709551615",
-        "--n",
-        "5",
-    ]);
+    let line = "eval --policy random --env bandit --n 5 --seed-start 18446744073709551615";
+    let out = agentrl_line(line, &[]);
     let err = failure_stderr(&out);
     assert!(err.contains("--seed-start 18446744073709551615"), "{err}");
     // The last task of the split is fine.
-    let text = ok_stdout(&agentrl(&[
-        "eval",
-        "--policy",
-        "random",
-        "--env",
-        "bandit",
-        "--seed-start",
-        "4294967295",
-        "--n",
-        "1",
-        "--json",
-    ]));
+    let line = "eval --policy random --env bandit --n 1 --seed-start 4294967295 --json";
+    let text = ok_stdout(&agentrl_line(line, &[]));
     let v: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["n"], 1);
 }

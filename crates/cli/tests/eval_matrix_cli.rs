@@ -2,25 +2,13 @@
 //! user runs it (the built binary): in-process, for a trained run, and on an
 //! `agentrl serve` endpoint, with the same figures either way.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentrl");
+mod common;
+use common::{agentrl, failure_stderr, json_stdout, train, Served, SMOKE};
 
 fn eval_json(args: &[&str]) -> Value {
-    let out = Command::new(BIN)
-        .args(["eval", "--json"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    json_stdout(&agentrl(&[&["eval", "--json"], args].concat()))
 }
 
 fn cell<'a>(report: &'a Value, name: &str) -> &'a Value {
@@ -87,11 +75,7 @@ fn every_env_and_difficulty_gets_avg_and_pass_at_k_with_intervals_and_labels() {
     // The same command gives the same figures.
     assert_eq!(eval_json(&args), r);
     // The text table has one row per cell and the failure-label table.
-    let out = Command::new(BIN)
-        .args(["eval"])
-        .args(args)
-        .output()
-        .unwrap();
+    let out = agentrl(&[&["eval"], &args[..]].concat());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("avg@4") && text.contains("pass@4"), "{text}");
     assert!(
@@ -103,9 +87,7 @@ fn every_env_and_difficulty_gets_avg_and_pass_at_k_with_intervals_and_labels() {
 #[test]
 fn matrix_arguments_are_checked() {
     let fails = |args: &[&str], says: &str| {
-        let out = Command::new(BIN).arg("eval").args(args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = failure_stderr(&agentrl(&[&["eval"], args].concat()));
         assert!(err.contains(says), "{args:?}: {err}");
     };
     fails(
@@ -122,70 +104,21 @@ fn matrix_arguments_are_checked() {
     );
 }
 
-/// A tiny run on the bandit, seconds long.
-const RUN: &str = r#"
-name = "matrix-test"
-[env]
-name = "bandit"
-[model]
-vocab_size = 300
-hidden_size = 32
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-intermediate_size = 64
-[sft]
-demos = 4
-epochs = 1
-[rollout]
-n = 2
-env_groups = 2
-max_turns = 2
-response_length = 8
-[trainer]
-total_training_steps = 1
-save_freq = 0
-test_freq = 0
-val_tasks = 2
-"#;
-
-/// `agentrl serve` on a free port, and its URL.
-fn serve() -> (Child, String) {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--port", "0", "--envs", "bandit,frozenlake"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in {line:?}"))
-        .to_string();
-    (child, url)
-}
+/// `configs/smoke.toml` (a tiny run on the bandit, seconds long), with two
+/// turns and one RL step.
+const OVERRIDES: &[&str] = &[
+    "name=matrix-test",
+    "model.vocab_size=300",
+    "rollout.max_turns=2",
+    "trainer.total_training_steps=1",
+    "trainer.save_freq=0",
+];
 
 #[test]
 fn a_trained_run_plays_its_own_and_an_unseen_env_in_process_and_on_a_server() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("run.toml");
-    std::fs::write(&config, RUN).unwrap();
     let run = dir.path().join("run");
-    let status = Command::new(BIN)
-        .arg("train")
-        .arg(&config)
-        .arg("--out")
-        .arg(&run)
-        .arg("--quiet")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    train(SMOKE, OVERRIDES, &run);
     let run = run.to_str().unwrap();
     let args = [
         "--policy",
@@ -209,10 +142,9 @@ fn a_trained_run_plays_its_own_and_an_unseen_env_in_process_and_on_a_server() {
             "{name}: a model replied"
         );
     }
-    let (mut server, url) = serve();
-    let remote = eval_json(&[&args[..], &["--endpoint", &url]].concat());
-    server.kill().unwrap();
-    server.wait().unwrap();
+    let mut server = Served::start(&["--envs", "bandit,frozenlake"]);
+    let remote = eval_json(&[&args[..], &["--endpoint", &server.url]].concat());
+    server.kill();
     assert_eq!(
         remote["cells"], local["cells"],
         "a server plays the same episodes"

@@ -4,39 +4,20 @@
 //! table, the failure-label table and its figures, in Markdown and in one
 //! self-contained HTML page.
 
-use std::process::{Command, Stdio};
+mod common;
+use common::{agentrl_line, ok_stdout};
+
+/// The smallest study: d 32, one RL step an arm, two tasks a cell.
+const STUDY: &str = "study generalisation --quick --tasks 2 --k 1 --quiet \
+    model.hidden_size=32 model.intermediate_size=64 sft.demos=8 sft.epochs=1 \
+    trainer.total_training_steps=1 trainer.test_freq=0 trainer.val_tasks=2 \
+    rollout.env_groups=2 rollout.n=2";
 
 #[test]
 fn the_study_trains_every_arm_and_reports_every_question() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("study");
-    let status = Command::new(env!("CARGO_BIN_EXE_agentrl"))
-        .args([
-            "study",
-            "generalisation",
-            "--quick",
-            "model.hidden_size=32",
-            "model.intermediate_size=64",
-            "sft.demos=8",
-            "sft.epochs=1",
-            "trainer.total_training_steps=1",
-            "trainer.test_freq=0",
-            "trainer.val_tasks=2",
-            "rollout.env_groups=2",
-            "rollout.n=2",
-            "--tasks",
-            "2",
-            "--k",
-            "1",
-            "--quiet",
-            "--out",
-        ])
-        .arg(&out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    ok_stdout(&agentrl_line(STUDY, &["--out", out.to_str().unwrap()]));
     for arm in [
         "easy-only",
         "hard-only",

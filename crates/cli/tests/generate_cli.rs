@@ -1,19 +1,23 @@
 //! `agentrl generate` on the qwen2-tiny fixture made by transformers.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use serde_json::Value;
 
 mod common;
-use common::{agentrl, failure_stderr, json_stdout};
+use common::{agentrl_line, failure_stderr, json_stdout};
 
-fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny")
-}
+#[path = "../../model/tests/qwen2_tiny/mod.rs"]
+mod qwen2_tiny;
+use qwen2_tiny::{fixture_dir, reference};
 
-fn reference() -> Value {
-    let text = std::fs::read_to_string(fixture_dir().join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+/// `agentrl generate --model MODEL` with the words of `line` and then `more`.
+fn generate(model: &Path, line: &str, more: &[&str]) -> std::process::Output {
+    let model = model.to_str().unwrap();
+    agentrl_line(
+        &format!("generate {line}"),
+        &[&["--model", model], more].concat(),
+    )
 }
 
 #[test]
@@ -23,18 +27,8 @@ fn greedy_generate_matches_transformers_continuation() {
     let chat = dir.path().join("chat.json");
     std::fs::write(&chat, r["chat_messages"].to_string()).unwrap();
     let greedy = r["greedy_new_ids"].as_array().unwrap();
-    let out = agentrl(&[
-        "generate",
-        "--model",
-        fixture_dir().to_str().unwrap(),
-        "--chat",
-        chat.to_str().unwrap(),
-        "--temperature",
-        "0",
-        "--max-new-tokens",
-        &greedy.len().to_string(),
-        "--json",
-    ]);
+    let line = format!("--temperature 0 --max-new-tokens {} --json", greedy.len());
+    let out = generate(&fixture_dir(), &line, &["--chat", chat.to_str().unwrap()]);
     let v = json_stdout(&out);
     assert_eq!(v["prompt_ids"], r["input_ids"]);
     assert_eq!(v["new_ids"], r["greedy_new_ids"]);
@@ -45,22 +39,12 @@ fn greedy_generate_matches_transformers_continuation() {
 #[test]
 fn prompt_is_rendered_as_one_user_message_and_seeded_sampling_repeats() {
     let run = |seed: &str| {
-        json_stdout(&agentrl(&[
-            "generate",
-            "--model",
-            fixture_dir().to_str().unwrap(),
-            "--prompt",
-            "Your move?",
-            "--max-new-tokens",
-            "8",
-            "--temperature",
-            "1.0",
-            "--top-k",
-            "50",
-            "--seed",
-            seed,
-            "--json",
-        ]))
+        let line = format!("--max-new-tokens 8 --temperature 1.0 --top-k 50 --seed {seed} --json");
+        json_stdout(&generate(
+            &fixture_dir(),
+            &line,
+            &["--prompt", "Your move?"],
+        ))
     };
     let a = run("3");
     let b = run("3");
@@ -80,13 +64,7 @@ fn prompt_is_rendered_as_one_user_message_and_seeded_sampling_repeats() {
 
 #[test]
 fn missing_model_directory_is_named_in_the_error() {
-    let out = agentrl(&[
-        "generate",
-        "--model",
-        "/nonexistent/agentrl-model",
-        "--prompt",
-        "hi",
-    ]);
+    let out = generate(Path::new("/nonexistent/agentrl-model"), "--prompt hi", &[]);
     let err = failure_stderr(&out);
     assert!(err.contains("/nonexistent/agentrl-model"), "{err}");
 }
@@ -96,13 +74,7 @@ fn bad_chat_json_is_named_in_the_error() {
     let dir = tempfile::tempdir().unwrap();
     let chat = dir.path().join("broken-chat.json");
     std::fs::write(&chat, "[{\"role\": \"user\"").unwrap();
-    let out = agentrl(&[
-        "generate",
-        "--model",
-        fixture_dir().to_str().unwrap(),
-        "--chat",
-        chat.to_str().unwrap(),
-    ]);
+    let out = generate(&fixture_dir(), "", &["--chat", chat.to_str().unwrap()]);
     let err = failure_stderr(&out);
     assert!(err.contains("broken-chat.json"), "{err}");
 }
@@ -125,17 +97,11 @@ fn a_model_with_nan_weights_is_an_error_not_empty_text() {
         .save(dir.path())
         .unwrap();
     for temperature in ["0", "1"] {
-        let out = agentrl(&[
-            "generate",
-            "--model",
-            dir.path().to_str().unwrap(),
-            "--prompt",
-            "hi",
-            "--temperature",
-            temperature,
-        ]);
-        assert!(!out.status.success(), "temperature {temperature}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("not finite"), "{err}");
+        let line = format!("--prompt hi --temperature {temperature}");
+        let err = failure_stderr(&generate(dir.path(), &line, &[]));
+        assert!(
+            err.contains("not finite"),
+            "temperature {temperature}: {err}"
+        );
     }
 }

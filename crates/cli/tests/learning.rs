@@ -2,9 +2,8 @@
 //! config (FrozenLake 3×3, a format-only warm start, 20 GRPO steps, seed 0)
 //! raises held-out success well above where the warm start left it.
 
-use std::process::{Command, Stdio};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentrl");
 const CONFIG: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../configs/frozenlake-3x3.toml"
@@ -14,14 +13,7 @@ const CONFIG: &str = concat!(
 fn rl_lifts_held_out_success_on_frozenlake_3x3() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let status = Command::new(BIN)
-        .args(["train", CONFIG, "--quiet", "--out"])
-        .arg(&run)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    common::train(CONFIG, &[], &run);
 
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();

@@ -4,10 +4,8 @@
 //! through a double that drops every third connection and answers 500 to
 //! every fourth request.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -18,7 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentrl");
+mod common;
+use common::{agentrl, agentrl_line, failure_stderr, json_stdout, train, Served};
 
 /// A seconds-long run: an expert warm start on 3×3 FrozenLake and one RL
 /// step, after which greedy play wins 5 of the 12 maps played below with 4
@@ -70,101 +69,28 @@ fn run_dir() -> &'static Path {
         let config = dir.join("config.toml");
         std::fs::write(&config, CONFIG).unwrap();
         let run = dir.join("run");
-        let out = Command::new(BIN)
-            .arg("train")
-            .arg(&config)
-            .arg("--quiet")
-            .arg("--out")
-            .arg(&run)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "train failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        train(config.to_str().unwrap(), &[], &run);
         run
     })
 }
 
-/// `agentrl serve-policy` on a free loopback port; killed when dropped.
-struct ServedPolicy {
-    child: Child,
-    addr: SocketAddr,
-    /// Kept open: the server prints more than its first line.
-    _stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl ServedPolicy {
-    fn start(model: &Path) -> Self {
-        let mut child = Command::new(BIN)
-            .args([
-                "serve-policy",
-                "--port",
-                "0",
-                "--served-model-name",
-                "tiny",
-                "--model",
-            ])
-            .arg(model)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        stdout.read_line(&mut line).unwrap();
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .parse()
-            .unwrap();
-        Self {
-            child,
-            addr,
-            _stdout: stdout,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for ServedPolicy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `agentrl serve-policy` for `model` on a free loopback port, serving it
+/// as "tiny"; killed when dropped.
+fn serve_policy(model: &Path) -> Served {
+    let model = model.to_str().unwrap();
+    Served::command(
+        "serve-policy",
+        &["--served-model-name", "tiny", "--model", model],
+    )
 }
 
 /// `agentrl eval --json --trajectories FILE` with `extra` flags: the report
 /// and the trajectories.
 fn eval(extra: &[&str], trajectories: &Path) -> (Value, Vec<Value>) {
-    let out = Command::new(BIN)
-        .args([
-            "eval",
-            "--env",
-            "frozenlake",
-            "--n",
-            "12",
-            "--json",
-            "--policy",
-        ])
-        .arg(run_dir())
-        .arg("--trajectories")
-        .arg(trajectories)
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "eval {extra:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let paths = [run_dir().to_str().unwrap(), trajectories.to_str().unwrap()];
+    let line = "eval --env frozenlake --n 12 --json";
+    let tail = [&["--policy", paths[0], "--trajectories", paths[1]], extra].concat();
+    let report = json_stdout(&agentrl_line(line, &tail));
     let trajs = std::fs::read_to_string(trajectories)
         .unwrap()
         .lines()
@@ -205,9 +131,9 @@ fn episodes(trajs: &[Value]) -> Vec<(Value, Value, Vec<Value>, Value)> {
 fn eval_through_serve_policy_plays_the_local_greedy_episodes() {
     let dir = tempfile::tempdir().unwrap();
     let (local, local_trajs) = eval(&[], &dir.path().join("local.jsonl"));
-    let server = ServedPolicy::start(run_dir());
+    let server = serve_policy(run_dir());
     let (remote, remote_trajs) = eval(
-        &["--policy-endpoint", &server.url(), "--policy-model", "tiny"],
+        &["--policy-endpoint", &server.url, "--policy-model", "tiny"],
         &dir.path().join("remote.jsonl"),
     );
     assert_eq!(outcome(&remote), outcome(&local));
@@ -216,7 +142,7 @@ fn eval_through_serve_policy_plays_the_local_greedy_episodes() {
     // Neither all wins nor all losses: the comparison means something.
     let wins = local_trajs.iter().filter(|t| t["success"] == true).count();
     assert!(0 < wins && wins < 12, "{wins} of 12 tasks won");
-    assert!(remote["policy"].as_str().unwrap().contains(&server.url()));
+    assert!(remote["policy"].as_str().unwrap().contains(&server.url));
 }
 
 /// Counts of what the flaky double did.
@@ -303,13 +229,13 @@ fn start_flaky(flaky: Arc<Flaky>) -> SocketAddr {
 #[test]
 fn eval_loses_no_trajectory_to_dropped_connections_and_500s() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ServedPolicy::start(run_dir());
+    let server = serve_policy(run_dir());
     let (healthy, healthy_trajs) = eval(
-        &["--policy-endpoint", &server.url()],
+        &["--policy-endpoint", &server.url],
         &dir.path().join("healthy.jsonl"),
     );
     let flaky = Arc::new(Flaky {
-        upstream: server.url(),
+        upstream: server.url.clone(),
         ..Flaky::default()
     });
     let proxy = start_flaky(Arc::clone(&flaky));
@@ -336,29 +262,20 @@ fn eval_loses_no_trajectory_to_dropped_connections_and_500s() {
 
 #[test]
 fn eval_names_a_policy_endpoint_without_a_policy_directory() {
-    let out = Command::new(BIN)
-        .args([
-            "eval",
-            "--env",
-            "frozenlake",
-            "--policy-endpoint",
-            "http://127.0.0.1:9",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let out = agentrl_line(
+        "eval --env frozenlake --policy-endpoint http://127.0.0.1:9",
+        &[],
+    );
+    let err = failure_stderr(&out);
     assert!(err.contains("--policy-endpoint needs --policy"), "{err}");
 }
 
 #[test]
 fn train_refuses_a_policy_endpoint() {
-    let out = Command::new(BIN)
-        .args(["train", "policy.endpoint=\"http://127.0.0.1:8000\""])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failure_stderr(&agentrl(&[
+        "train",
+        "policy.endpoint=\"http://127.0.0.1:8000\"",
+    ]));
     assert!(
         err.contains("policy.endpoint") && err.contains("LoRA"),
         "{err}"

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{BIN, SMOKE};
+use common::{agentrl, agentrl_line, failure_stderr, ok_stdout, BIN, SMOKE};
 
 /// `configs/smoke.toml`, a seconds-long run on the bandit, made a little
 /// longer and wider: six RL steps, a checkpoint after each.
@@ -110,9 +110,7 @@ fn out_into_an_existing_run_is_an_error_unless_resuming() {
         "{\"kind\":\"train\",\"step\":1}\n",
     )
     .unwrap();
-    let out = train(&run).stderr(Stdio::piped()).output().unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failure_stderr(&train(&run).stderr(Stdio::piped()).output().unwrap());
     assert!(err.contains("--out") && err.contains("--resume"), "{err}");
     // Nothing of the earlier run was touched, nothing of a new one written.
     assert_eq!(
@@ -126,20 +124,9 @@ fn out_into_an_existing_run_is_an_error_unless_resuming() {
 fn config_problems_are_all_named_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let out = Command::new(BIN)
-        .args([
-            "train",
-            "rollout.temperature=-1",
-            "rollout.top_p=5",
-            "model.vocab_size=1000000000000",
-            "trainer.total_training_steps=0",
-            "--out",
-        ])
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let line = "train rollout.temperature=-1 rollout.top_p=5 model.vocab_size=1000000000000 \
+        trainer.total_training_steps=0";
+    let err = failure_stderr(&agentrl_line(line, &["--out", run.to_str().unwrap()]));
     for key in [
         "rollout.temperature",
         "rollout.top_p",
@@ -153,23 +140,13 @@ fn config_problems_are_all_named_before_any_work() {
 
 #[test]
 fn bad_config_key_is_named() {
-    let out = Command::new(BIN)
-        .args(["train", "actor.lrr=1", "--print-config"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failure_stderr(&agentrl(&["train", "actor.lrr=1", "--print-config"]));
     assert!(err.contains("lrr"), "{err}");
 }
 
 #[test]
 fn print_config_shows_the_resolved_default() {
-    let out = Command::new(BIN)
-        .args(["train", "trainer.seed=9", "--print-config"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = ok_stdout(&agentrl(&["train", "trainer.seed=9", "--print-config"]));
     assert!(text.contains("seed = 9"), "{text}");
     assert!(text.contains("adv_estimator = \"gigpo\""), "{text}");
 }
@@ -216,14 +193,9 @@ fn best_validation_is_kept_beside_the_latest_and_playable() {
     assert!(best.join("model.safetensors").is_file());
     assert!(!run.join("checkpoints").join("best.tmp").exists());
     // The best checkpoint plays with its run's config.
-    let out = Command::new(BIN)
-        .args(["eval", "--env", "bandit", "--n", "4", "--json", "--policy"])
-        .arg(&best)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let best = best.to_str().unwrap();
+    ok_stdout(&agentrl_line(
+        "eval --env bandit --n 4 --json --policy",
+        &[best],
+    ));
 }

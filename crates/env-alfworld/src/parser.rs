@@ -113,50 +113,30 @@ mod tests {
 
     #[test]
     fn parses_every_verb() {
-        assert_eq!(
-            parse("go to Cabinet 3.").unwrap(),
-            Action::GoTo("cabinet 3".into())
-        );
-        assert_eq!(
-            parse("take apple 1 from countertop 2").unwrap(),
-            Action::Take {
-                obj: "apple 1".into(),
-                from: "countertop 2".into()
-            }
-        );
-        assert_eq!(
-            parse("put apple 1 in/on fridge 1").unwrap(),
-            Action::Put {
-                obj: "apple 1".into(),
-                to: "fridge 1".into()
-            }
-        );
-        assert_eq!(
-            parse("put apple 1 on fridge 1").unwrap(),
-            Action::Put {
-                obj: "apple 1".into(),
-                to: "fridge 1".into()
-            }
-        );
-        assert_eq!(
-            parse("move apple 1 to fridge 1").unwrap(),
-            Action::Put {
-                obj: "apple 1".into(),
-                to: "fridge 1".into()
-            }
-        );
-        assert_eq!(
-            parse("heat egg 2 with microwave 1").unwrap(),
-            Action::Heat {
-                obj: "egg 2".into(),
-                with: "microwave 1".into()
-            }
-        );
-        assert_eq!(
-            parse("use desklamp 1").unwrap(),
-            Action::Use("desklamp 1".into())
-        );
-        assert_eq!(parse("LOOK").unwrap(), Action::Look);
+        let put = Action::Put {
+            obj: "apple 1".into(),
+            to: "fridge 1".into(),
+        };
+        let take = Action::Take {
+            obj: "apple 1".into(),
+            from: "countertop 2".into(),
+        };
+        let heat = Action::Heat {
+            obj: "egg 2".into(),
+            with: "microwave 1".into(),
+        };
+        for (text, want) in [
+            ("go to Cabinet 3.", Action::GoTo("cabinet 3".into())),
+            ("take apple 1 from countertop 2", take),
+            ("put apple 1 in/on fridge 1", put.clone()),
+            ("put apple 1 on fridge 1", put.clone()),
+            ("move apple 1 to fridge 1", put),
+            ("heat egg 2 with microwave 1", heat),
+            ("use desklamp 1", Action::Use("desklamp 1".into())),
+            ("LOOK", Action::Look),
+        ] {
+            assert_eq!(parse(text).unwrap(), want, "{text}");
+        }
     }
 
     #[test]

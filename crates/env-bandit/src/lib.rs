@@ -255,10 +255,7 @@ impl Env for Bandit {
     }
 
     fn available_actions(&self) -> Vec<String> {
-        if self.episode.is_done() {
-            return Vec::new();
-        }
-        self.task.names.to_vec()
+        self.episode.offer(|| self.task.names.to_vec())
     }
 
     fn state_key(&self) -> u64 {

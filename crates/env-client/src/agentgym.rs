@@ -13,8 +13,6 @@
 //! AgentGym keeps the prompt in its client, so the instructions come from the
 //! user, and its servers have no expert.
 
-use std::sync::OnceLock;
-
 use agentrl_env_core::{
     stable_hash, ActionError, Env, EnvError, Split, Step, StepError, StepInfo, TaskSpec,
 };
@@ -24,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::client::ClientOptions;
+use crate::remote::{shared_client, step_remote, RemoteStep};
 
 /// The invalid-action messages of AgentGym's envs (their servers answer an
 /// invalid action with a 200 and one of these as the observation).
@@ -186,14 +185,6 @@ impl AgentGymOptions {
     pub fn is_invalid(&self, observation: &str) -> bool {
         self.invalid_action.iter().any(|r| r.is_match(observation))
     }
-}
-
-fn shared_client() -> Result<Client, EnvError> {
-    static CLIENT: OnceLock<Result<Client, String>> = OnceLock::new();
-    CLIENT
-        .get_or_init(|| Client::builder().build().map_err(|e| e.to_string()))
-        .clone()
-        .map_err(|e| EnvError::Remote(format!("cannot build the HTTP client: {e}")))
 }
 
 /// The message of an AgentGym error body: an object with `error` and no
@@ -489,7 +480,9 @@ impl AgentGymEnv {
         Ok(())
     }
 
-    fn remote_step(&mut self, action: &str) -> Result<Result<Step, StepError>, EnvError> {
+    fn remote_step(&mut self, action: &str) -> RemoteStep {
+        // Played: a reset now restarts the task on the server.
+        self.fresh = false;
         let mut request = json!({ "action": action });
         request[self.dialect.id_key()] = self.id.clone();
         let body = self.request("step", &request)?;
@@ -574,17 +567,8 @@ impl Env for AgentGymEnv {
     }
 
     fn step(&mut self, action: &str) -> Result<Step, StepError> {
-        if self.done {
-            return Err(StepError::EpisodeOver);
-        }
-        self.fresh = false;
-        match self.remote_step(action) {
-            Ok(r) => r,
-            Err(e) => {
-                self.break_with(e);
-                Err(StepError::EpisodeOver)
-            }
-        }
+        let over = self.done;
+        step_remote(self, over, action, Self::remote_step, Self::break_with)
     }
 
     fn observation(&self) -> String {

@@ -4,7 +4,6 @@
 //! task's spec and the session's counters. An AgentGym Python env server
 //! speaks another dialect: [`crate::AgentGymEnv`] plays those.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use agentrl_env_core::{ActionError, Env, EnvError, EnvParams, Step, StepError, TaskSpec};
@@ -18,6 +17,7 @@ use crate::protocol::{
     CreateRequest, ErrorBody, ErrorKind, ExpertActionResponse, ResetRequest, SessionId,
     SessionResponse, SessionStatus, StepRequest, StepResponse,
 };
+use crate::remote::{shared_client, step_remote, RemoteStep};
 
 /// How [`HttpEnv`] talks to the server.
 #[derive(Debug, Clone)]
@@ -41,16 +41,6 @@ impl Default for ClientOptions {
             backoff: Duration::from_millis(50),
         }
     }
-}
-
-/// One process-wide blocking client: each `reqwest::blocking::Client` owns a
-/// runtime thread, and rollouts open thousands of envs.
-fn shared_client() -> Result<Client, EnvError> {
-    static CLIENT: OnceLock<Result<Client, String>> = OnceLock::new();
-    CLIENT
-        .get_or_init(|| Client::builder().build().map_err(|e| e.to_string()))
-        .clone()
-        .map_err(|e| EnvError::Remote(format!("cannot build the HTTP client: {e}")))
 }
 
 /// An answer: the status and the body parsed as JSON (`Null` when empty or not JSON).
@@ -370,7 +360,9 @@ impl HttpEnv {
         Ok(self.observation.clone())
     }
 
-    fn remote_step(&mut self, action: &str) -> Result<Result<Step, StepError>, EnvError> {
+    fn remote_step(&mut self, action: &str) -> RemoteStep {
+        // Played: a reset now restarts the task on the server.
+        self.fresh = false;
         let answer = self.post(
             "step",
             &StepRequest {
@@ -440,17 +432,8 @@ impl Env for HttpEnv {
     }
 
     fn step(&mut self, action: &str) -> Result<Step, StepError> {
-        if self.last_error.is_some() {
-            return Err(StepError::EpisodeOver);
-        }
-        self.fresh = false;
-        match self.remote_step(action) {
-            Ok(r) => r,
-            Err(e) => {
-                self.break_with(e);
-                Err(StepError::EpisodeOver)
-            }
-        }
+        let over = self.last_error.is_some();
+        step_remote(self, over, action, Self::remote_step, Self::break_with)
     }
 
     fn observation(&self) -> String {

@@ -12,6 +12,7 @@ mod agentgym;
 mod client;
 mod pool;
 pub mod protocol;
+mod remote;
 
 pub use agentgym::{
     check_invalid_action_pattern, default_invalid_action_patterns, AgentGymEnv, AgentGymOptions,

@@ -7,7 +7,7 @@ mod agentgym_double;
 
 use agentgym_double::{DoubleServer, Kind, SCIWORLD_TASKS};
 use agentrl_env_client::{AgentGymEnv, AgentGymOptions};
-use agentrl_env_core::{ActionError, Env, Split, StepError, TaskSpec};
+use agentrl_env_core::{ActionError, Env, EnvError, Split, StepError, TaskSpec};
 
 fn options(env: &str, scale: f64) -> AgentGymOptions {
     AgentGymOptions::new(
@@ -23,16 +23,22 @@ fn spec(env: &str, seed: u64) -> TaskSpec {
     TaskSpec::new(env, Split::Train, "default", seed)
 }
 
+/// A session of `env` (seed `seed`, AgentGym's `data_idx`) on the double,
+/// its rewards scaled by `scale`.
+fn connect(
+    d: &DoubleServer,
+    env: &str,
+    seed: u64,
+    data_idx: u64,
+    scale: f64,
+) -> Result<AgentGymEnv, EnvError> {
+    AgentGymEnv::connect(&d.url(), &spec(env, seed), data_idx, options(env, scale))
+}
+
 #[test]
 fn textcraft_episode_from_create_to_close() {
     let d = DoubleServer::start(Kind::TextCraft);
-    let mut env = AgentGymEnv::connect(
-        &d.url(),
-        &spec("textcraft", 0),
-        7,
-        options("textcraft", 1.0),
-    )
-    .unwrap();
+    let mut env = connect(&d, "textcraft", 0, 7, 1.0).unwrap();
     assert_eq!(
         env.instructions(),
         "You are an agent. Answer with one action."
@@ -83,13 +89,7 @@ fn textcraft_episode_from_create_to_close() {
 #[test]
 fn sciworld_shows_the_task_scales_the_score_and_rejects_out_of_range_tasks() {
     let d = DoubleServer::start(Kind::SciWorld);
-    let mut env = AgentGymEnv::connect(
-        &d.url(),
-        &spec("sciworld", 0),
-        3236,
-        options("sciworld", 0.01),
-    )
-    .unwrap();
+    let mut env = connect(&d, "sciworld", 0, 3236, 0.01).unwrap();
     let first = env.reset();
     assert!(
         first.starts_with("Your task is to find a(n) non-living thing (variation 3236).")
@@ -117,15 +117,10 @@ fn sciworld_shows_the_task_scales_the_score_and_rejects_out_of_range_tasks() {
     assert_eq!(s.reward, -1.0);
 
     // data_idx out of range: a 200 {"error"} that is an error of the creation.
-    let e = AgentGymEnv::connect(
-        &d.url(),
-        &spec("sciworld", 1),
-        SCIWORLD_TASKS,
-        options("sciworld", 0.01),
-    )
-    .err()
-    .expect("an out-of-range task is an error")
-    .to_string();
+    let e = connect(&d, "sciworld", 1, SCIWORLD_TASKS, 0.01)
+        .err()
+        .expect("an out-of-range task is an error")
+        .to_string();
     assert!(
         e.contains("POST /reset") && e.contains("list index out of range"),
         "{e}"
@@ -138,8 +133,7 @@ fn sciworld_shows_the_task_scales_the_score_and_rejects_out_of_range_tasks() {
 #[test]
 fn babyai_lists_actions_counts_invalid_ones_and_ends_on_a_server_error() {
     let d = DoubleServer::start(Kind::BabyAi);
-    let mut env =
-        AgentGymEnv::connect(&d.url(), &spec("babyai", 0), 42, options("babyai", 1.0)).unwrap();
+    let mut env = connect(&d, "babyai", 0, 42, 1.0).unwrap();
     assert_eq!(
         env.available_actions(),
         [
@@ -157,8 +151,7 @@ fn babyai_lists_actions_counts_invalid_ones_and_ends_on_a_server_error() {
     assert_eq!(s.reward, 0.859375, "the server's score");
 
     // Mid-episode the server forgets the session: 200 {"error"} ends the episode.
-    let mut env =
-        AgentGymEnv::connect(&d.url(), &spec("babyai", 1), 43, options("babyai", 1.0)).unwrap();
+    let mut env = connect(&d, "babyai", 1, 43, 1.0).unwrap();
     env.step("turn left").unwrap();
     d.forget(env.id().as_u64().unwrap());
     assert_eq!(env.step("turn right"), Err(StepError::EpisodeOver));

@@ -163,31 +163,29 @@ fn client_retries_until_the_server_comes_up() {
         )
         .unwrap()
     });
-    let spec = TaskSpec::new("counter", Split::Train, "easy", 2);
-    let opts = ClientOptions {
-        connect_retries: 8,
-        backoff: Duration::from_millis(50),
-        ..ClientOptions::default()
-    };
-    let mut env =
-        HttpEnv::connect_with(&format!("http://{addr}"), &spec, &EnvParams::new(), opts).unwrap();
+    let mut env = counter_with_retries(&format!("http://{addr}"), 8, 50);
     assert!(env.step("inc").is_ok());
     drop(env);
     let server = starter.join().unwrap();
     assert_eq!(server.live_sessions(), 0);
 }
 
+/// A counter session (seed 2) at `url`, connecting up to `retries` times
+/// `backoff_ms` apart.
+fn counter_with_retries(url: &str, retries: u32, backoff_ms: u64) -> HttpEnv {
+    let spec = TaskSpec::new("counter", Split::Train, "easy", 2);
+    let opts = ClientOptions {
+        connect_retries: retries,
+        backoff: Duration::from_millis(backoff_ms),
+        ..ClientOptions::default()
+    };
+    HttpEnv::connect_with(url, &spec, &EnvParams::new(), opts).unwrap()
+}
+
 #[test]
 fn a_dead_server_marks_the_env_done_with_an_error() {
     let server = background();
-    let spec = TaskSpec::new("counter", Split::Train, "easy", 2);
-    let opts = ClientOptions {
-        connect_retries: 1,
-        backoff: Duration::from_millis(10),
-        ..ClientOptions::default()
-    };
-    let mut env =
-        HttpEnv::connect_with(&server.base_url(), &spec, &EnvParams::new(), opts).unwrap();
+    let mut env = counter_with_retries(&server.base_url(), 1, 10);
     server.shutdown().unwrap();
     assert_eq!(env.step("inc"), Err(StepError::EpisodeOver));
     assert!(env.is_done());

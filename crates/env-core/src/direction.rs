@@ -57,6 +57,11 @@ impl Direction {
     }
 }
 
+/// The names of `order`'s directions, in its order (a grid env's actions).
+pub fn direction_names(order: &[Direction]) -> Vec<String> {
+    order.iter().map(|d| d.name().to_string()).collect()
+}
+
 /// Parse one move: a direction name (case-insensitive, surrounding
 /// whitespace ignored) or its 1-based index in `order`.
 pub fn parse_direction(text: &str, order: &[Direction; 4]) -> Result<Direction, ActionError> {

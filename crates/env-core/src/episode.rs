@@ -74,6 +74,14 @@ impl Episode {
         self.success
     }
 
+    /// `Env::available_actions`: none once the episode is over, else `actions()`.
+    pub fn offer(&self, actions: impl FnOnce() -> Vec<String>) -> Vec<String> {
+        match self.done {
+            true => Vec::new(),
+            false => actions(),
+        }
+    }
+
     /// The opening of every step: refuse once the episode is over, then parse
     /// the action text; a text that does not parse is counted as an invalid
     /// action and returned as the step's error.

@@ -24,7 +24,7 @@ pub mod testing;
 
 pub use cache::SharedCache;
 pub use descriptor::{EnvDescriptor, EnvFactory, EnvParams};
-pub use direction::{parse_direction, Direction};
+pub use direction::{direction_names, parse_direction, Direction};
 pub use env::{Env, Step, StepInfo};
 pub use episode::{Episode, Outcome};
 pub use error::{ActionError, EnvError, StepError};

@@ -345,11 +345,9 @@ impl Env for SearchQaEnv {
     }
 
     fn available_actions(&self) -> Vec<String> {
-        if self.episode.is_done() {
-            return Vec::new();
-        }
         // Free-text grammar: the question itself is the representative query.
-        vec![format!("search[{}]", self.question.question)]
+        self.episode
+            .offer(|| vec![format!("search[{}]", self.question.question)])
     }
 
     fn state_key(&self) -> u64 {

@@ -11,8 +11,9 @@ mod parser;
 mod solver;
 
 use agentrl_env_core::{
-    param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, Step, StepError, TaskConfig, TaskSpec, MAX_STEPS_PARAM,
+    direction_names, param_error, param_in_range, parse_params, stable_hash, task_rng, Env,
+    EnvDescriptor, EnvError, EnvParams, Episode, Outcome, Step, StepError, TaskConfig, TaskSpec,
+    MAX_STEPS_PARAM,
 };
 use serde::Deserialize;
 
@@ -335,10 +336,7 @@ impl Env for Sokoban {
     }
 
     fn available_actions(&self) -> Vec<String> {
-        if self.episode.is_done() {
-            return Vec::new();
-        }
-        ACTIONS.iter().map(|a| a.name().to_string()).collect()
+        self.episode.offer(|| direction_names(&ACTIONS))
     }
 
     fn state_key(&self) -> u64 {

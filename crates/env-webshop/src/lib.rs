@@ -666,10 +666,7 @@ impl Env for WebShopEnv {
     }
 
     fn available_actions(&self) -> Vec<String> {
-        if self.episode.is_done() {
-            return Vec::new();
-        }
-        match self.page {
+        self.episode.offer(|| match self.page {
             Page::Search => vec![format!(
                 "search[{}]",
                 expert::representative_query(&self.goal)
@@ -679,7 +676,7 @@ impl Env for WebShopEnv {
                 .into_iter()
                 .map(|c| format!("click[{c}]"))
                 .collect(),
-        }
+        })
     }
 
     fn state_key(&self) -> u64 {

@@ -10,30 +10,32 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
+use crate::kernels::Real;
+
 /// Rows below this many elements are processed on one thread.
 const PAR_MIN_ELEMS: usize = 1 << 16;
 
-/// Runs `f(row_index, input_rows, output_rows)` over `rows` rows of width
-/// `width`, splitting the rows across candle's thread count when large.
-fn par_rows<T: Copy + Send + Sync, F>(src: &[T], dst: &mut [T], width: usize, f: F)
+/// Runs `f(first_row, inputs_rows, output_rows)` over the `width`-wide rows
+/// of `dst` and of each of `inputs` (shaped like `dst`), splitting the rows
+/// across candle's thread count when large. Rows are independent, so the
+/// split does not change the result.
+fn par_rows<T: Copy + Send + Sync, F>(inputs: &[&[T]], dst: &mut [T], width: usize, f: F)
 where
-    F: Fn(usize, &[T], &mut [T]) + Sync,
+    F: Fn(usize, &[&[T]], &mut [T]) + Sync,
 {
-    let rows = src.len() / width.max(1);
+    let rows = dst.len() / width.max(1);
     let threads = candle_core::utils::get_num_threads().max(1);
-    if src.len() < PAR_MIN_ELEMS || threads == 1 || rows < 2 {
-        f(0, src, dst);
+    if dst.len() < PAR_MIN_ELEMS || threads == 1 || rows < 2 {
+        f(0, inputs, dst);
         return;
     }
     let per = rows.div_ceil(threads);
     std::thread::scope(|s| {
-        for (k, (sc, dc)) in src
-            .chunks(per * width)
-            .zip(dst.chunks_mut(per * width))
-            .enumerate()
-        {
+        for (k, dc) in dst.chunks_mut(per * width).enumerate() {
+            let start = k * per * width;
+            let part: Vec<&[T]> = inputs.iter().map(|x| &x[start..start + dc.len()]).collect();
             let f = &f;
-            s.spawn(move || f(k * per, sc, dc));
+            s.spawn(move || f(k * per, &part, dc));
         }
     });
 }
@@ -45,52 +47,115 @@ fn contiguous_slice<'a, T>(v: &'a [T], l: &Layout) -> Result<&'a [T]> {
     }
 }
 
-trait Float: Copy + Send + Sync + PartialOrd + 'static {
-    fn zero() -> Self;
-    fn to_f64(self) -> f64;
-    fn from_f64(v: f64) -> Self;
-    fn exp(self) -> Self;
-    fn sub(self, o: Self) -> Self;
-    fn mul(self, o: Self) -> Self;
-}
-impl Float for f32 {
-    fn zero() -> Self {
-        0.0
+/// A fused op: its CPU work written once for f32 and f64, and for the ops
+/// that train, its backward pass. [`Fused`] makes it a candle op.
+trait HostKernel: Send + Sync {
+    /// candle's name for the op.
+    const NAME: &'static str;
+
+    /// The output of the op for its contiguous inputs, all of one float
+    /// type; `dims` are the first input's.
+    fn run<T: Real>(&self, inputs: &[&[T]], dims: &[usize]) -> Vec<T>;
+
+    /// The output's shape for the first input's `dims`, or why the op does
+    /// not apply to them: by default the input's shape.
+    fn out_shape(&self, dims: &[usize]) -> Result<Shape> {
+        Ok(Shape::from(dims))
     }
-    fn to_f64(self) -> f64 {
-        self as f64
+
+    /// The gradient of a one-input op (candle's `CustomOp1::bwd`).
+    fn bwd1(&self, _arg: &Tensor, _res: &Tensor, _grad: &Tensor) -> Result<Option<Tensor>> {
+        candle_core::bail!("{} has no backward pass", Self::NAME)
     }
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-    fn exp(self) -> Self {
-        f32::exp(self)
-    }
-    fn sub(self, o: Self) -> Self {
-        self - o
-    }
-    fn mul(self, o: Self) -> Self {
-        self * o
+
+    /// The gradients of a two-input op (candle's `CustomOp2::bwd`).
+    fn bwd2(&self, _args: [&Tensor; 2], _res: &Tensor, _grad: &Tensor) -> Result<Grads2> {
+        candle_core::bail!("{} has no backward pass", Self::NAME)
     }
 }
-impl Float for f64 {
-    fn zero() -> Self {
-        0.0
+
+/// The gradients of a two-input op, one per input.
+type Grads2 = (Option<Tensor>, Option<Tensor>);
+
+/// A [`HostKernel`] as a candle op of one, two or three inputs.
+struct Fused<K>(K);
+
+/// The inputs as contiguous `T` slices, or `None` when one is not `T`.
+fn typed_inputs<'a, T: Real>(args: &[(&'a CpuStorage, &Layout)]) -> Result<Option<Vec<&'a [T]>>> {
+    let mut out = Vec::with_capacity(args.len());
+    for (storage, layout) in args {
+        let Some(v) = T::slice(storage) else {
+            return Ok(None);
+        };
+        out.push(contiguous_slice(v, layout)?);
     }
-    fn to_f64(self) -> f64 {
-        self
+    Ok(Some(out))
+}
+
+impl<K: HostKernel> Fused<K> {
+    /// Runs the kernel on CPU inputs that are all f32 or all f64.
+    fn cpu(&self, args: &[(&CpuStorage, &Layout)]) -> Result<(CpuStorage, Shape)> {
+        let dims = args[0].1.dims();
+        let shape = self.0.out_shape(dims)?;
+        if let Some(xs) = typed_inputs::<f32>(args)? {
+            return Ok((f32::storage(self.0.run(&xs, dims)), shape));
+        }
+        if let Some(xs) = typed_inputs::<f64>(args)? {
+            return Ok((f64::storage(self.0.run(&xs, dims)), shape));
+        }
+        candle_core::bail!("{}: f32/f64 only, every input the same", K::NAME)
     }
-    fn from_f64(v: f64) -> Self {
-        v
+}
+
+impl<K: HostKernel> CustomOp1 for Fused<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
     }
-    fn exp(self) -> Self {
-        f64::exp(self)
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.cpu(&[(s, l)])
     }
-    fn sub(self, o: Self) -> Self {
-        self - o
+
+    fn bwd(&self, arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        self.0.bwd1(arg, res, grad_res)
     }
-    fn mul(self, o: Self) -> Self {
-        self * o
+}
+
+impl<K: HostKernel> CustomOp2 for Fused<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.cpu(&[(s1, l1), (s2, l2)])
+    }
+
+    fn bwd(&self, a: &Tensor, b: &Tensor, res: &Tensor, grad_res: &Tensor) -> Result<Grads2> {
+        self.0.bwd2([a, b], res, grad_res)
+    }
+}
+
+impl<K: HostKernel> candle_core::CustomOp3 for Fused<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.cpu(&[(s1, l1), (s2, l2), (s3, l3)])
     }
 }
 
@@ -116,7 +181,7 @@ struct ScoreRows<'a> {
     pads: &'a [usize],
 }
 
-fn causal_softmax_rows<T: Float>(first_row: usize, src: &[T], dst: &mut [T], g: ScoreRows) {
+fn causal_softmax_rows<T: Real>(first_row: usize, src: &[T], dst: &mut [T], g: ScoreRows) {
     let (t, s) = (g.t, g.s);
     for (k, (x, y)) in src.chunks(s).zip(dst.chunks_mut(s)).enumerate() {
         let row = first_row + k;
@@ -124,7 +189,7 @@ fn causal_softmax_rows<T: Float>(first_row: usize, src: &[T], dst: &mut [T], g: 
         let lo = g.pads.get(row / g.rows_per_batch).copied().unwrap_or(0);
         let hi = (i + s - t + 1).min(s);
         if lo >= hi {
-            y.iter_mut().for_each(|v| *v = T::zero());
+            y.iter_mut().for_each(|v| *v = T::ZERO);
             continue;
         }
         let mut m = x[lo];
@@ -135,28 +200,25 @@ fn causal_softmax_rows<T: Float>(first_row: usize, src: &[T], dst: &mut [T], g: 
         }
         let mut sum = 0f64;
         for j in lo..hi {
-            let e = x[j].sub(m).exp();
+            let e = (x[j] - m).exp();
             y[j] = e;
             sum += e.to_f64();
         }
         let inv = T::from_f64(1.0 / sum);
         for v in &mut y[lo..hi] {
-            *v = v.mul(inv);
+            *v *= inv;
         }
         let (head, rest) = y.split_at_mut(lo);
         for v in head.iter_mut().chain(&mut rest[hi - lo..]) {
-            *v = T::zero();
+            *v = T::ZERO;
         }
     }
 }
 
-impl CustomOp1 for CausalSoftmax {
-    fn name(&self) -> &'static str {
-        "agentrl-causal-softmax"
-    }
+impl HostKernel for CausalSoftmax {
+    const NAME: &'static str = "agentrl-causal-softmax";
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let dims = layout.dims();
+    fn out_shape(&self, dims: &[usize]) -> Result<Shape> {
         if dims.len() < 2 {
             candle_core::bail!("causal softmax needs [.., T, S]")
         }
@@ -164,41 +226,35 @@ impl CustomOp1 for CausalSoftmax {
         if s < t {
             candle_core::bail!("causal softmax: {s} keys < {t} queries")
         }
+        Ok(Shape::from(dims))
+    }
+
+    fn bwd1(&self, _arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(softmax_bwd(res, grad_res)?))
+    }
+
+    fn run<T: Real>(&self, inputs: &[&[T]], dims: &[usize]) -> Vec<T> {
+        let (t, s) = (dims[dims.len() - 2], dims[dims.len() - 1]);
         // `left_padded_causal_softmax` has checked that pads match dims[0].
-        let rows = layout.shape().elem_count() / s.max(1);
+        let rows = inputs[0].len() / s.max(1);
         let g = ScoreRows {
             t,
             s,
             rows_per_batch: rows / dims[0].max(1),
             pads: &self.pads,
         };
-        let out = match storage {
-            CpuStorage::F32(v) => {
-                let x = contiguous_slice(v, layout)?;
-                let mut y = vec![0f32; x.len()];
-                par_rows(x, &mut y, s, |r, a, b| causal_softmax_rows(r, a, b, g));
-                CpuStorage::F32(y)
-            }
-            CpuStorage::F64(v) => {
-                let x = contiguous_slice(v, layout)?;
-                let mut y = vec![0f64; x.len()];
-                par_rows(x, &mut y, s, |r, a, b| causal_softmax_rows(r, a, b, g));
-                CpuStorage::F64(y)
-            }
-            _ => candle_core::bail!("causal softmax: f32/f64 only"),
-        };
-        Ok((out, layout.shape().clone()))
-    }
-
-    fn bwd(&self, _arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(softmax_bwd(res, grad_res)?))
+        let mut y = vec![T::ZERO; inputs[0].len()];
+        par_rows(inputs, &mut y, s, |r, x, y| {
+            causal_softmax_rows(r, x[0], y, g)
+        });
+        y
     }
 }
 
 /// `dx = p ⊙ (g − Σ_j g_j p_j)` row by row; masked keys have p = 0 and get 0.
 struct SoftmaxBwd;
 
-fn softmax_bwd_rows<T: Float>(p: &[T], g: &[T], dx: &mut [T], s: usize) {
+fn softmax_bwd_rows<T: Real>(p: &[T], g: &[T], dx: &mut [T], s: usize) {
     for ((pr, gr), dr) in p.chunks(s).zip(g.chunks(s)).zip(dx.chunks_mut(s)) {
         let dot: f64 = pr
             .iter()
@@ -207,69 +263,28 @@ fn softmax_bwd_rows<T: Float>(p: &[T], g: &[T], dx: &mut [T], s: usize) {
             .sum();
         let dot = T::from_f64(dot);
         for j in 0..s {
-            dr[j] = pr[j].mul(gr[j].sub(dot));
+            dr[j] = pr[j] * (gr[j] - dot);
         }
     }
 }
 
-impl CustomOp2 for SoftmaxBwd {
-    fn name(&self) -> &'static str {
-        "agentrl-softmax-bwd"
-    }
+impl HostKernel for SoftmaxBwd {
+    const NAME: &'static str = "agentrl-softmax-bwd";
 
-    fn cpu_fwd(
-        &self,
-        p: &CpuStorage,
-        pl: &Layout,
-        g: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let s = *pl.dims().last().unwrap_or(&1);
-        let out = match (p, g) {
-            (CpuStorage::F32(p), CpuStorage::F32(g)) => {
-                let (p, g) = (contiguous_slice(p, pl)?, contiguous_slice(g, gl)?);
-                let mut dx = vec![0f32; p.len()];
-                two_input_rows(p, g, &mut dx, s, softmax_bwd_rows);
-                CpuStorage::F32(dx)
-            }
-            (CpuStorage::F64(p), CpuStorage::F64(g)) => {
-                let (p, g) = (contiguous_slice(p, pl)?, contiguous_slice(g, gl)?);
-                let mut dx = vec![0f64; p.len()];
-                two_input_rows(p, g, &mut dx, s, softmax_bwd_rows);
-                CpuStorage::F64(dx)
-            }
-            _ => candle_core::bail!("softmax bwd: f32/f64 only, same dtype"),
-        };
-        Ok((out, pl.shape().clone()))
+    fn run<T: Real>(&self, inputs: &[&[T]], dims: &[usize]) -> Vec<T> {
+        let s = *dims.last().unwrap_or(&1);
+        let mut dx = vec![T::ZERO; inputs[0].len()];
+        par_rows(inputs, &mut dx, s, |_, pg, dx| {
+            softmax_bwd_rows(pg[0], pg[1], dx, s)
+        });
+        dx
     }
-}
-
-/// Splits rows of two same-shaped inputs and one output across threads.
-fn two_input_rows<T: Copy + Send + Sync>(
-    a: &[T],
-    b: &[T],
-    dst: &mut [T],
-    width: usize,
-    f: fn(&[T], &[T], &mut [T], usize),
-) {
-    let rows = a.len() / width.max(1);
-    let threads = candle_core::utils::get_num_threads().max(1);
-    if a.len() < PAR_MIN_ELEMS || threads == 1 || rows < 2 {
-        f(a, b, dst, width);
-        return;
-    }
-    let per = rows.div_ceil(threads) * width;
-    std::thread::scope(|s| {
-        for ((ac, bc), dc) in a.chunks(per).zip(b.chunks(per)).zip(dst.chunks_mut(per)) {
-            s.spawn(move || f(ac, bc, dc, width));
-        }
-    });
 }
 
 fn softmax_bwd(p: &Tensor, g: &Tensor) -> Result<Tensor> {
     let g = g.contiguous()?;
     if fused_ok(p) && g.dtype() == p.dtype() {
-        p.apply_op2_no_bwd(&g, &SoftmaxBwd)
+        p.apply_op2_no_bwd(&g, &Fused(SoftmaxBwd))
     } else {
         let dot = (&g * p)?.sum_keepdim(candle_core::D::Minus1)?;
         g.broadcast_sub(&dot)? * p
@@ -301,9 +316,10 @@ pub fn left_padded_causal_softmax(scores: &Tensor, pads: &[usize]) -> Result<Ten
         )
     }
     if fused_ok(&scores) {
-        return scores.apply_op1(CausalSoftmax {
+        let op = CausalSoftmax {
             pads: pads.to_vec(),
-        });
+        };
+        return scores.apply_op1(Fused(op));
     }
     let (t, s) = (scores.dims()[n - 2], scores.dims()[n - 1]);
     let neg = crate::qwen2::mask_value(scores.dtype());
@@ -332,7 +348,7 @@ pub fn left_padded_causal_softmax(scores: &Tensor, pads: &[usize]) -> Result<Ten
 /// `y = x − logsumexp(x)` over the last dim.
 struct LogSoftmax;
 
-fn log_softmax_rows<T: Float>(_r: usize, x: &[T], y: &mut [T], v: usize) {
+fn log_softmax_rows<T: Real>(x: &[T], y: &mut [T], v: usize) {
     for (xr, yr) in x.chunks(v).zip(y.chunks_mut(v)) {
         let mut m = xr[0];
         for &a in &xr[1..] {
@@ -340,90 +356,56 @@ fn log_softmax_rows<T: Float>(_r: usize, x: &[T], y: &mut [T], v: usize) {
                 m = a;
             }
         }
-        let sum: f64 = xr.iter().map(|a| a.sub(m).exp().to_f64()).sum();
+        let sum: f64 = xr.iter().map(|&a| (a - m).exp().to_f64()).sum();
         let lse = T::from_f64(m.to_f64() + sum.ln());
-        for (a, b) in xr.iter().zip(yr.iter_mut()) {
-            *b = a.sub(lse);
+        for (&a, b) in xr.iter().zip(yr.iter_mut()) {
+            *b = a - lse;
         }
     }
 }
 
-impl CustomOp1 for LogSoftmax {
-    fn name(&self) -> &'static str {
-        "agentrl-log-softmax"
-    }
+impl HostKernel for LogSoftmax {
+    const NAME: &'static str = "agentrl-log-softmax";
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let v = *layout.dims().last().unwrap_or(&1);
-        let out = match storage {
-            CpuStorage::F32(s) => {
-                let x = contiguous_slice(s, layout)?;
-                let mut y = vec![0f32; x.len()];
-                par_rows(x, &mut y, v, |r, a, b| log_softmax_rows(r, a, b, v));
-                CpuStorage::F32(y)
-            }
-            CpuStorage::F64(s) => {
-                let x = contiguous_slice(s, layout)?;
-                let mut y = vec![0f64; x.len()];
-                par_rows(x, &mut y, v, |r, a, b| log_softmax_rows(r, a, b, v));
-                CpuStorage::F64(y)
-            }
-            _ => candle_core::bail!("log-softmax: f32/f64 only"),
-        };
-        Ok((out, layout.shape().clone()))
-    }
-
-    fn bwd(&self, _arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+    fn bwd1(&self, _arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
         // dx = g − softmax(x) · Σ g, with softmax(x) = exp(y).
         let g = grad_res.contiguous()?;
         if fused_ok(res) && g.dtype() == res.dtype() {
-            return Ok(Some(res.apply_op2_no_bwd(&g, &LogSoftmaxBwd)?));
+            return Ok(Some(res.apply_op2_no_bwd(&g, &Fused(LogSoftmaxBwd))?));
         }
         let sum = g.sum_keepdim(candle_core::D::Minus1)?;
         Ok(Some((&g - res.exp()?.broadcast_mul(&sum)?)?))
+    }
+
+    fn run<T: Real>(&self, inputs: &[&[T]], dims: &[usize]) -> Vec<T> {
+        let v = *dims.last().unwrap_or(&1);
+        let mut y = vec![T::ZERO; inputs[0].len()];
+        par_rows(inputs, &mut y, v, |_, x, y| log_softmax_rows(x[0], y, v));
+        y
     }
 }
 
 struct LogSoftmaxBwd;
 
-fn log_softmax_bwd_rows<T: Float>(y: &[T], g: &[T], dx: &mut [T], v: usize) {
+fn log_softmax_bwd_rows<T: Real>(y: &[T], g: &[T], dx: &mut [T], v: usize) {
     for ((yr, gr), dr) in y.chunks(v).zip(g.chunks(v)).zip(dx.chunks_mut(v)) {
         let sum = T::from_f64(gr.iter().map(|a| a.to_f64()).sum::<f64>());
         for j in 0..v {
-            dr[j] = gr[j].sub(yr[j].exp().mul(sum));
+            dr[j] = gr[j] - yr[j].exp() * sum;
         }
     }
 }
 
-impl CustomOp2 for LogSoftmaxBwd {
-    fn name(&self) -> &'static str {
-        "agentrl-log-softmax-bwd"
-    }
+impl HostKernel for LogSoftmaxBwd {
+    const NAME: &'static str = "agentrl-log-softmax-bwd";
 
-    fn cpu_fwd(
-        &self,
-        y: &CpuStorage,
-        yl: &Layout,
-        g: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let v = *yl.dims().last().unwrap_or(&1);
-        let out = match (y, g) {
-            (CpuStorage::F32(y), CpuStorage::F32(g)) => {
-                let (y, g) = (contiguous_slice(y, yl)?, contiguous_slice(g, gl)?);
-                let mut dx = vec![0f32; y.len()];
-                two_input_rows(y, g, &mut dx, v, log_softmax_bwd_rows);
-                CpuStorage::F32(dx)
-            }
-            (CpuStorage::F64(y), CpuStorage::F64(g)) => {
-                let (y, g) = (contiguous_slice(y, yl)?, contiguous_slice(g, gl)?);
-                let mut dx = vec![0f64; y.len()];
-                two_input_rows(y, g, &mut dx, v, log_softmax_bwd_rows);
-                CpuStorage::F64(dx)
-            }
-            _ => candle_core::bail!("log-softmax bwd: f32/f64 only, same dtype"),
-        };
-        Ok((out, yl.shape().clone()))
+    fn run<T: Real>(&self, inputs: &[&[T]], dims: &[usize]) -> Vec<T> {
+        let v = *dims.last().unwrap_or(&1);
+        let mut dx = vec![T::ZERO; inputs[0].len()];
+        par_rows(inputs, &mut dx, v, |_, yg, dx| {
+            log_softmax_bwd_rows(yg[0], yg[1], dx, v)
+        });
+        dx
     }
 }
 
@@ -432,7 +414,7 @@ impl CustomOp2 for LogSoftmaxBwd {
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     let x = x.contiguous()?;
     if fused_ok(&x) {
-        return x.apply_op1(LogSoftmax);
+        return x.apply_op1(Fused(LogSoftmax));
     }
     Ok(crate::qwen2::log_softmax_last_dim(&x)?.0)
 }
@@ -444,38 +426,41 @@ struct RmsNorm {
     eps: f64,
 }
 
-fn rms_rows<T: Float>(x: &[T], w: &[T], y: &mut [T], d: usize, eps: f64) {
+/// `1 / sqrt(mean(x²) + ε)` of one row, in f64.
+fn inv_rms<T: Real>(xr: &[T], eps: f64) -> f64 {
+    let ms: f64 = xr.iter().map(|a| a.to_f64() * a.to_f64()).sum::<f64>() / xr.len() as f64;
+    1.0 / (ms + eps).sqrt()
+}
+
+fn rms_rows<T: Real>(x: &[T], w: &[T], y: &mut [T], d: usize, eps: f64) {
     for (xr, yr) in x.chunks(d).zip(y.chunks_mut(d)) {
-        let ms: f64 = xr.iter().map(|a| a.to_f64() * a.to_f64()).sum::<f64>() / d as f64;
-        let r = T::from_f64(1.0 / (ms + eps).sqrt());
+        let r = T::from_f64(inv_rms(xr, eps));
         for j in 0..d {
-            yr[j] = xr[j].mul(r).mul(w[j]);
+            yr[j] = xr[j] * r * w[j];
         }
     }
 }
 
 /// `dx = r·(g⊙w) − x · r³ · Σ(g⊙w⊙x) / d` per row.
-fn rms_bwd_x_rows<T: Float>(x: &[T], w: &[T], g: &[T], dx: &mut [T], d: usize, eps: f64) {
+fn rms_bwd_x_rows<T: Real>(x: &[T], w: &[T], g: &[T], dx: &mut [T], d: usize, eps: f64) {
     for ((xr, gr), dr) in x.chunks(d).zip(g.chunks(d)).zip(dx.chunks_mut(d)) {
-        let ms: f64 = xr.iter().map(|a| a.to_f64() * a.to_f64()).sum::<f64>() / d as f64;
-        let r = 1.0 / (ms + eps).sqrt();
+        let r = inv_rms(xr, eps);
         let dot: f64 = (0..d)
             .map(|j| gr[j].to_f64() * w[j].to_f64() * xr[j].to_f64())
             .sum();
         let c = T::from_f64(r * r * r * dot / d as f64);
         let r = T::from_f64(r);
         for j in 0..d {
-            dr[j] = r.mul(gr[j].mul(w[j])).sub(xr[j].mul(c));
+            dr[j] = r * (gr[j] * w[j]) - xr[j] * c;
         }
     }
 }
 
 /// `dw = Σ_rows g ⊙ x · r`.
-fn rms_bwd_w<T: Float>(x: &[T], g: &[T], d: usize, eps: f64) -> Vec<T> {
+fn rms_bwd_w<T: Real>(x: &[T], g: &[T], d: usize, eps: f64) -> Vec<T> {
     let mut acc = vec![0f64; d];
     for (xr, gr) in x.chunks(d).zip(g.chunks(d)) {
-        let ms: f64 = xr.iter().map(|a| a.to_f64() * a.to_f64()).sum::<f64>() / d as f64;
-        let r = 1.0 / (ms + eps).sqrt();
+        let r = inv_rms(xr, eps);
         for j in 0..d {
             acc[j] += gr[j].to_f64() * xr[j].to_f64() * r;
         }
@@ -483,69 +468,24 @@ fn rms_bwd_w<T: Float>(x: &[T], g: &[T], d: usize, eps: f64) -> Vec<T> {
     acc.into_iter().map(T::from_f64).collect()
 }
 
-/// Splits the rows of `x` (and `g`) across threads; `w` is shared.
-fn rows3<T: Copy + Send + Sync, F>(x: &[T], w: &[T], g: &[T], dst: &mut [T], d: usize, f: F)
-where
-    F: Fn(&[T], &[T], &[T], &mut [T]) + Sync,
-{
-    let rows = x.len() / d.max(1);
-    let threads = candle_core::utils::get_num_threads().max(1);
-    if x.len() < PAR_MIN_ELEMS || threads == 1 || rows < 2 {
-        f(x, w, g, dst);
-        return;
-    }
-    let per = rows.div_ceil(threads) * d;
-    std::thread::scope(|s| {
-        for ((xc, gc), dc) in x.chunks(per).zip(g.chunks(per)).zip(dst.chunks_mut(per)) {
-            let f = &f;
-            s.spawn(move || f(xc, w, gc, dc));
-        }
-    });
-}
+impl HostKernel for RmsNorm {
+    const NAME: &'static str = "agentrl-rms-norm";
 
-impl CustomOp2 for RmsNorm {
-    fn name(&self) -> &'static str {
-        "agentrl-rms-norm"
-    }
-
-    fn cpu_fwd(
-        &self,
-        x: &CpuStorage,
-        xl: &Layout,
-        w: &CpuStorage,
-        wl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let d = *xl.dims().last().unwrap_or(&1);
-        let eps = self.eps;
-        let out = match (x, w) {
-            (CpuStorage::F32(x), CpuStorage::F32(w)) => {
-                let (x, w) = (contiguous_slice(x, xl)?, contiguous_slice(w, wl)?);
-                let mut y = vec![0f32; x.len()];
-                rows3(x, w, x, &mut y, d, |a, w, _, o| rms_rows(a, w, o, d, eps));
-                CpuStorage::F32(y)
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(w)) => {
-                let (x, w) = (contiguous_slice(x, xl)?, contiguous_slice(w, wl)?);
-                let mut y = vec![0f64; x.len()];
-                rows3(x, w, x, &mut y, d, |a, w, _, o| rms_rows(a, w, o, d, eps));
-                CpuStorage::F64(y)
-            }
-            _ => candle_core::bail!("rms norm: f32/f64 only, same dtype"),
-        };
-        Ok((out, xl.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad_res: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd2(&self, [x, w]: [&Tensor; 2], _res: &Tensor, grad_res: &Tensor) -> Result<Grads2> {
         let g = grad_res.contiguous()?;
-        let dx = x.apply_op3_no_bwd(w, &g, &RmsNormBwdX { eps: self.eps })?;
-        let dw = x.apply_op2_no_bwd(&g, &RmsNormBwdW { eps: self.eps })?;
+        let dx = x.apply_op3_no_bwd(w, &g, &Fused(RmsNormBwdX { eps: self.eps }))?;
+        let dw = x.apply_op2_no_bwd(&g, &Fused(RmsNormBwdW { eps: self.eps }))?;
         Ok((Some(dx), Some(dw)))
+    }
+
+    /// Inputs `x` and `w`.
+    fn run<T: Real>(&self, inputs: &[&[T]], dims: &[usize]) -> Vec<T> {
+        let (d, w) = (*dims.last().unwrap_or(&1), inputs[1]);
+        let mut y = vec![T::ZERO; inputs[0].len()];
+        par_rows(&inputs[..1], &mut y, d, |_, x, y| {
+            rms_rows(x[0], w, y, d, self.eps)
+        });
+        y
     }
 }
 
@@ -553,44 +493,17 @@ struct RmsNormBwdX {
     eps: f64,
 }
 
-impl candle_core::CustomOp3 for RmsNormBwdX {
-    fn name(&self) -> &'static str {
-        "agentrl-rms-norm-bwd-x"
-    }
+impl HostKernel for RmsNormBwdX {
+    const NAME: &'static str = "agentrl-rms-norm-bwd-x";
 
-    fn cpu_fwd(
-        &self,
-        x: &CpuStorage,
-        xl: &Layout,
-        w: &CpuStorage,
-        wl: &Layout,
-        g: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let d = *xl.dims().last().unwrap_or(&1);
-        let eps = self.eps;
-        let out = match (x, w, g) {
-            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => {
-                let (x, w) = (contiguous_slice(x, xl)?, contiguous_slice(w, wl)?);
-                let g = contiguous_slice(g, gl)?;
-                let mut dx = vec![0f32; x.len()];
-                rows3(x, w, g, &mut dx, d, |a, w, g, o| {
-                    rms_bwd_x_rows(a, w, g, o, d, eps)
-                });
-                CpuStorage::F32(dx)
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => {
-                let (x, w) = (contiguous_slice(x, xl)?, contiguous_slice(w, wl)?);
-                let g = contiguous_slice(g, gl)?;
-                let mut dx = vec![0f64; x.len()];
-                rows3(x, w, g, &mut dx, d, |a, w, g, o| {
-                    rms_bwd_x_rows(a, w, g, o, d, eps)
-                });
-                CpuStorage::F64(dx)
-            }
-            _ => candle_core::bail!("rms norm bwd: f32/f64 only, same dtype"),
-        };
-        Ok((out, xl.shape().clone()))
+    /// Inputs `x`, `w` and the gradient `g`.
+    fn run<T: Real>(&self, inputs: &[&[T]], dims: &[usize]) -> Vec<T> {
+        let (d, w) = (*dims.last().unwrap_or(&1), inputs[1]);
+        let mut dx = vec![T::ZERO; inputs[0].len()];
+        par_rows(&[inputs[0], inputs[2]], &mut dx, d, |_, xg, dx| {
+            rms_bwd_x_rows(xg[0], w, xg[1], dx, d, self.eps)
+        });
+        dx
     }
 }
 
@@ -598,35 +511,16 @@ struct RmsNormBwdW {
     eps: f64,
 }
 
-impl CustomOp2 for RmsNormBwdW {
-    fn name(&self) -> &'static str {
-        "agentrl-rms-norm-bwd-w"
+impl HostKernel for RmsNormBwdW {
+    const NAME: &'static str = "agentrl-rms-norm-bwd-w";
+
+    fn out_shape(&self, dims: &[usize]) -> Result<Shape> {
+        Ok(Shape::from(*dims.last().unwrap_or(&1)))
     }
 
-    fn cpu_fwd(
-        &self,
-        x: &CpuStorage,
-        xl: &Layout,
-        g: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let d = *xl.dims().last().unwrap_or(&1);
-        let out = match (x, g) {
-            (CpuStorage::F32(x), CpuStorage::F32(g)) => CpuStorage::F32(rms_bwd_w(
-                contiguous_slice(x, xl)?,
-                contiguous_slice(g, gl)?,
-                d,
-                self.eps,
-            )),
-            (CpuStorage::F64(x), CpuStorage::F64(g)) => CpuStorage::F64(rms_bwd_w(
-                contiguous_slice(x, xl)?,
-                contiguous_slice(g, gl)?,
-                d,
-                self.eps,
-            )),
-            _ => candle_core::bail!("rms norm bwd: f32/f64 only, same dtype"),
-        };
-        Ok((out, Shape::from(d)))
+    /// Inputs `x` and the gradient `g`.
+    fn run<T: Real>(&self, inputs: &[&[T]], dims: &[usize]) -> Vec<T> {
+        rms_bwd_w(inputs[0], inputs[1], *dims.last().unwrap_or(&1), self.eps)
     }
 }
 
@@ -635,7 +529,7 @@ impl CustomOp2 for RmsNormBwdW {
 /// so the caller uses the composite.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Option<Result<Tensor>> {
     if fused_ok(x) && fused_ok(w) && x.dtype() == w.dtype() {
-        Some(x.apply_op2(w, RmsNorm { eps }))
+        Some(x.apply_op2(w, Fused(RmsNorm { eps })))
     } else {
         None
     }
@@ -657,9 +551,31 @@ struct RopeHeads {
     adjoint: bool,
 }
 
-impl RopeHeads {
-    fn run<T: Float>(&self, x: &[T], dims: &[usize]) -> Vec<T> {
-        let mut out = vec![T::zero(); x.len()];
+impl HostKernel for RopeHeads {
+    const NAME: &'static str = "agentrl-rope-heads";
+
+    fn out_shape(&self, dims: &[usize]) -> Result<Shape> {
+        if dims.len() != 4 || !dims[3].is_multiple_of(2) {
+            candle_core::bail!("rope: expected [B, T, H, D] with even D, got {dims:?}")
+        }
+        let t = if self.adjoint { dims[2] } else { dims[1] };
+        if self.cos.len() != t * dims[3] / 2 {
+            candle_core::bail!("rope: tables do not fit {dims:?}")
+        }
+        Ok(Shape::from((dims[0], dims[2], dims[1], dims[3])))
+    }
+
+    fn bwd1(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        let adj = RopeHeads {
+            adjoint: !self.adjoint,
+            ..self.clone()
+        };
+        Ok(Some(grad_res.contiguous()?.apply_op1(Fused(adj))?))
+    }
+
+    fn run<T: Real>(&self, inputs: &[&[T]], dims: &[usize]) -> Vec<T> {
+        let x = inputs[0];
+        let mut out = vec![T::ZERO; x.len()];
         // dims are the input's: [B, T, H, D] forward, [B, H, T, D] adjoint.
         let (b, d) = (dims[0], dims[3]);
         let (t, h) = if self.adjoint {
@@ -698,38 +614,6 @@ impl RopeHeads {
     }
 }
 
-impl CustomOp1 for RopeHeads {
-    fn name(&self) -> &'static str {
-        "agentrl-rope-heads"
-    }
-
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let dims = layout.dims();
-        if dims.len() != 4 || !dims[3].is_multiple_of(2) {
-            candle_core::bail!("rope: expected [B, T, H, D] with even D, got {dims:?}")
-        }
-        let t = if self.adjoint { dims[2] } else { dims[1] };
-        if self.cos.len() != t * dims[3] / 2 {
-            candle_core::bail!("rope: tables do not fit {dims:?}")
-        }
-        let out = match storage {
-            CpuStorage::F32(v) => CpuStorage::F32(self.run(contiguous_slice(v, layout)?, dims)),
-            CpuStorage::F64(v) => CpuStorage::F64(self.run(contiguous_slice(v, layout)?, dims)),
-            _ => candle_core::bail!("rope: f32/f64 only"),
-        };
-        let shape = Shape::from((dims[0], dims[2], dims[1], dims[3]));
-        Ok((out, shape))
-    }
-
-    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
-        let adj = RopeHeads {
-            adjoint: !self.adjoint,
-            ..self.clone()
-        };
-        Ok(Some(grad_res.contiguous()?.apply_op1(adj)?))
-    }
-}
-
 /// Rotates `x: [B, T, H, D]` with tables `cos, sin: [T, D/2]` (the same
 /// positions for every sequence), scales by `scale` and returns
 /// `[B, H, T, D]` contiguous, differentiably; `None` when the fused CPU
@@ -752,7 +636,7 @@ pub fn rope_to_heads(x: &Tensor, cos: &Tensor, sin: &Tensor, scale: f64) -> Opti
             scale,
             adjoint: false,
         };
-        x.apply_op1(op)
+        x.apply_op1(Fused(op))
     })())
 }
 
@@ -868,18 +752,8 @@ mod tests {
             let comp = crate::qwen2::softmax_last_dim(&x.as_tensor().broadcast_add(&mask).unwrap())
                 .unwrap();
             assert!(max_abs_diff(&fused, &comp) < 1e-12);
-            let gf = (&fused * &w)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            let gc = (&comp * &w).unwrap().sum_all().unwrap().backward().unwrap();
-            let (gf, gc) = (
-                gf.get(x.as_tensor()).unwrap(),
-                gc.get(x.as_tensor()).unwrap(),
-            );
-            assert!(max_abs_diff(gf, gc) < 1e-12);
+            let (gf, gc) = (weighted_grad(&fused, &w, &x), weighted_grad(&comp, &w, &x));
+            assert!(max_abs_diff(&gf, &gc) < 1e-12);
         }
     }
 
@@ -890,18 +764,8 @@ mod tests {
         let fused = log_softmax(x.as_tensor()).unwrap();
         let (comp, _) = crate::qwen2::log_softmax_last_dim(x.as_tensor()).unwrap();
         assert!(max_abs_diff(&fused, &comp) < 1e-12);
-        let gf = (&fused * &w)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let gc = (&comp * &w).unwrap().sum_all().unwrap().backward().unwrap();
-        let (gf, gc) = (
-            gf.get(x.as_tensor()).unwrap(),
-            gc.get(x.as_tensor()).unwrap(),
-        );
-        assert!(max_abs_diff(gf, gc) < 1e-12);
+        let (gf, gc) = (weighted_grad(&fused, &w, &x), weighted_grad(&comp, &w, &x));
+        assert!(max_abs_diff(&gf, &gc) < 1e-12);
     }
 
     #[test]
@@ -931,19 +795,9 @@ mod tests {
             .broadcast_mul(w.as_tensor())
             .unwrap();
         assert!(max_abs_diff(&fused, &comp) < 1e-12);
-        let gf = (&fused * &c)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let gc = (&comp * &c).unwrap().sum_all().unwrap().backward().unwrap();
         for v in [&x, &w] {
-            let (a, b) = (
-                gf.get(v.as_tensor()).unwrap(),
-                gc.get(v.as_tensor()).unwrap(),
-            );
-            assert!(max_abs_diff(a, b) < 1e-12);
+            let (a, b) = (weighted_grad(&fused, &c, v), weighted_grad(&comp, &c, v));
+            assert!(max_abs_diff(&a, &b) < 1e-12);
         }
     }
 
@@ -977,17 +831,7 @@ mod tests {
             .unwrap();
         assert_eq!(fused.dims(), &[b, h, t, d]);
         assert!(max_abs_diff(&fused, &comp) < 1e-12);
-        let gf = (&fused * &w)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let gc = (&comp * &w).unwrap().sum_all().unwrap().backward().unwrap();
-        let (gf, gc) = (
-            gf.get(x.as_tensor()).unwrap(),
-            gc.get(x.as_tensor()).unwrap(),
-        );
-        assert!(max_abs_diff(gf, gc) < 1e-12);
+        let (gf, gc) = (weighted_grad(&fused, &w, &x), weighted_grad(&comp, &w, &x));
+        assert!(max_abs_diff(&gf, &gc) < 1e-12);
     }
 }

@@ -1,14 +1,13 @@
 //! Saving and loading Hugging Face checkpoint directories, and their errors.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use agentrl_model::{ModelConfig, ModelError, PolicyModel};
 use candle_core::{DType, Device, Tensor};
 
-fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/qwen2-tiny")
-}
+mod qwen2_tiny;
+use qwen2_tiny::fixture_dir;
 
 fn logits(model: &PolicyModel) -> Vec<Vec<f32>> {
     let ids: Vec<u32> = (0..24)
@@ -42,6 +41,18 @@ fn fixture_tensors() -> HashMap<String, Tensor> {
 fn write_checkpoint(dir: &Path, tensors: &HashMap<String, Tensor>) {
     std::fs::copy(fixture_dir().join("config.json"), dir.join("config.json")).unwrap();
     candle_core::safetensors::save(tensors, dir.join("model.safetensors")).unwrap();
+}
+
+/// A fresh directory holding a copy of the fixture's file `name`.
+fn dir_with_fixture(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture_dir().join(name), dir.path().join(name)).unwrap();
+    dir
+}
+
+/// `PolicyModel::load` of `dir`, which must fail.
+fn load_error(dir: &Path) -> ModelError {
+    PolicyModel::load(dir, false, &Device::Cpu).unwrap_err()
 }
 
 fn llama_config() -> ModelConfig {
@@ -131,12 +142,7 @@ fn fixture_round_trip_keeps_logits_and_adds_value_head() {
 #[test]
 fn sharded_checkpoint_loads_like_the_single_file() {
     let tensors = fixture_tensors();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        fixture_dir().join("config.json"),
-        dir.path().join("config.json"),
-    )
-    .unwrap();
+    let dir = dir_with_fixture("config.json");
     let mut shards = [HashMap::new(), HashMap::new()];
     let mut weight_map = serde_json::Map::new();
     for (i, (name, t)) in tensors.iter().enumerate() {
@@ -194,7 +200,7 @@ fn wrong_shape_error_names_the_tensor_and_file() {
     );
     let dir = tempfile::tempdir().unwrap();
     write_checkpoint(dir.path(), &tensors);
-    let err = PolicyModel::load(dir.path(), false, &Device::Cpu).unwrap_err();
+    let err = load_error(dir.path());
     assert!(matches!(err, ModelError::ShapeMismatch { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(
@@ -210,45 +216,35 @@ fn missing_tensor_error_names_the_tensor() {
     tensors.remove(name);
     let dir = tempfile::tempdir().unwrap();
     write_checkpoint(dir.path(), &tensors);
-    let err = PolicyModel::load(dir.path(), false, &Device::Cpu).unwrap_err();
+    let err = load_error(dir.path());
     assert!(matches!(err, ModelError::MissingTensor { .. }), "{err:?}");
     assert!(err.to_string().contains(name), "{err}");
 }
 
 #[test]
 fn corrupt_file_error_names_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        fixture_dir().join("config.json"),
-        dir.path().join("config.json"),
-    )
-    .unwrap();
+    let dir = dir_with_fixture("config.json");
     let bytes = std::fs::read(fixture_dir().join("model.safetensors")).unwrap();
     std::fs::write(
         dir.path().join("model.safetensors"),
         &bytes[..bytes.len() / 2],
     )
     .unwrap();
-    let err = PolicyModel::load(dir.path(), false, &Device::Cpu).unwrap_err();
+    let err = load_error(dir.path());
     assert!(matches!(err, ModelError::CorruptFile { .. }), "{err:?}");
     assert!(err.to_string().contains("model.safetensors"), "{err}");
 }
 
 #[test]
 fn bad_config_json_error_names_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        fixture_dir().join("model.safetensors"),
-        dir.path().join("model.safetensors"),
-    )
-    .unwrap();
+    let dir = dir_with_fixture("model.safetensors");
     for bad in [
         "{not json",
         r#"{"vocab_size": 10}"#,
         r#"{"vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 3, "num_key_value_heads": 2}"#,
     ] {
         std::fs::write(dir.path().join("config.json"), bad).unwrap();
-        let err = PolicyModel::load(dir.path(), false, &Device::Cpu).unwrap_err();
+        let err = load_error(dir.path());
         assert!(matches!(err, ModelError::Config { .. }), "{err:?}");
         assert!(err.to_string().contains("config.json"), "{err}");
     }
@@ -256,12 +252,7 @@ fn bad_config_json_error_names_the_file() {
 
 #[test]
 fn missing_weights_file_error_names_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        fixture_dir().join("config.json"),
-        dir.path().join("config.json"),
-    )
-    .unwrap();
-    let err = PolicyModel::load(dir.path(), false, &Device::Cpu).unwrap_err();
+    let dir = dir_with_fixture("config.json");
+    let err = load_error(dir.path());
     assert!(err.to_string().contains("model.safetensors"), "{err}");
 }

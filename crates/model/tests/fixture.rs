@@ -1,37 +1,28 @@
 //! The model against transformers' own outputs for the qwen2-tiny fixture
 //! (tests/data/qwen2-tiny, copied from /work/shared/fixtures).
 
-use std::path::PathBuf;
-
 use agentrl_model::{PolicyModel, SamplingParams};
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/qwen2-tiny")
+mod qwen2_tiny;
+use qwen2_tiny::{f64s, fixture_dir, reference, u32s};
+
+/// The reference, the model, and the reference's token ids under `key`.
+fn fixture_with(key: &str) -> (Value, PolicyModel, Vec<u32>) {
+    let r = reference();
+    let ids = u32s(&r[key]);
+    (r, load(), ids)
 }
 
-fn reference() -> Value {
-    let text = std::fs::read_to_string(fixture_dir().join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array()
+/// A 1-D tensor's values as f64 on the host.
+fn host_f64(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(candle_core::DType::F64)
         .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn f64s(v: &Value) -> Vec<f64> {
-    v.as_array()
+        .to_vec1()
         .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
 }
 
 fn load() -> PolicyModel {
@@ -63,9 +54,7 @@ fn logits_of(model: &PolicyModel, ids: &[u32]) -> Vec<Vec<f64>> {
 
 #[test]
 fn logits_match_transformers_within_1e4() {
-    let r = reference();
-    let model = load();
-    let ids = u32s(&r["input_ids"]);
+    let (r, model, ids) = fixture_with("input_ids");
     let logits = logits_of(&model, &ids);
     assert_close(
         &logits[ids.len() - 1],
@@ -117,9 +106,7 @@ fn rope_theta_accepted_from_either_config_key_alone() {
 
 #[test]
 fn greedy_continuation_matches_transformers_exactly() {
-    let r = reference();
-    let model = load();
-    let ids = u32s(&r["input_ids"]);
+    let (r, model, ids) = fixture_with("input_ids");
     let want = u32s(&r["greedy_new_ids"]);
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let g = model
@@ -131,18 +118,9 @@ fn greedy_continuation_matches_transformers_exactly() {
 
 #[test]
 fn second_sequence_logprobs_match_transformers() {
-    let r = reference();
-    let model = load();
-    let ids = u32s(&r["second_input_ids"]);
+    let (r, model, ids) = fixture_with("second_input_ids");
     let out = model.sequence_logprobs(&[ids]).unwrap();
-    let lp: Vec<f64> = out
-        .logprobs
-        .squeeze(0)
-        .unwrap()
-        .to_dtype(candle_core::DType::F64)
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let lp = host_f64(&out.logprobs.squeeze(0).unwrap());
     assert_close(
         &lp,
         &f64s(&r["second_logprobs_of_next_token"]),
@@ -153,9 +131,7 @@ fn second_sequence_logprobs_match_transformers() {
 
 #[test]
 fn nll_and_every_parameter_gradient_match_transformers() {
-    let r = reference();
-    let model = load();
-    let ids = u32s(&r["input_ids"]);
+    let (r, model, ids) = fixture_with("input_ids");
     let out = model.sequence_logprobs(&[ids]).unwrap();
     let nll = out.logprobs.mean_all().unwrap().neg().unwrap();
     let nll_value = nll.to_scalar::<f32>().unwrap() as f64;
@@ -199,13 +175,7 @@ fn nll_and_every_parameter_gradient_match_transformers() {
         .iter()
         .find(|(n, _)| n == "model.layers.0.input_layernorm.weight")
         .unwrap();
-    let full: Vec<f64> = grads
-        .get(ln0.as_tensor())
-        .unwrap()
-        .to_dtype(candle_core::DType::F64)
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let full = host_f64(grads.get(ln0.as_tensor()).unwrap());
     assert_close(
         &full,
         &f64s(&r["grad_full_layer0_input_layernorm"]),

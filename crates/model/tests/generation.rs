@@ -1,28 +1,30 @@
 //! Batched KV-cache generation against full forward passes and one-by-one generation.
 
-use std::path::PathBuf;
-
-use agentrl_model::{PolicyModel, SamplingParams};
+use agentrl_model::{Generation, PolicyModel, SamplingParams};
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+mod qwen2_tiny;
+use qwen2_tiny::{fixture_dir, reference, u32s};
+
 fn fixture_model() -> PolicyModel {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/qwen2-tiny");
-    PolicyModel::load(&dir, false, &Device::Cpu).unwrap()
+    PolicyModel::load(&fixture_dir(), false, &Device::Cpu).unwrap()
 }
 
 fn fixture_ids() -> Vec<u32> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/qwen2-tiny");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    r["input_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    u32s(&reference()["input_ids"])
+}
+
+/// The one greedy or sampled continuation of `prompt`.
+fn generate_one(
+    model: &PolicyModel,
+    prompt: &[u32],
+    params: &SamplingParams,
+    rng: &mut ChaCha8Rng,
+) -> Generation {
+    let prompts = [prompt.to_vec()];
+    model.generate(&prompts, params, rng).unwrap().remove(0)
 }
 
 /// Ragged prompts cut from the fixture's chat ids.
@@ -47,14 +49,7 @@ fn kv_cache_generation_equals_full_forward_token_by_token() {
     let model = fixture_model();
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     for prompt in ragged_prompts() {
-        let gen = model
-            .generate(
-                std::slice::from_ref(&prompt),
-                &SamplingParams::greedy(12),
-                &mut rng,
-            )
-            .unwrap()
-            .remove(0);
+        let gen = generate_one(&model, &prompt, &SamplingParams::greedy(12), &mut rng);
         assert_eq!(gen.tokens.len(), 12);
         let mut seq = prompt.clone();
         for (tok, lp) in gen.tokens.iter().zip(&gen.logprobs) {
@@ -95,10 +90,7 @@ fn batched_ragged_generation_equals_one_by_one() {
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let batched = model.generate(&prompts, &params, &mut rng).unwrap();
     for (p, b) in prompts.iter().zip(&batched) {
-        let single = model
-            .generate(std::slice::from_ref(p), &params, &mut rng)
-            .unwrap()
-            .remove(0);
+        let single = generate_one(&model, p, &params, &mut rng);
         assert_eq!(b.tokens, single.tokens);
         for (x, y) in b.logprobs.iter().zip(&single.logprobs) {
             assert!((x - y).abs() < 1e-4, "{x} vs {y}");
@@ -190,24 +182,14 @@ fn generation_stops_after_a_stop_token_and_includes_it() {
     let model = fixture_model();
     let prompt = fixture_ids();
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let free = model
-        .generate(
-            std::slice::from_ref(&prompt),
-            &SamplingParams::greedy(10),
-            &mut rng,
-        )
-        .unwrap()
-        .remove(0);
+    let free = generate_one(&model, &prompt, &SamplingParams::greedy(10), &mut rng);
     let stop = free.tokens[3];
     let first = free.tokens.iter().position(|&t| t == stop).unwrap();
     let params = SamplingParams {
         stop_tokens: vec![stop],
         ..SamplingParams::greedy(10)
     };
-    let g = model
-        .generate(&[prompt], &params, &mut rng)
-        .unwrap()
-        .remove(0);
+    let g = generate_one(&model, &prompt, &params, &mut rng);
     assert!(g.stopped);
     assert_eq!(g.tokens, free.tokens[..=first].to_vec());
     assert_eq!(g.logprobs.len(), g.tokens.len());

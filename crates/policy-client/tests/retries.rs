@@ -100,13 +100,11 @@ fn options(addr: SocketAddr) -> OpenAiOptions {
     }
 }
 
+/// Greedy, four tokens, stopping at id 2.
 fn params() -> SamplingParams {
     SamplingParams {
-        max_new_tokens: 4,
-        temperature: 0.0,
-        top_p: 1.0,
-        top_k: 0,
         stop_tokens: vec![2],
+        ..SamplingParams::greedy(4)
     }
 }
 

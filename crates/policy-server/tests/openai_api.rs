@@ -4,8 +4,6 @@
 //! stop strings and stop tokens cut as vLLM cuts, the chat route renders the
 //! checkpoint's template, and every bad request is a 400 naming its field.
 
-use std::path::PathBuf;
-
 use agentrl_model::{PolicyModel, SamplingParams};
 use agentrl_policy_client::{OpenAiOptions, OpenAiPolicy};
 use agentrl_policy_server::{BackgroundPolicyServer, PolicyServerConfig, ServedModel};
@@ -15,22 +13,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
-fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny")
-}
-
-fn reference() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture_dir().join("reference.json")).unwrap())
-        .unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
+#[path = "../../model/tests/qwen2_tiny/mod.rs"]
+mod qwen2_tiny;
+use qwen2_tiny::{fixture_dir, reference, u32s as ids};
 
 fn model() -> PolicyModel {
     PolicyModel::load(

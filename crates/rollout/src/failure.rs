@@ -469,10 +469,16 @@ mod tests {
         assert_eq!(labels(&t), [FailureLabel::InvalidFormat]);
     }
 
+    /// A failed one-turn episode whose only action the environment rejected.
+    fn rejected(action: &str) -> Trajectory {
+        let mut t = failed(vec![turn(1, ROOM, &[action])]);
+        t.turns[0].invalid_actions = 1;
+        t
+    }
+
     #[test]
     fn invalid_action_is_one_the_environment_rejected() {
-        let mut t = failed(vec![turn(1, ROOM, &["fly to fridge 1"])]);
-        t.turns[0].invalid_actions = 1;
+        let t = rejected("fly to fridge 1");
         assert_eq!(labels(&t), [FailureLabel::InvalidAction]);
     }
 
@@ -546,8 +552,7 @@ mod tests {
     #[test]
     fn a_rejected_action_is_invalid_not_inconsistent() {
         // `<answer>Right` did not parse as a move: it names no object.
-        let mut t = failed(vec![turn(1, ROOM, &["<answer>Right"])]);
-        t.turns[0].invalid_actions = 1;
+        let t = rejected("<answer>Right");
         assert_eq!(labels(&t), [FailureLabel::InvalidAction]);
     }
 

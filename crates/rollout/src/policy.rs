@@ -23,6 +23,19 @@ pub struct SamplingParams {
     pub stop_tokens: Vec<u32>,
 }
 
+impl SamplingParams {
+    /// Greedy decoding of up to `max_new_tokens` that stops at no token.
+    pub fn greedy(max_new_tokens: usize) -> Self {
+        SamplingParams {
+            max_new_tokens,
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            stop_tokens: Vec::new(),
+        }
+    }
+}
+
 /// One generated continuation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {

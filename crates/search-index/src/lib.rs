@@ -490,6 +490,26 @@ mod tests {
         ]
     }
 
+    /// [`corpus`] as documents, kept for the whole test run.
+    fn docs() -> Vec<DocRef<'static>> {
+        static CORPUS: std::sync::LazyLock<Vec<(String, String)>> =
+            std::sync::LazyLock::new(corpus);
+        refs(&CORPUS)
+    }
+
+    /// A fresh cache directory and its location (kept while the first lives).
+    fn disk_cache() -> (tempfile::TempDir, IndexLocation) {
+        let tmp = tempfile::tempdir().unwrap();
+        let loc = IndexLocation::Dir(tmp.path().to_path_buf());
+        (tmp, loc)
+    }
+
+    /// The test corpus indexed in memory.
+    fn memory_index() -> SearchIndex {
+        let docs = docs();
+        SearchIndex::open_or_build(&docs, data_hash(&docs), &IndexLocation::Memory).unwrap()
+    }
+
     fn refs(c: &[(String, String)]) -> Vec<DocRef<'_>> {
         c.iter()
             .map(|(t, b)| DocRef { title: t, body: b })
@@ -498,10 +518,7 @@ mod tests {
 
     #[test]
     fn bm25_ranks_title_match_first() {
-        let c = corpus();
-        let docs = refs(&c);
-        let idx =
-            SearchIndex::open_or_build(&docs, data_hash(&docs), &IndexLocation::Memory).unwrap();
+        let idx = memory_index();
         let hits = idx.search("dark roast coffee", 0, 3).unwrap();
         assert_eq!(hits[0].doc, 0);
         assert!(hits.iter().any(|h| h.doc == 3));
@@ -512,10 +529,7 @@ mod tests {
 
     #[test]
     fn odd_queries_do_not_fail() {
-        let c = corpus();
-        let docs = refs(&c);
-        let idx =
-            SearchIndex::open_or_build(&docs, data_hash(&docs), &IndexLocation::Memory).unwrap();
+        let idx = memory_index();
         for q in [
             "",
             "   ",
@@ -532,10 +546,7 @@ mod tests {
 
     #[test]
     fn pagination_offsets_the_ranking() {
-        let c = corpus();
-        let docs = refs(&c);
-        let idx =
-            SearchIndex::open_or_build(&docs, data_hash(&docs), &IndexLocation::Memory).unwrap();
+        let idx = memory_index();
         let all = idx.search("coffee tea", 0, 10).unwrap();
         let page2 = idx.search("coffee tea", 1, 10).unwrap();
         assert_eq!(&all[1..], &page2[..]);
@@ -544,11 +555,8 @@ mod tests {
 
     #[test]
     fn disk_cache_is_reused_and_keyed_by_data() {
-        let tmp = tempfile::tempdir().unwrap();
-        let loc = IndexLocation::Dir(tmp.path().to_path_buf());
-        let c = corpus();
-        let docs = refs(&c);
-        let h = data_hash(&docs);
+        let (tmp, loc) = disk_cache();
+        let (docs, h) = (docs(), data_hash(&docs()));
         let a = SearchIndex::open_or_build(&docs, h, &loc).unwrap();
         let entry = tmp.path().join(format!("{h:016x}"));
         assert!(entry.join(COMPLETE_MARKER).is_file());
@@ -584,11 +592,8 @@ mod tests {
 
     #[test]
     fn damaged_cache_entry_is_rebuilt() {
-        let tmp = tempfile::tempdir().unwrap();
-        let loc = IndexLocation::Dir(tmp.path().to_path_buf());
-        let c = corpus();
-        let docs = refs(&c);
-        let h = data_hash(&docs);
+        let (tmp, loc) = disk_cache();
+        let (docs, h) = (docs(), data_hash(&docs()));
         let entry = tmp.path().join(format!("{h:016x}"));
         std::fs::create_dir_all(&entry).unwrap();
         std::fs::write(entry.join(COMPLETE_MARKER), "x").unwrap();
@@ -598,8 +603,7 @@ mod tests {
 
     #[test]
     fn shared_index_returns_the_same_instance() {
-        let c = corpus();
-        let docs = refs(&c);
+        let docs = docs();
         let h = data_hash(&docs) ^ 0x5eed; // private key for this test
         let a = shared_index(&docs, h, &IndexLocation::Memory).unwrap();
         let b = shared_index(&docs, h, &IndexLocation::Memory).unwrap();

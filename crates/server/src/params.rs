@@ -221,6 +221,14 @@ mod tests {
         assert_eq!(by_env["webshop"]["catalog_size"], json!(500));
     }
 
+    /// Each setting alone is refused with an error naming it and saying `says`.
+    fn assert_refused(cases: &[(&str, &str)]) {
+        for &(setting, says) in cases {
+            let e = parse(&[setting]).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains(setting), "{setting}: {e}");
+        }
+    }
+
     #[test]
     fn a_scoped_difficulty_is_a_default_not_a_param() {
         let p = parse(&["babyai.difficulty=hard", "textcraft.difficulty=\"depth2\""]).unwrap();
@@ -230,28 +238,22 @@ mod tests {
         assert_eq!(p.iter().count(), 0, "no env gets a 'difficulty' param");
         let sokoban = agentrl_envs::find("sokoban").unwrap();
         assert_eq!(p.default_difficulty(&sokoban), sokoban.difficulties[0]);
-        for (setting, says) in [
+        assert_refused(&[
             ("difficulty=hard", "needs its env"),
             ("babyai.difficulty=impossible", "no difficulty 'impossible'"),
             ("chess.difficulty=hard", "not a served environment"),
-        ] {
-            let e = parse(&[setting]).unwrap_err().to_string();
-            assert!(e.contains(says) && e.contains(setting), "{setting}: {e}");
-        }
+        ]);
     }
 
     #[test]
     fn bad_settings_name_what_is_wrong() {
-        for (setting, says) in [
+        assert_refused(&[
             ("corpus", "KEY=VALUE"),
             ("=3", "KEY=VALUE"),
             ("chess.size=3", "not a served environment"),
             ("frozenlake.corpus=/x", "has no parameter 'corpus'"),
             ("no_such_key=1", "no served environment"),
-        ] {
-            let e = parse(&[setting]).unwrap_err().to_string();
-            assert!(e.contains(says) && e.contains(setting), "{setting}: {e}");
-        }
+        ]);
     }
 
     #[test]

@@ -14,8 +14,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{start, test_config};
-use reqwest::{Client, StatusCode};
+use common::{serve, start, test_config, Api};
 use serde_json::{json, Value};
 
 /// The envs `agentrl serve` speaks AgentGym's dialect for (sciworld: no env).
@@ -141,24 +140,6 @@ fn created_id(v: &Value) -> Option<u64> {
     v.get("id").and_then(Value::as_u64).or_else(|| v.as_u64())
 }
 
-async fn send(c: &Client, method: &str, url: &str, body: Option<&Value>) -> (StatusCode, Value) {
-    let req = match method {
-        "GET" => c.get(url),
-        _ => c.post(url),
-    };
-    let req = match body {
-        Some(b) => req.json(b),
-        None => req,
-    };
-    let r = req.send().await.unwrap();
-    let status = r.status();
-    let text = r.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
 /// Our expert's action written the way `env`'s AgentGym client sends it.
 fn as_client_action(env: &str, action: &str) -> String {
     if env != "searchqa" {
@@ -176,21 +157,16 @@ fn as_client_action(env: &str, action: &str) -> String {
 }
 
 /// Step session `id` with our expert until the episode is over.
-async fn drive_to_done(c: &Client, base: &str, env: &str, id: u64) {
+async fn drive_to_done(api: &Api, env: &str, id: u64) {
     for _ in 0..200 {
-        let (s, v) = send(
-            c,
-            "GET",
-            &format!("{base}/{env}/expert_action?id={id}"),
-            None,
-        )
-        .await;
+        let path = format!("/{env}/expert_action?id={id}");
+        let (s, v) = api.send("GET", &path, None).await;
         assert_eq!(s, 200, "{env} expert_action: {v}");
         let Some(action) = v["action"].as_str() else {
             return; // the expert has nothing to do: the episode is over
         };
         let body = json!({ id_key(env): id, "action": as_client_action(env, action) });
-        let (s, v) = send(c, "POST", &format!("{base}/{env}/step"), Some(&body)).await;
+        let (s, v) = api.send("POST", &format!("/{env}/step"), Some(&body)).await;
         assert_eq!(s, 200, "{env} expert step {action}: {v}");
         if v["done"] == true {
             return;
@@ -210,7 +186,7 @@ fn first_line(v: &Value, field: &str) -> String {
         .to_string()
 }
 
-async fn replay(c: &Client, base: &str, env: &str) {
+async fn replay(api: &Api, env: &str) {
     let path = format!(
         "{}/tests/data/agentgym/{env}.json",
         env!("CARGO_MANIFEST_DIR")
@@ -235,11 +211,11 @@ async fn replay(c: &Client, base: &str, env: &str) {
             .and_then(Value::as_u64);
         if phase == "client.step.after_done" {
             if let Some(id) = session {
-                drive_to_done(c, base, env, id).await;
+                drive_to_done(api, env, id).await;
             }
         }
-        let url = format!("{base}/{env}{}", ids.path(env, route));
-        let (status, ours) = send(c, method, &url, body.as_ref()).await;
+        let path = format!("/{env}{}", ids.path(env, route));
+        let (status, ours) = api.send(method, &path, body.as_ref()).await;
         let what = format!("{env} {phase} {method} {route} {}", json!(request));
         replayed += 1;
         if let Some(why) = deliberate(env, phase, recorded_status) {
@@ -285,26 +261,22 @@ async fn replay(c: &Client, base: &str, env: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agentgym_clients_requests_get_agentgyms_answers() {
-    let server = start(test_config()).await;
-    let base = server.base_url();
-    let c = Client::new();
+    let (server, api) = serve().await;
     for env in ENVS {
-        replay(&c, &base, env).await;
+        replay(&api, env).await;
     }
     server.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn babyai_data_idx_picks_agentgyms_level_and_the_operator_may_pick_a_difficulty() {
-    let server = start(test_config()).await;
-    let base = server.base_url();
-    let c = Client::new();
-    let (_, v) = send(&c, "POST", &format!("{base}/babyai/create"), None).await;
+    let (server, api) = serve().await;
+    let (_, v) = api.send("POST", "/babyai/create", None).await;
     let id = v["id"].as_u64().unwrap();
     let mut missions = Vec::new();
     for data_idx in [0u64, 18, 40] {
         let body = json!({"id": id, "data_idx": data_idx});
-        let (s, v) = send(&c, "POST", &format!("{base}/babyai/reset"), Some(&body)).await;
+        let (s, v) = api.send("POST", "/babyai/reset", Some(&body)).await;
         assert_eq!(s, 200, "{v}");
         let obs = v["observation"].as_str().unwrap().to_string();
         assert!(
@@ -326,20 +298,16 @@ async fn babyai_data_idx_picks_agentgyms_level_and_the_operator_may_pick_a_diffi
         ..test_config()
     };
     let server = start(config).await;
-    let base = server.base_url();
-    let (_, v) = send(&c, "POST", &format!("{base}/babyai/create"), None).await;
+    let api = Api::new(&server);
+    let (_, v) = api.send("POST", "/babyai/create", None).await;
     let id = v["id"].as_u64().unwrap();
     let body = json!({"id": id, "data_idx": 0});
-    let (s, _) = send(&c, "POST", &format!("{base}/babyai/reset"), Some(&body)).await;
+    let (s, _) = api.send("POST", "/babyai/reset", Some(&body)).await;
     assert_eq!(s, 200);
     // The typed API shows which task the reset built.
-    let (s, v) = send(
-        &c,
-        "POST",
-        &format!("{base}/create"),
-        Some(&json!({"env": "babyai"})),
-    )
-    .await;
+    let (s, v) = api
+        .send("POST", "/create", Some(&json!({"env": "babyai"})))
+        .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["spec"]["difficulty"], "bosslevel");
     server.shutdown().await.unwrap();
@@ -347,27 +315,21 @@ async fn babyai_data_idx_picks_agentgyms_level_and_the_operator_may_pick_a_diffi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_sessions_under_env_keep_the_typed_api_and_agentgym_ones_count_invalid_actions() {
-    let server = start(test_config()).await;
-    let base = server.base_url();
-    let c = Client::new();
+    let (server, api) = serve().await;
     // An agentrl client (it names the env) under /{env}/: 400 as at the top level.
-    let (_, v) = send(
-        &c,
-        "POST",
-        &format!("{base}/counter/create"),
-        Some(&json!({"env": "counter"})),
-    )
-    .await;
+    let (_, v) = api
+        .send("POST", "/counter/create", Some(&json!({"env": "counter"})))
+        .await;
     let typed = v["id"].as_u64().unwrap();
     let body = json!({"id": typed, "action": "jump"});
-    let (s, v) = send(&c, "POST", &format!("{base}/counter/step"), Some(&body)).await;
+    let (s, v) = api.send("POST", "/counter/step", Some(&body)).await;
     assert_eq!(s, 400, "{v}");
     assert_eq!(v["kind"], "invalid_action");
     // An AgentGym client: 200 with the message; the counter still counts it.
-    let (_, v) = send(&c, "POST", &format!("{base}/counter/create"), None).await;
+    let (_, v) = api.send("POST", "/counter/create", None).await;
     let id = v["id"].as_u64().unwrap();
     let body = json!({"id": id, "action": "jump"});
-    let (s, v) = send(&c, "POST", &format!("{base}/counter/step"), Some(&body)).await;
+    let (s, v) = api.send("POST", "/counter/step", Some(&body)).await;
     assert_eq!(s, 200, "{v}");
     assert!(
         v["observation"]
@@ -380,14 +342,14 @@ async fn typed_sessions_under_env_keep_the_typed_api_and_agentgym_ones_count_inv
     assert_eq!(v["done"], false);
     // Unknown id, step after done, a second close: 200 as AgentGym answers.
     let body = json!({"id": 12_345, "action": "inc"});
-    let (s, v) = send(&c, "POST", &format!("{base}/counter/step"), Some(&body)).await;
+    let (s, v) = api.send("POST", "/counter/step", Some(&body)).await;
     assert_eq!(
         (s.as_u16(), v),
         (200, json!({"error": "The id 12345 is not valid."}))
     );
-    drive_to_done(&c, &base, "counter", id).await;
+    drive_to_done(&api, "counter", id).await;
     let body = json!({"id": id, "action": "inc"});
-    let (s, v) = send(&c, "POST", &format!("{base}/counter/step"), Some(&body)).await;
+    let (s, v) = api.send("POST", "/counter/step", Some(&body)).await;
     assert_eq!(
         (s.as_u16(), v),
         (
@@ -396,41 +358,33 @@ async fn typed_sessions_under_env_keep_the_typed_api_and_agentgym_ones_count_inv
         )
     );
     for expected in [true, false] {
-        let (s, v) = send(
-            &c,
-            "POST",
-            &format!("{base}/counter/close"),
-            Some(&json!({"id": id})),
-        )
-        .await;
+        let (s, v) = api
+            .send("POST", "/counter/close", Some(&json!({"id": id})))
+            .await;
         assert_eq!((s.as_u16(), v), (200, json!(expected)));
     }
-    let (s, v) = send(
-        &c,
-        "POST",
-        &format!("{base}/counter/close"),
-        Some(&json!({"id": typed})),
-    )
-    .await;
+    let (s, v) = api
+        .send("POST", "/counter/close", Some(&json!({"id": typed})))
+        .await;
     assert_eq!(s, 200);
     assert_eq!(v["closed"], true);
     // Typed sessions name themselves `id` under WebShop and SearchQA too
     // (whose AgentGym clients say `env_idx`).
     for (env, action) in [("webshop", "search[shoes]"), ("searchqa", "search[paris]")] {
-        let url = format!("{base}/{env}/create");
-        let (s, v) = send(&c, "POST", &url, Some(&json!({"env": env}))).await;
+        let url = format!("/{env}/create");
+        let (s, v) = api.send("POST", &url, Some(&json!({"env": env}))).await;
         assert_eq!(s, 200, "{v}");
         let id = v["id"].as_u64().unwrap();
         let body = json!({"id": id, "action": action});
-        let (s, v) = send(&c, "POST", &format!("{base}/{env}/step"), Some(&body)).await;
+        let (s, v) = api.send("POST", &format!("/{env}/step"), Some(&body)).await;
         assert_eq!(s, 200, "{env}: {v}");
         assert_eq!(v["steps"], 1, "{env}: {v}");
-        let url = format!("{base}/{env}/observation?id={id}");
-        let (s, v) = send(&c, "GET", &url, None).await;
+        let url = format!("/{env}/observation?id={id}");
+        let (s, v) = api.send("GET", &url, None).await;
         assert_eq!(s, 200, "{env}: {v}");
         assert!(v.is_string(), "{env}: {v}");
-        let url = format!("{base}/{env}/close");
-        let (s, v) = send(&c, "POST", &url, Some(&json!({"id": id}))).await;
+        let url = format!("/{env}/close");
+        let (s, v) = api.send("POST", &url, Some(&json!({"id": id}))).await;
         assert_eq!(
             (s.as_u16(), &v["closed"]),
             (200, &json!(true)),

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use agentrl_server::{ServerConfig, ServerError};
-use common::{start, test_config};
+use common::{start, start_with, test_config, Api};
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,24 +28,12 @@ fn client() -> Client {
         .unwrap()
 }
 
-async fn create(c: &Client, base: &str, body: Value) -> (StatusCode, Value) {
-    let r = c
-        .post(format!("{base}/create"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let s = r.status();
-    (s, r.json().await.unwrap())
-}
-
 // ---------------------------------------------------------------- params
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_and_cache_params_are_refused_from_requests() {
     let server = start(test_config()).await;
-    let base = server.base_url();
-    let c = client();
+    let api = Api::with_client(&server, client());
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("written-by-a-client");
     let target = target.to_str().unwrap();
@@ -59,7 +47,7 @@ async fn file_and_cache_params_are_refused_from_requests() {
         ("webshop", json!({"cache_dir": target, "catalog_size": 100})),
         ("textcraft", json!({"data_dir": "/etc"})),
     ] {
-        let (s, v) = create(&c, &base, json!({"env": env, "params": params})).await;
+        let (s, v) = api.create(json!({"env": env, "params": params})).await;
         assert_eq!(s, StatusCode::FORBIDDEN, "{env} {params}: {v}");
         assert_eq!(v["kind"], "forbidden_param", "{v}");
         let key = params.as_object().unwrap().keys().next().unwrap().clone();
@@ -78,13 +66,10 @@ async fn file_and_cache_params_are_refused_from_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_params_are_refused_with_the_keys_a_client_may_send() {
     let server = start(test_config()).await;
-    let c = client();
-    let (s, v) = create(
-        &c,
-        &server.base_url(),
-        json!({"env": "frozenlake", "params": {"sise": 4}}),
-    )
-    .await;
+    let api = Api::with_client(&server, client());
+    let (s, v) = api
+        .create(json!({"env": "frozenlake", "params": {"sise": 4}}))
+        .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     let msg = v["error"].as_str().unwrap();
     assert!(
@@ -92,20 +77,9 @@ async fn unknown_params_are_refused_with_the_keys_a_client_may_send() {
         "{msg}"
     );
     // GET /envs lists them too.
-    let envs: Value = c
-        .get(format!("{}/envs", server.base_url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let searchqa = envs
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "searchqa")
-        .unwrap();
+    let (_, envs) = api.get("/envs").await;
+    let envs = envs.as_array().unwrap();
+    let searchqa = envs.iter().find(|e| e["name"] == "searchqa").unwrap();
     assert_eq!(
         searchqa["request_params"],
         json!(["corpus_size", "retry_wrong_answer", "top_k", "max_steps"])
@@ -115,22 +89,17 @@ async fn unknown_params_are_refused_with_the_keys_a_client_may_send() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_params_lie_under_the_request_params() {
-    let server = start(ServerConfig {
-        env_params: vec!["frozenlake.size=5".into(), "is_slippery=false".into()],
-        ..test_config()
-    })
-    .await;
-    let c = client();
+    let server =
+        start_with(|c| c.env_params = vec!["frozenlake.size=5".into(), "is_slippery=false".into()])
+            .await;
+    let api = Api::with_client(&server, client());
     let rows = |v: &Value| v["observation"].as_str().unwrap().lines().count();
-    let (s, v) = create(&c, &server.base_url(), json!({"env": "frozenlake"})).await;
+    let (s, v) = api.create(json!({"env": "frozenlake"})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(rows(&v), 5, "the operator's size: {v}");
-    let (s, v) = create(
-        &c,
-        &server.base_url(),
-        json!({"env": "frozenlake", "params": {"size": 3}}),
-    )
-    .await;
+    let (s, v) = api
+        .create(json!({"env": "frozenlake", "params": {"size": 3}}))
+        .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(rows(&v), 3, "the request's size wins: {v}");
     server.shutdown().await.unwrap();
@@ -166,14 +135,11 @@ async fn bad_operator_params_stop_the_server_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hopeless_generator_setting_fails_fast_instead_of_pinning_a_core() {
     let server = start(test_config()).await;
-    let c = client();
+    let api = Api::with_client(&server, client());
     let t = Instant::now();
-    let (s, v) = create(
-        &c,
-        &server.base_url(),
-        json!({"env": "frozenlake", "params": {"frozen_prob": 1e-9, "size": 16}}),
-    )
-    .await;
+    let (s, v) = api
+        .create(json!({"env": "frozenlake", "params": {"frozen_prob": 1e-9, "size": 16}}))
+        .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     assert!(
         v["error"].as_str().unwrap().contains("raise frozen_prob"),
@@ -188,12 +154,11 @@ async fn a_hopeless_generator_setting_fails_fast_instead_of_pinning_a_core() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_ids_cannot_be_guessed_from_ones_own() {
     let server = start(test_config()).await;
-    let base = server.base_url();
-    let c = client();
+    let api = Api::with_client(&server, client());
     // Other clients' sessions, before and after the attacker's own.
     let mut ids = Vec::new();
     for seed in 0..21 {
-        let (s, v) = create(&c, &base, json!({"env": "counter", "seed": seed})).await;
+        let (s, v) = api.create(json!({"env": "counter", "seed": seed})).await;
         assert_eq!(s, 200, "{v}");
         ids.push(v["id"].as_u64().unwrap());
     }
@@ -209,13 +174,8 @@ async fn session_ids_cannot_be_guessed_from_ones_own() {
     guesses.extend(0..100);
     guesses.retain(|&g| g != own);
     for guess in guesses {
-        let r = c
-            .post(format!("{base}/close"))
-            .json(&json!({"id": guess}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::NOT_FOUND, "guessed {guess}");
+        let (s, _) = api.post("/close", json!({"id": guess})).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "guessed {guess}");
     }
     assert_eq!(server.live_sessions(), 21);
     server.shutdown().await.unwrap();
@@ -237,19 +197,17 @@ async fn closed_within(conn: &mut TcpStream, within: Duration) -> bool {
     false
 }
 
-async fn server_with(config: ServerConfig) -> (agentrl_server::ServerHandle, SocketAddr) {
-    let server = start(config).await;
+async fn server_with(
+    change: impl FnOnce(&mut ServerConfig),
+) -> (agentrl_server::ServerHandle, SocketAddr) {
+    let server = start_with(change).await;
     let addr = server.local_addr();
     (server, addr)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slowloris_connection_is_closed_at_the_header_timeout() {
-    let (server, addr) = server_with(ServerConfig {
-        header_timeout: Duration::from_millis(400),
-        ..test_config()
-    })
-    .await;
+    let (server, addr) = server_with(|c| c.header_timeout = Duration::from_millis(400)).await;
     let mut conn = TcpStream::connect(addr).await.unwrap();
     conn.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
         .await
@@ -272,11 +230,7 @@ async fn a_slowloris_connection_is_closed_at_the_header_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_before_and_between_requests() {
-    let (server, addr) = server_with(ServerConfig {
-        header_timeout: Duration::from_millis(400),
-        ..test_config()
-    })
-    .await;
+    let (server, addr) = server_with(|c| c.header_timeout = Duration::from_millis(400)).await;
     // Opened and never used.
     let mut silent = TcpStream::connect(addr).await.unwrap();
     assert!(closed_within(&mut silent, Duration::from_secs(2)).await);
@@ -305,10 +259,9 @@ async fn answer(conn: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_the_cap_the_oldest_idle_connection_makes_room() {
-    let (server, addr) = server_with(ServerConfig {
-        max_connections: 2,
-        header_timeout: Duration::from_secs(20),
-        ..test_config()
+    let (server, addr) = server_with(|c| {
+        c.max_connections = 2;
+        c.header_timeout = Duration::from_secs(20);
     })
     .await;
     // Two idle connections hold both slots (1,000 of them used to exhaust
@@ -329,11 +282,7 @@ async fn over_the_cap_the_oldest_idle_connection_makes_room() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_the_cap_a_client_waits_for_a_busy_connection_to_finish() {
-    let (server, addr) = server_with(ServerConfig {
-        max_connections: 2,
-        ..test_config()
-    })
-    .await;
+    let (server, addr) = server_with(|c| c.max_connections = 2).await;
     let slow_create = |ms: u64| {
         let body = format!(r#"{{"env": "counter", "params": {{"build_ms": {ms}}}}}"#);
         format!(
@@ -369,21 +318,13 @@ async fn over_the_cap_a_client_waits_for_a_busy_connection_to_finish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_request_times_out_and_leaves_no_session() {
-    let (server, addr) = server_with(ServerConfig {
-        request_timeout: Duration::from_millis(300),
-        ..test_config()
-    })
-    .await;
-    let base = server.base_url();
-    let c = client();
+    let (server, addr) = server_with(|c| c.request_timeout = Duration::from_millis(300)).await;
+    let api = Api::with_client(&server, client());
     // A build that outlasts the timeout.
     let t = Instant::now();
-    let (s, v) = create(
-        &c,
-        &base,
-        json!({"env": "counter", "params": {"build_ms": 1500}}),
-    )
-    .await;
+    let (s, v) = api
+        .create(json!({"env": "counter", "params": {"build_ms": 1500}}))
+        .await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
     assert_eq!(v["kind"], "timeout", "{v}");
     assert!(

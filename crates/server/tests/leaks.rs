@@ -5,51 +5,30 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{open_fds, start, test_config};
-use reqwest::Client;
-use serde_json::{json, Value};
+use common::{open_fds, start, test_config, Api};
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_cycles_leave_no_sessions_or_descriptors() {
     let server = start(test_config()).await;
-    let base = server.base_url();
     let fds_before = open_fds();
     let sessions_before = server.live_sessions();
     {
-        let c = Client::new();
+        let api = Api::new(&server);
         let mut tasks = tokio::task::JoinSet::new();
         // 16 workers x 625 cycles = 10,000 create/step/close cycles.
         for w in 0..16u64 {
-            let c = c.clone();
-            let base = base.clone();
+            let api = api.clone();
             tasks.spawn(async move {
                 for i in 0..625u64 {
-                    let v: Value = c
-                        .post(format!("{base}/create"))
-                        .json(&json!({"env": "counter", "seed": w * 1000 + i}))
-                        .send()
-                        .await
-                        .unwrap()
-                        .json()
-                        .await
-                        .unwrap();
+                    let (_, v) = api
+                        .create(json!({"env": "counter", "seed": w * 1000 + i}))
+                        .await;
                     let id = v["id"].as_u64().unwrap();
-                    let r = c
-                        .post(format!("{base}/step"))
-                        .json(&json!({"id": id, "action": "inc"}))
-                        .send()
-                        .await
-                        .unwrap();
-                    assert_eq!(r.status(), 200);
-                    r.bytes().await.unwrap();
-                    let r = c
-                        .post(format!("{base}/close"))
-                        .json(&json!({"id": id}))
-                        .send()
-                        .await
-                        .unwrap();
-                    assert_eq!(r.status(), 200);
-                    r.bytes().await.unwrap();
+                    let (s, _) = api.step(id, "inc").await;
+                    assert_eq!(s, 200);
+                    let (s, _) = api.post("/close", json!({"id": id})).await;
+                    assert_eq!(s, 200);
                 }
             });
         }

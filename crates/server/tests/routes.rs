@@ -5,21 +5,9 @@ mod common;
 use std::time::Duration;
 
 use agentrl_server::ServerConfig;
-use common::{start, test_config};
-use reqwest::{Client, StatusCode};
+use common::{serve, start, start_with, test_config, Api};
+use reqwest::StatusCode;
 use serde_json::{json, Value};
-
-async fn post(c: &Client, url: String, body: Value) -> (StatusCode, Value) {
-    let r = c.post(url).json(&body).send().await.unwrap();
-    let s = r.status();
-    (s, r.json().await.unwrap())
-}
-
-async fn get(c: &Client, url: String) -> (StatusCode, Value) {
-    let r = c.get(url).send().await.unwrap();
-    let s = r.status();
-    (s, r.json().await.unwrap())
-}
 
 fn assert_error(status: StatusCode, body: &Value, expected: StatusCode, kind: &str) {
     assert_eq!(status, expected, "body: {body}");
@@ -32,35 +20,30 @@ fn assert_error(status: StatusCode, body: &Value, expected: StatusCode, kind: &s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_answers() {
-    let server = start(test_config()).await;
-    let base = server.base_url();
-    let c = Client::new();
+    let (server, api) = serve().await;
 
-    let (s, v) = get(&c, format!("{base}/health")).await;
+    let (s, v) = api.get("/health").await;
     assert_eq!(s, 200);
     assert_eq!(v["status"], "ok");
     assert_eq!(v["sessions"], 0);
-    let (s, v) = get(&c, format!("{base}/envs")).await;
+    let (s, v) = api.get("/envs").await;
     assert_eq!(s, 200);
     assert!(v.as_array().unwrap().iter().any(|e| e["name"] == "counter"));
-    let (s, v) = get(&c, format!("{base}/openapi.json")).await;
+    let (s, v) = api.get("/openapi.json").await;
     assert_eq!(s, 200);
     assert_eq!(v["openapi"], "3.0.3");
     assert!(v["paths"]["/{env}/step"]["post"].is_object());
-    let (s, v) = get(&c, format!("{base}/")).await;
+    let (s, v) = api.get("/").await;
     assert_eq!(s, 200);
     assert!(v["envs"].as_array().unwrap().contains(&json!("counter")));
-    let (s, v) = get(&c, format!("{base}/counter")).await;
+    let (s, v) = api.get("/counter").await;
     assert_eq!(s, 200);
     assert_eq!(v["difficulties"], json!(["easy", "hard"]));
 
     // Top level, env in the body.
-    let (s, v) = post(
-        &c,
-        format!("{base}/create"),
-        json!({"env": "counter", "seed": 3, "difficulty": "hard"}),
-    )
-    .await;
+    let (s, v) = api
+        .create(json!({"env": "counter", "seed": 3, "difficulty": "hard"}))
+        .await;
     assert_eq!(s, 200, "{v}");
     let id = v["id"].as_u64().unwrap();
     assert_eq!(
@@ -74,12 +57,7 @@ async fn every_route_answers() {
         .contains("Reach the target"));
     assert_eq!(v["max_steps"], 20);
 
-    let (s, v) = post(
-        &c,
-        format!("{base}/step"),
-        json!({"id": id, "action": "inc"}),
-    )
-    .await;
+    let (s, v) = api.step(id, "inc").await;
     assert_eq!(s, 200, "{v}");
     assert!(v["observation"].as_str().unwrap().starts_with("value 1"));
     assert!(v["reward"].is_f64());
@@ -88,20 +66,20 @@ async fn every_route_answers() {
     assert_eq!(v["info"]["effective"], true);
     assert_eq!(v["info"]["extra"]["value"], 1);
 
-    let (s, v) = get(&c, format!("{base}/observation?id={id}")).await;
+    let (s, v) = api.get(&format!("/observation?id={id}")).await;
     assert_eq!(s, 200);
     assert!(v.as_str().unwrap().starts_with("value 1"));
-    let (s, v) = get(&c, format!("{base}/available_actions?id={id}")).await;
+    let (s, v) = api.get(&format!("/available_actions?id={id}")).await;
     assert_eq!(s, 200);
     assert_eq!(v, json!(["inc", "noop", "add 2", "dec"]));
-    let (s, v) = get(&c, format!("{base}/instructions?id={id}")).await;
+    let (s, v) = api.get(&format!("/instructions?id={id}")).await;
     assert_eq!(s, 200);
     assert!(v.as_str().unwrap().contains("Reach the target"));
-    let (s, v) = get(&c, format!("{base}/expert_action?id={id}")).await;
+    let (s, v) = api.get(&format!("/expert_action?id={id}")).await;
     assert_eq!(s, 200);
     assert!(v["action"] == "inc" || v["action"] == "dec");
 
-    let (s, v) = post(&c, format!("{base}/step_batch"), json!([{"id": id, "action": "noop"}, {"id": id, "action": "jump"}, {"id": 999_999, "action": "inc"}])).await;
+    let (s, v) = api.post("/step_batch", json!([{"id": id, "action": "noop"}, {"id": id, "action": "jump"}, {"id": 999_999, "action": "inc"}])).await;
     assert_eq!(s, 200);
     let r = v.as_array().unwrap();
     assert_eq!(r[0]["code"], 200);
@@ -111,50 +89,41 @@ async fn every_route_answers() {
     assert_eq!(r[2]["code"], 404);
 
     // Reset to the same task, then to another seed (AgentGym's data_idx).
-    let (s, v) = post(&c, format!("{base}/reset"), json!({"id": id})).await;
+    let (s, v) = api.post("/reset", json!({"id": id})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["steps"], 0);
     assert!(v["observation"].as_str().unwrap().starts_with("value 0"));
-    let (s, v) = post(
-        &c,
-        format!("{base}/reset"),
-        json!({"id": id, "data_idx": 11, "difficulty": "easy"}),
-    )
-    .await;
+    let (s, v) = api
+        .post(
+            "/reset",
+            json!({"id": id, "data_idx": 11, "difficulty": "easy"}),
+        )
+        .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["spec"]["seed"], 11);
     assert_eq!(v["spec"]["difficulty"], "easy");
     assert_eq!(v["max_steps"], 10);
 
-    let (s, v) = post(&c, format!("{base}/close"), json!({"id": id})).await;
+    let (s, v) = api.post("/close", json!({"id": id})).await;
     assert_eq!(s, 200);
     assert_eq!(v["closed"], true);
     assert_eq!(server.live_sessions(), 0);
 
     // The same under /{env}/, as an AgentGym client uses it.
-    let (s, v) = post(&c, format!("{base}/counter/create"), json!({})).await;
+    let (s, v) = api.post("/counter/create", json!({})).await;
     assert_eq!(s, 200);
     let id = v["id"].as_u64().unwrap();
-    let (s, _) = post(
-        &c,
-        format!("{base}/counter/reset"),
-        json!({"id": id, "data_idx": 2}),
-    )
-    .await;
+    let (s, _) = api
+        .post("/counter/reset", json!({"id": id, "data_idx": 2}))
+        .await;
     assert_eq!(s, 200);
-    let (s, v) = post(
-        &c,
-        format!("{base}/counter/step"),
-        json!({"id": id, "action": "add 2"}),
-    )
-    .await;
+    let (s, v) = api
+        .post("/counter/step", json!({"id": id, "action": "add 2"}))
+        .await;
     assert_eq!(s, 200, "{v}");
-    let (s, _) = post(
-        &c,
-        format!("{base}/counter/step_batch"),
-        json!([{"id": id, "action": "noop"}]),
-    )
-    .await;
+    let (s, _) = api
+        .post("/counter/step_batch", json!([{"id": id, "action": "noop"}]))
+        .await;
     assert_eq!(s, 200);
     for route in [
         "observation",
@@ -162,22 +131,21 @@ async fn every_route_answers() {
         "instructions",
         "expert_action",
     ] {
-        let (s, v) = get(&c, format!("{base}/counter/{route}?id={id}")).await;
+        let (s, v) = api.get(&format!("/counter/{route}?id={id}")).await;
         assert_eq!(s, 200, "{route}: {v}");
     }
-    let (s, _) = post(&c, format!("{base}/counter/close"), json!({"id": id})).await;
+    let (s, _) = api.post("/counter/close", json!({"id": id})).await;
     assert_eq!(s, 200);
     server.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agentgym_style_create_without_body_or_content_type_works() {
-    let server = start(test_config()).await;
-    let base = server.base_url();
-    let c = Client::new();
+    let (server, api) = serve().await;
     // requests.post(f"{base}/create") sends no body and no content type.
-    let r = c
-        .post(format!("{base}/counter/create"))
+    let r = api
+        .client
+        .post(api.url("/counter/create"))
         .send()
         .await
         .unwrap();
@@ -187,27 +155,20 @@ async fn agentgym_style_create_without_body_or_content_type_works() {
     assert_eq!(v["spec"]["split"], "train");
     assert_eq!(v["spec"]["seed"], 0);
     // A second session gets another id, also across environments.
-    let (_, w) = post(&c, format!("{base}/create"), json!({"env": "counter"})).await;
+    let (_, w) = api.create(json!({"env": "counter"})).await;
     assert_ne!(w["id"].as_u64().unwrap(), id);
     server.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_input_gets_the_right_4xx_with_a_json_error() {
-    let server = start(test_config()).await;
-    let base = server.base_url();
-    let c = Client::new();
-    let (_, v) = post(
-        &c,
-        format!("{base}/create"),
-        json!({"env": "counter", "params": {"max_steps": 2}}),
-    )
-    .await;
-    let id = v["id"].as_u64().unwrap();
+    let (server, api) = serve().await;
+    let id = api.counter_session(2).await;
 
     // Malformed JSON.
-    let r = c
-        .post(format!("{base}/step"))
+    let r = api
+        .client
+        .post(api.url("/step"))
         .header("content-type", "application/json")
         .body("{\"id\": ")
         .send()
@@ -221,206 +182,119 @@ async fn every_bad_input_gets_the_right_4xx_with_a_json_error() {
         "bad_request",
     );
     // Wrong shape, missing field, unknown field.
-    let (s, v) = post(
-        &c,
-        format!("{base}/step"),
-        json!({"id": "x", "action": "inc"}),
-    )
-    .await;
+    let (s, v) = api.post("/step", json!({"id": "x", "action": "inc"})).await;
     assert_error(s, &v, StatusCode::UNPROCESSABLE_ENTITY, "bad_request");
-    let (s, v) = post(&c, format!("{base}/step"), json!({"id": id})).await;
+    let (s, v) = api.post("/step", json!({"id": id})).await;
     assert_error(s, &v, StatusCode::UNPROCESSABLE_ENTITY, "bad_request");
-    let (s, v) = post(
-        &c,
-        format!("{base}/create"),
-        json!({"env": "counter", "sed": 4}),
-    )
-    .await;
+    let (s, v) = api.create(json!({"env": "counter", "sed": 4})).await;
     assert_error(s, &v, StatusCode::UNPROCESSABLE_ENTITY, "bad_request");
     // Unknown id.
-    let (s, v) = post(
-        &c,
-        format!("{base}/step"),
-        json!({"id": 123_456, "action": "inc"}),
-    )
-    .await;
+    let (s, v) = api.step(123_456, "inc").await;
     assert_error(s, &v, StatusCode::NOT_FOUND, "not_found");
-    let (s, v) = get(&c, format!("{base}/observation?id=123456")).await;
+    let (s, v) = api.get("/observation?id=123456").await;
     assert_error(s, &v, StatusCode::NOT_FOUND, "not_found");
-    let (s, v) = post(&c, format!("{base}/close"), json!({"id": 123_456})).await;
+    let (s, v) = api.post("/close", json!({"id": 123_456})).await;
     assert_error(s, &v, StatusCode::NOT_FOUND, "not_found");
     // Bad query.
-    let (s, v) = get(&c, format!("{base}/observation?id=abc")).await;
+    let (s, v) = api.get("/observation?id=abc").await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "bad_request");
-    let (s, v) = get(&c, format!("{base}/observation")).await;
+    let (s, v) = api.get("/observation").await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "bad_request");
     // Wrong environment name: unknown route prefix, unknown in body, mismatched session.
-    let (s, v) = post(&c, format!("{base}/nosuchenv/create"), json!({})).await;
+    let (s, v) = api.post("/nosuchenv/create", json!({})).await;
     assert_error(s, &v, StatusCode::NOT_FOUND, "not_found");
-    let (s, v) = post(&c, format!("{base}/create"), json!({"env": "nosuchenv"})).await;
+    let (s, v) = api.create(json!({"env": "nosuchenv"})).await;
     assert_error(s, &v, StatusCode::NOT_FOUND, "not_found");
-    let (s, v) = post(
-        &c,
-        format!("{base}/nosuchenv/step"),
-        json!({"id": id, "action": "inc"}),
-    )
-    .await;
+    let (s, v) = api
+        .post("/nosuchenv/step", json!({"id": id, "action": "inc"}))
+        .await;
     assert_error(s, &v, StatusCode::NOT_FOUND, "not_found");
-    let (s, v) = post(
-        &c,
-        format!("{base}/counter/create"),
-        json!({"env": "other"}),
-    )
-    .await;
+    let (s, v) = api.post("/counter/create", json!({"env": "other"})).await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "bad_request");
-    let (s, v) = post(&c, format!("{base}/create"), json!({})).await;
-    if server_serves_more_than_one(&c, &base).await {
+    let (s, v) = api.create(json!({})).await;
+    if server_serves_more_than_one(&api).await {
         assert_error(s, &v, StatusCode::BAD_REQUEST, "bad_request");
     }
     // Bad spec: difficulty, split, seed/data_idx conflict, out-of-range seed, unknown param.
-    let (s, v) = post(
-        &c,
-        format!("{base}/create"),
-        json!({"env": "counter", "difficulty": "nightmare"}),
-    )
-    .await;
+    let (s, v) = api
+        .create(json!({"env": "counter", "difficulty": "nightmare"}))
+        .await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_spec");
-    let (s, v) = post(
-        &c,
-        format!("{base}/create"),
-        json!({"env": "counter", "split": "dev"}),
-    )
-    .await;
+    let (s, v) = api.create(json!({"env": "counter", "split": "dev"})).await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "bad_request");
-    let (s, v) = post(
-        &c,
-        format!("{base}/create"),
-        json!({"env": "counter", "seed": 1, "data_idx": 2}),
-    )
-    .await;
+    let (s, v) = api
+        .create(json!({"env": "counter", "seed": 1, "data_idx": 2}))
+        .await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "bad_request");
-    let (s, v) = post(
-        &c,
-        format!("{base}/create"),
-        json!({"env": "counter", "seed": 1u64 << 40}),
-    )
-    .await;
+    let (s, v) = api
+        .create(json!({"env": "counter", "seed": 1u64 << 40}))
+        .await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_spec");
-    let (s, v) = post(
-        &c,
-        format!("{base}/create"),
-        json!({"env": "counter", "params": {"colour": 1}}),
-    )
-    .await;
+    let (s, v) = api
+        .create(json!({"env": "counter", "params": {"colour": 1}}))
+        .await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_spec");
-    let (s, v) = post(
-        &c,
-        format!("{base}/reset"),
-        json!({"id": id, "difficulty": "nightmare"}),
-    )
-    .await;
+    let (s, v) = api
+        .post("/reset", json!({"id": id, "difficulty": "nightmare"}))
+        .await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_spec");
 
     // Invalid action text: 400 with the reason; the session counted it and stays usable.
-    let (s, v) = post(
-        &c,
-        format!("{base}/step"),
-        json!({"id": id, "action": "jump"}),
-    )
-    .await;
+    let (s, v) = api.step(id, "jump").await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_action");
     assert_eq!(v["action_error"]["type"], "unknown");
     assert_eq!(v["status"]["invalid_actions"], 1);
-    let (s, v) = post(
-        &c,
-        format!("{base}/step"),
-        json!({"id": id, "action": "dec"}),
-    )
-    .await;
+    let (s, v) = api.step(id, "dec").await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_action");
     assert_eq!(v["action_error"]["type"], "not_possible");
     assert_eq!(v["status"]["invalid_actions"], 2);
-    let (s, v) = post(
-        &c,
-        format!("{base}/step"),
-        json!({"id": id, "action": "noop"}),
-    )
-    .await;
+    let (s, v) = api.step(id, "noop").await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["invalid_actions"], 2);
     // Step after done (max_steps = 2).
-    let (s, v) = post(
-        &c,
-        format!("{base}/step"),
-        json!({"id": id, "action": "noop"}),
-    )
-    .await;
+    let (s, v) = api.step(id, "noop").await;
     assert_eq!(s, 200);
     assert_eq!(v["done"], true);
-    let (s, v) = post(
-        &c,
-        format!("{base}/step"),
-        json!({"id": id, "action": "noop"}),
-    )
-    .await;
+    let (s, v) = api.step(id, "noop").await;
     assert_error(s, &v, StatusCode::CONFLICT, "episode_over");
 
     // Unknown route and wrong method are JSON too.
-    let (s, v) = get(&c, format!("{base}/no/such/route")).await;
+    let (s, v) = api.get("/no/such/route").await;
     assert_error(s, &v, StatusCode::NOT_FOUND, "not_found");
-    let (s, v) = get(&c, format!("{base}/step")).await;
+    let (s, v) = api.get("/step").await;
     assert_error(s, &v, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
 
     // A panicking environment is a 500 for that request, not a dead server.
-    let (s, v) = post(&c, format!("{base}/create"), json!({"env": "counter"})).await;
+    let (s, v) = api.create(json!({"env": "counter"})).await;
     assert_eq!(s, 200);
     let boom = v["id"].as_u64().unwrap();
-    let (s, v) = post(
-        &c,
-        format!("{base}/step"),
-        json!({"id": boom, "action": "boom"}),
-    )
-    .await;
+    let (s, v) = api.step(boom, "boom").await;
     assert_error(s, &v, StatusCode::INTERNAL_SERVER_ERROR, "internal");
-    let (s, _) = get(&c, format!("{base}/health")).await;
+    let (s, _) = api.get("/health").await;
     assert_eq!(s, 200);
     server.shutdown().await.unwrap();
 }
 
-async fn server_serves_more_than_one(c: &Client, base: &str) -> bool {
-    let (_, v) = get(c, format!("{base}/envs")).await;
+async fn server_serves_more_than_one(api: &Api) -> bool {
+    let (_, v) = api.get("/envs").await;
     v.as_array().map_or(0, Vec::len) > 1
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_concurrent_sessions_step_in_parallel() {
-    let server = start(ServerConfig {
-        max_sessions: 2000,
-        ..test_config()
-    })
-    .await;
-    let base = server.base_url();
-    let c = Client::new();
+    let server = start_with(|c| c.max_sessions = 2000).await;
+    let api = Api::new(&server);
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..1000u64 {
-        let c = c.clone();
-        let base = base.clone();
+        let api = api.clone();
         tasks.spawn(async move {
-            let (s, v) = post(
-                &c,
-                format!("{base}/create"),
-                json!({"env": "counter", "seed": i, "params": {"max_steps": 100}}),
-            )
-            .await;
+            let (s, v) = api
+                .create(json!({"env": "counter", "seed": i, "params": {"max_steps": 100}}))
+                .await;
             assert_eq!(s, 200, "{v}");
             let id = v["id"].as_u64().unwrap();
             for k in 1..=5u64 {
-                let (s, v) = post(
-                    &c,
-                    format!("{base}/step"),
-                    json!({"id": id, "action": "noop"}),
-                )
-                .await;
+                let (s, v) = api.step(id, "noop").await;
                 assert_eq!(s, 200, "{v}");
                 assert_eq!(v["steps"], k);
             }
@@ -440,28 +314,12 @@ async fn thousand_concurrent_sessions_step_in_parallel() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_steps_on_one_session_are_serialised() {
-    let server = start(test_config()).await;
-    let base = server.base_url();
-    let c = Client::new();
-    let (_, v) = post(
-        &c,
-        format!("{base}/create"),
-        json!({"env": "counter", "params": {"max_steps": 1000}}),
-    )
-    .await;
-    let id = v["id"].as_u64().unwrap();
+    let (server, api) = serve().await;
+    let id = api.counter_session(1000).await;
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
-        let c = c.clone();
-        let base = base.clone();
-        tasks.spawn(async move {
-            post(
-                &c,
-                format!("{base}/step"),
-                json!({"id": id, "action": "noop"}),
-            )
-            .await
-        });
+        let api = api.clone();
+        tasks.spawn(async move { api.step(id, "noop").await });
     }
     let mut seen = Vec::new();
     while let Some(r) = tasks.join_next().await {
@@ -483,39 +341,16 @@ async fn idle_sessions_are_reaped_after_the_ttl() {
         ..test_config()
     };
     let server = start(config).await;
-    let base = server.base_url();
-    let c = Client::new();
-    let (_, v) = post(
-        &c,
-        format!("{base}/create"),
-        json!({"env": "counter", "params": {"max_steps": 1000}}),
-    )
-    .await;
-    let idle = v["id"].as_u64().unwrap();
-    let (_, v) = post(
-        &c,
-        format!("{base}/create"),
-        json!({"env": "counter", "params": {"max_steps": 1000}}),
-    )
-    .await;
-    let busy = v["id"].as_u64().unwrap();
+    let api = Api::new(&server);
+    let idle = api.counter_session(1000).await;
+    let busy = api.counter_session(1000).await;
     // Keep one session busy past the TTL; leave the other idle.
     for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let (s, _) = post(
-            &c,
-            format!("{base}/step"),
-            json!({"id": busy, "action": "noop"}),
-        )
-        .await;
+        let (s, _) = api.step(busy, "noop").await;
         assert_eq!(s, 200);
     }
-    let (s, v) = post(
-        &c,
-        format!("{base}/step"),
-        json!({"id": idle, "action": "noop"}),
-    )
-    .await;
+    let (s, v) = api.step(idle, "noop").await;
     assert_error(s, &v, StatusCode::NOT_FOUND, "not_found");
     assert_eq!(server.live_sessions(), 1);
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -525,21 +360,17 @@ async fn idle_sessions_are_reaped_after_the_ttl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_beyond_the_session_cap_is_503_until_one_closes() {
-    let server = start(ServerConfig {
-        max_sessions: 3,
-        ..test_config()
-    })
-    .await;
-    let base = server.base_url();
-    let c = Client::new();
+    let server = start_with(|c| c.max_sessions = 3).await;
+    let api = Api::new(&server);
     let mut ids = Vec::new();
     for _ in 0..3 {
-        let (s, v) = post(&c, format!("{base}/create"), json!({"env": "counter"})).await;
+        let (s, v) = api.create(json!({"env": "counter"})).await;
         assert_eq!(s, 200);
         ids.push(v["id"].as_u64().unwrap());
     }
-    let r = c
-        .post(format!("{base}/create"))
+    let r = api
+        .client
+        .post(api.url("/create"))
         .json(&json!({"env": "counter"}))
         .send()
         .await
@@ -552,39 +383,29 @@ async fn create_beyond_the_session_cap_is_503_until_one_closes() {
         StatusCode::SERVICE_UNAVAILABLE,
         "full",
     );
-    let (s, _) = post(&c, format!("{base}/close"), json!({"id": ids[0]})).await;
+    let (s, _) = api.post("/close", json!({"id": ids[0]})).await;
     assert_eq!(s, 200);
-    let (s, _) = post(&c, format!("{base}/create"), json!({"env": "counter"})).await;
+    let (s, _) = api.create(json!({"env": "counter"})).await;
     assert_eq!(s, 200);
     server.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_body_is_413_with_a_json_error() {
-    let server = start(ServerConfig {
-        body_limit: 1024,
-        ..test_config()
-    })
-    .await;
-    let base = server.base_url();
-    let c = Client::new();
-    let (_, v) = post(&c, format!("{base}/create"), json!({"env": "counter"})).await;
+    let server = start_with(|c| c.body_limit = 1024).await;
+    let api = Api::new(&server);
+    let (_, v) = api.create(json!({"env": "counter"})).await;
     let id = v["id"].as_u64().unwrap();
     let big = "x".repeat(4096);
     // With a Content-Length (rejected before reading) ...
-    let (s, v) = post(&c, format!("{base}/step"), json!({"id": id, "action": big})).await;
+    let (s, v) = api.step(id, &big).await;
     assert_error(s, &v, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
     // ... and chunked without one (rejected while reading).
     let payload = format!("{{\"id\": {id}, \"action\": \"{big}\"}}");
     let (s, v) = raw_chunked_post(server.local_addr(), "/step", &payload).await;
     assert_error(s, &v, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
     // A body under the limit still works.
-    let (s, _) = post(
-        &c,
-        format!("{base}/step"),
-        json!({"id": id, "action": "inc"}),
-    )
-    .await;
+    let (s, _) = api.step(id, "inc").await;
     assert_eq!(s, 200);
     server.shutdown().await.unwrap();
 }
@@ -628,36 +449,23 @@ async fn raw_chunked_post(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_is_required_when_configured() {
-    let server = start(ServerConfig {
-        token: Some("s3cret".into()),
-        ..test_config()
-    })
-    .await;
-    let base = server.base_url();
-    let c = Client::new();
-    let (s, v) = post(&c, format!("{base}/create"), json!({"env": "counter"})).await;
+    let server = start_with(|c| c.token = Some("s3cret".into())).await;
+    let api = Api::new(&server);
+    let (s, v) = api.create(json!({"env": "counter"})).await;
     assert_error(s, &v, StatusCode::UNAUTHORIZED, "unauthorized");
-    let r = c
-        .post(format!("{base}/create"))
-        .bearer_auth("wrong")
-        .json(&json!({"env": "counter"}))
-        .send()
-        .await
-        .unwrap();
+    let create_with = |token: &str| {
+        let req = api.client.post(api.url("/create")).bearer_auth(token);
+        req.json(&json!({"env": "counter"})).send()
+    };
+    let r = create_with("wrong").await.unwrap();
     assert_eq!(r.headers().get("www-authenticate").unwrap(), "Bearer");
     assert_eq!(r.status(), 401);
-    let (s, v) = get(&c, format!("{base}/envs")).await;
+    let (s, v) = api.get("/envs").await;
     assert_error(s, &v, StatusCode::UNAUTHORIZED, "unauthorized");
-    let r = c
-        .post(format!("{base}/create"))
-        .bearer_auth("s3cret")
-        .json(&json!({"env": "counter"}))
-        .send()
-        .await
-        .unwrap();
+    let r = create_with("s3cret").await.unwrap();
     assert_eq!(r.status(), 200);
     // Liveness stays open.
-    let (s, v) = get(&c, format!("{base}/health")).await;
+    let (s, v) = api.get("/health").await;
     assert_eq!(s, 200);
     assert_eq!(v["sessions"], 1);
     server.shutdown().await.unwrap();
@@ -665,23 +473,13 @@ async fn token_is_required_when_configured() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_in_flight_requests_finish() {
-    let server = start(test_config()).await;
-    let base = server.base_url();
-    let c = Client::new();
-    let (_, v) = post(&c, format!("{base}/create"), json!({"env": "counter"})).await;
+    let (server, api) = serve().await;
+    let (_, v) = api.create(json!({"env": "counter"})).await;
     let id = v["id"].as_u64().unwrap();
     // "slow" takes 300 ms inside the env.
     let slow = {
-        let c = c.clone();
-        let base = base.clone();
-        tokio::spawn(async move {
-            post(
-                &c,
-                format!("{base}/step"),
-                json!({"id": id, "action": "slow"}),
-            )
-            .await
-        })
+        let api = api.clone();
+        tokio::spawn(async move { api.step(id, "slow").await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     server.shutdown().await.unwrap();
@@ -689,5 +487,5 @@ async fn shutdown_lets_in_flight_requests_finish() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["steps"], 1);
     // And the listener is gone.
-    assert!(c.get(format!("{base}/health")).send().await.is_err());
+    assert!(api.client.get(api.url("/health")).send().await.is_err());
 }

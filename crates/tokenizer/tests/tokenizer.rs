@@ -1,8 +1,6 @@
 //! Tokenizer and chat template: the qwen2-tiny fixture made by transformers,
 //! and byte-level BPE training.
 
-use std::path::PathBuf;
-
 use agentrl_tokenizer::{
     ChatMessage, ChatTokenizer, TemplateError, TokenizerError, CHATML_TEMPLATE,
 };
@@ -10,26 +8,27 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-fn fixture_dir() -> PathBuf {
-    // The model crate's fixture: one transformers checkpoint serves both crates.
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny")
-}
-
-fn reference() -> Value {
-    let text = std::fs::read_to_string(fixture_dir().join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
+#[path = "../../model/tests/qwen2_tiny/mod.rs"]
+mod qwen2_tiny;
+use qwen2_tiny::{fixture_dir, reference, u32s as ids};
 
 fn reference_messages(r: &Value) -> Vec<ChatMessage> {
     serde_json::from_value(r["chat_messages"].clone()).unwrap()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+/// `messages` rendered by the fixture's tokenizer with `template` as its
+/// chat template, without the generation prompt.
+fn render_with(template: &str, messages: &[ChatMessage]) -> Result<String, TokenizerError> {
+    let mut tok = ChatTokenizer::load(fixture_dir()).unwrap();
+    tok.set_chat_template(template).unwrap();
+    tok.render_chat(messages, false)
+}
+
+/// The tokenizer saved in `dir` renders one user message "x" (with the
+/// generation prompt when `prompt`).
+fn render_user_x(dir: &std::path::Path, prompt: bool) -> String {
+    let tok = ChatTokenizer::load(dir).unwrap();
+    tok.render_chat(&[ChatMessage::user("x")], prompt).unwrap()
 }
 
 /// Environment-like text: Sokoban boards (with `√` for a box on target),
@@ -342,49 +341,27 @@ fn broken_template_is_a_syntax_error_naming_the_problem() {
 
 #[test]
 fn raise_exception_surfaces_its_message() {
-    let mut tok = ChatTokenizer::load(fixture_dir()).unwrap();
-    tok.set_chat_template(
-        "{% if messages[0]['role'] != 'system' %}{{ raise_exception('System message first!') }}{% endif %}ok",
-    )
-    .unwrap();
-    let err = tok
-        .render_chat(&[ChatMessage::user("hi")], false)
-        .unwrap_err();
+    let template = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('System message first!') }}{% endif %}ok";
+    let err = render_with(template, &[ChatMessage::user("hi")]).unwrap_err();
     assert!(err.to_string().contains("System message first!"), "{err}");
-    assert_eq!(
-        tok.render_chat(&[ChatMessage::system("s")], false).unwrap(),
-        "ok"
-    );
+    let ok = render_with(template, &[ChatMessage::system("s")]).unwrap();
+    assert_eq!(ok, "ok");
 }
 
 #[test]
 fn python_string_methods_and_hf_whitespace_rules_work() {
-    let mut tok = ChatTokenizer::load(fixture_dir()).unwrap();
     // trim_blocks + lstrip_blocks as in transformers; .strip()/.startswith()
     // from pycompat; eos_token from tokenizer_config.json.
-    tok.set_chat_template(
-        "{% for m in messages %}\n    {% if m.content.startswith('!') %}\n[{{ m.content.strip('! ') }}]\n    {% else %}\n{{ m.content.strip() | upper }}{{ eos_token }}\n    {% endif %}\n{% endfor %}\n",
-    )
-    .unwrap();
-    let out = tok
-        .render_chat(
-            &[ChatMessage::user("  hi  "), ChatMessage::user("! bang !")],
-            false,
-        )
-        .unwrap();
+    let template = "{% for m in messages %}\n    {% if m.content.startswith('!') %}\n[{{ m.content.strip('! ') }}]\n    {% else %}\n{{ m.content.strip() | upper }}{{ eos_token }}\n    {% endif %}\n{% endfor %}\n";
+    let messages = [ChatMessage::user("  hi  "), ChatMessage::user("! bang !")];
+    let out = render_with(template, &messages).unwrap();
     assert_eq!(out, "HI<|im_end|>\n[bang]\n");
 }
 
 #[test]
 fn tojson_matches_python_json_dumps() {
-    let mut tok = ChatTokenizer::load(fixture_dir()).unwrap();
-    tok.set_chat_template(
-        "{{ messages[0] | tojson }}|{{ ['é<&>', 1, 2.5, none, true] | tojson }}|{{ {'a': [1, {'b': []}]} | tojson(indent=2) }}",
-    )
-    .unwrap();
-    let out = tok
-        .render_chat(&[ChatMessage::user("say \"hi\"\n")], false)
-        .unwrap();
+    let template = "{{ messages[0] | tojson }}|{{ ['é<&>', 1, 2.5, none, true] | tojson }}|{{ {'a': [1, {'b': []}]} | tojson(indent=2) }}";
+    let out = render_with(template, &[ChatMessage::user("say \"hi\"\n")]).unwrap();
     assert_eq!(
         out,
         "{\"role\": \"user\", \"content\": \"say \\\"hi\\\"\\n\"}|[\"é<&>\", 1, 2.5, null, true]|{\n  \"a\": [\n    1,\n    {\n      \"b\": []\n    }\n  ]\n}"
@@ -482,11 +459,7 @@ fn chat_template_jinja_file_is_used_when_config_has_none() {
         "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}",
     )
     .unwrap();
-    let tok = ChatTokenizer::load(dir.path()).unwrap();
-    assert_eq!(
-        tok.render_chat(&[ChatMessage::user("x")], true).unwrap(),
-        "[user]x"
-    );
+    assert_eq!(render_user_x(dir.path(), true), "[user]x");
 }
 
 #[test]
@@ -497,11 +470,7 @@ fn named_template_list_picks_default() {
             {"name": "default", "template": "default:{{ messages | length }}"}
         ]
     }));
-    let tok = ChatTokenizer::load(dir.path()).unwrap();
-    assert_eq!(
-        tok.render_chat(&[ChatMessage::user("x")], false).unwrap(),
-        "default:1"
-    );
+    assert_eq!(render_user_x(dir.path(), false), "default:1");
 }
 
 #[test]

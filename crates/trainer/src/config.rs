@@ -830,18 +830,9 @@ impl TrainConfig {
         // Remote servers may host environments we do not ship (SciWorld,
         // WebArena); a missing AgentGym endpoint is named below.
         if e.endpoint.is_empty() && e.protocol == EnvProtocol::Agentrl {
-            match agentrl_envs::find(&e.name) {
-                Ok(d) if !d.difficulties.contains(&e.difficulty.as_str()) => p.add(
-                    "env.difficulty",
-                    format!(
-                        "{:?} is not a difficulty of {} (one of: {})",
-                        e.difficulty,
-                        e.name,
-                        d.difficulties.join(", ")
-                    ),
-                ),
-                Ok(_) => {}
-                Err(err) => p.add("env.name", err.to_string()),
+            let problem = crate::mixture::registry_problem(&e.name, Some(&e.difficulty));
+            if let Some((field, why)) = problem {
+                p.add(&format!("env.{field}"), why);
             }
         }
         for url in e.endpoint.urls() {

@@ -107,6 +107,26 @@ pub fn groups_per_source(weights: &[f64], groups: usize, step: usize) -> Vec<usi
     this_step
 }
 
+/// What is wrong with playing `name` (at `difficulty`, when given) in
+/// process: the field at fault (`name` or `difficulty`) and why; `None`
+/// when the registry has the env and the difficulty.
+pub(crate) fn registry_problem(
+    name: &str,
+    difficulty: Option<&str>,
+) -> Option<(&'static str, String)> {
+    match (agentrl_envs::find(name), difficulty) {
+        (Err(err), _) => Some(("name", err.to_string())),
+        (Ok(d), Some(difficulty)) if !d.difficulties.contains(&difficulty) => Some((
+            "difficulty",
+            format!(
+                "{difficulty:?} is not a difficulty of {name} (one of: {})",
+                d.difficulties.join(", ")
+            ),
+        )),
+        (Ok(_), _) => None,
+    }
+}
+
 /// Problems with `[[mixture]]` as (key, message): names, weights,
 /// difficulties (checked against the registry for in-process envs, where
 /// `in_process` is true).
@@ -137,23 +157,10 @@ pub fn mixture_problems(
             ));
         }
         if in_process {
-            match agentrl_envs::find(&e.name) {
-                Ok(d)
-                    if !e.difficulty.is_empty()
-                        && !d.difficulties.contains(&e.difficulty.as_str()) =>
-                {
-                    p.push((
-                        key("difficulty"),
-                        format!(
-                            "{:?} is not a difficulty of {} (one of: {})",
-                            e.difficulty,
-                            e.name,
-                            d.difficulties.join(", ")
-                        ),
-                    ))
-                }
-                Ok(_) => {}
-                Err(err) => p.push((key("name"), err.to_string())),
+            // An empty difficulty is the env's default.
+            let difficulty = Some(e.difficulty.as_str()).filter(|d| !d.is_empty());
+            if let Some((field, why)) = registry_problem(&e.name, difficulty) {
+                p.push((key(field), why));
             }
         }
         let same = entries[..i]

@@ -4,10 +4,11 @@
 
 use agentrl_env_core::{Split, TaskSpec};
 use agentrl_rollout::{run_rollouts, Generation, Policy, PolicyError, SamplingParams, Trajectory};
-use agentrl_trainer::config::SMOKE_CONFIG;
-use agentrl_trainer::{LocalPolicy, PromptTokens, Silent, TrainConfig, Trainer};
+use agentrl_trainer::{LocalPolicy, PromptTokens, Silent, Trainer};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+
+mod common;
 
 /// What this test changes in `configs/smoke.toml`: multi-turn FrozenLake, a
 /// 2-layer model, no warm start, sampling at temperature 1.
@@ -74,8 +75,7 @@ fn play(t: &Trainer, policy: LocalPolicy<'_>) -> (Vec<Trajectory>, Vec<Generatio
 #[test]
 fn cached_rollouts_equal_full_re_encoding() {
     let dir = tempfile::tempdir().unwrap();
-    let overrides: Vec<String> = OVERRIDES.iter().map(|o| o.to_string()).collect();
-    let cfg = TrainConfig::from_toml(SMOKE_CONFIG, &overrides).unwrap();
+    let cfg = common::smoke_with(OVERRIDES);
     let t = Trainer::start(cfg, &dir.path().join("run"), &mut Silent).unwrap();
     let (fresh, fresh_gens, fresh_used) = play(&t, LocalPolicy::without_cache_reuse(&t.model));
     let (cached, cached_gens, cached_used) = play(&t, LocalPolicy::new(&t.model));

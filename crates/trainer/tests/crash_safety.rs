@@ -10,23 +10,12 @@ use std::fs;
 use std::path::Path;
 
 use agentrl_durable::testing;
-use agentrl_trainer::config::SMOKE_CONFIG;
 use agentrl_trainer::run_dir::RunDir;
-use agentrl_trainer::{Silent, TrainConfig, TrainError, Trainer};
+use agentrl_trainer::{Silent, TrainError, Trainer};
 use serde_json::Value;
 
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
+mod common;
+use common::copy_dir;
 
 /// Resume the run in `dir` and train it to the end.
 fn resume_to_end(dir: &Path) -> Result<(), TrainError> {
@@ -100,7 +89,7 @@ fn runs() -> Runs {
     let scratch = tempfile::tempdir().unwrap();
     let started = scratch.path().join("started");
     // configs/smoke.toml: two RL steps, a checkpoint after each, on the bandit.
-    let cfg = TrainConfig::from_toml(SMOKE_CONFIG, &[]).unwrap();
+    let cfg = common::smoke_with(&[]);
     drop(Trainer::start(cfg, &started, &mut Silent).unwrap());
     let finished = scratch.path().join("finished");
     copy_dir(&started, &finished);

@@ -10,57 +10,16 @@ use agentrl_trainer::run_dir::RunDir;
 use agentrl_trainer::{Silent, TrainConfig, Trainer};
 use serde_json::Value;
 
-/// A tiny model on 3×3 FrozenLake: five RL steps, a checkpoint after each;
-/// the turn budget grows 1 → 2 → 3 every 2 steps and the curriculum moves
-/// from easy to hard at step 3.
-const STAGED: &str = r#"
-name = "schedule-test"
-[env]
-name = "frozenlake"
-[env.params]
-is_slippery = false
-[model]
-vocab_size = 300
-hidden_size = 32
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-intermediate_size = 64
-[sft]
-demos = 4
-epochs = 1
-expert_noise = 1.0
-[rollout]
-n = 2
-env_groups = 2
-max_turns = 3
-max_turns_schedule = [1, 2, 3]
-max_turns_stage_steps = 2
-max_actions_per_turn = 1
-response_length = 8
-[curriculum]
-difficulties = ["easy", "hard"]
-stage_steps = 3
-[trainer]
-total_training_steps = 5
-save_freq = 1
-test_freq = 0
-val_tasks = 2
-val_greedy = false
-"#;
+mod common;
+use common::{copy_dir, tiny_frozenlake};
 
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
+/// A tiny model on non-slippery FrozenLake: five RL steps, a checkpoint after each; the
+/// turn budget grows 1 → 2 → 3 every 2 steps and the curriculum moves from
+/// easy to hard at step 3.
+const STAGED: &str = "name=schedule-test env.params.is_slippery=false rollout.max_turns=3 \
+    rollout.max_turns_schedule=[1,2,3] rollout.max_turns_stage_steps=2 \
+    curriculum.difficulties=[\"easy\",\"hard\"] curriculum.stage_steps=3 \
+    trainer.total_training_steps=5";
 
 /// The train and eval records of a run, less wall-clock times.
 fn records(dir: &Path) -> Vec<Value> {
@@ -106,7 +65,7 @@ fn each_step_plays_its_stage_and_a_resume_mid_stage_continues_it() {
     let dir = tempfile::tempdir().unwrap();
     // Killed after step 3: inside the turn budget's second stage (steps
     // 2-3) and the curriculum's second (steps 3-5).
-    let cfg = TrainConfig::from_toml(STAGED, &[]).unwrap();
+    let cfg = tiny_frozenlake(STAGED);
     let (whole, resumed) = whole_and_resumed(cfg, 3, dir.path());
     let train: Vec<&Value> = whole.iter().filter(|v| v["kind"] == "train").collect();
     let turns: Vec<u64> = train
@@ -178,44 +137,13 @@ fn a_threshold_curriculum_keeps_its_stage_across_a_resume() {
 
 #[test]
 fn a_mixture_deals_each_step_between_its_envs_and_logs_each() {
-    let config = r#"
-name = "mixture-test"
-[env]
-name = "frozenlake"
-[[mixture]]
-name = "frozenlake"
-difficulty = "easy"
-weight = 1.0
-params = { is_slippery = false, size = 3 }
-[[mixture]]
-name = "bandit"
-weight = 1.0
-[model]
-vocab_size = 300
-hidden_size = 32
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-intermediate_size = 64
-[sft]
-demos = 4
-epochs = 1
-expert_noise = 1.0
-[rollout]
-n = 2
-env_groups = 2
-max_turns = 2
-max_actions_per_turn = 1
-response_length = 8
-[trainer]
-total_training_steps = 2
-save_freq = 1
-test_freq = 0
-val_tasks = 2
-val_greedy = false
-"#;
+    // Each step one 3×3 FrozenLake task and one bandit task.
+    let cfg = tiny_frozenlake(
+        "name=mixture-test rollout.max_turns=2 trainer.total_training_steps=2 \
+        mixture=[{name=\"frozenlake\",difficulty=\"easy\",weight=1.0,params={is_slippery=false,size=3}},\
+        {name=\"bandit\",weight=1.0}]",
+    );
     let dir = tempfile::tempdir().unwrap();
-    let cfg = TrainConfig::from_toml(config, &[]).unwrap();
     let (whole, resumed) = whole_and_resumed(cfg, 1, dir.path());
     assert_eq!(resumed, whole);
     for v in whole.iter().filter(|v| v["kind"] == "train") {

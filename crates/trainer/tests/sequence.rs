@@ -8,41 +8,15 @@ use agentrl_env_core::{EnvParams, TaskSpec};
 use agentrl_trainer::sequence::{run_sequence, SequenceEval, SequenceStage};
 use agentrl_trainer::{Silent, TrainConfig};
 
-const BASE: &str = r#"
-name = "sequence-test"
-[env]
-name = "frozenlake"
-[env.params]
-is_slippery = false
-size = 3
-[model]
-vocab_size = 300
-hidden_size = 32
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-intermediate_size = 64
-[sft]
-demos = 4
-epochs = 1
-expert_noise = 1.0
-[rollout]
-n = 2
-env_groups = 2
-max_turns = 2
-max_actions_per_turn = 1
-response_length = 8
-[trainer]
-total_training_steps = 1
-save_freq = 0
-test_freq = 0
-val_tasks = 2
-val_greedy = false
-"#;
+mod common;
+
+/// A tiny model on non-slippery 3×3 FrozenLake, one RL step a stage.
+const BASE: &str = "name=sequence-test env.params.is_slippery=false env.params.size=3 \
+    rollout.max_turns=2 trainer.total_training_steps=1 trainer.save_freq=0";
 
 #[test]
 fn each_stage_continues_the_last_and_every_env_is_evaluated_after_each() {
-    let base = TrainConfig::from_toml(BASE, &[]).unwrap();
+    let base = common::tiny_frozenlake(BASE);
     let stages = vec![
         SequenceStage::parse("frozenlake:easy:1", 1).unwrap(),
         SequenceStage::parse("bandit:easy:2", 1).unwrap(),

@@ -9,12 +9,13 @@
 use agentrl_env_core::{Split, TaskSpec};
 use agentrl_rollout::{run_rollouts, Trajectory};
 use agentrl_trainer::batch::ModelRows;
-use agentrl_trainer::config::SMOKE_CONFIG;
 use agentrl_trainer::ppo::UpdateStats;
 use agentrl_trainer::trainer::rl_learning_rates;
-use agentrl_trainer::{LocalPolicy, Silent, TrainConfig, Trainer};
+use agentrl_trainer::{LocalPolicy, Silent, Trainer};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+
+mod common;
 
 /// What this test changes in `configs/smoke.toml`: groups of 8, no warm start,
 /// one update with the whole batch as one mini-batch.
@@ -55,12 +56,7 @@ fn policy_logprob(t: &Trainer, trajs: &[Trajectory]) -> Vec<f32> {
 /// fresh directory.
 fn start(overrides: &[&str]) -> (tempfile::TempDir, Trainer) {
     let dir = tempfile::tempdir().unwrap();
-    let overrides: Vec<String> = OVERRIDES
-        .iter()
-        .chain(overrides)
-        .map(|o| o.to_string())
-        .collect();
-    let cfg = TrainConfig::from_toml(SMOKE_CONFIG, &overrides).unwrap();
+    let cfg = common::smoke_with(&[OVERRIDES, overrides].concat());
     let t = Trainer::start(cfg, &dir.path().join("run"), &mut Silent).unwrap();
     (dir, t)
 }

@@ -239,6 +239,23 @@ mod tests {
     // token). Observation values are 9.0 so any leak of them shows.
     type Rows = Vec<Vec<f32>>;
 
+    /// `out` holds one episode with these advantages and returns (within 1e-6).
+    fn close_episode(out: &GaeOutput, advantages: &[f32], returns: &[f32]) {
+        close(&out.advantages, &[advantages.to_vec()], 1e-6);
+        close(&out.returns, &[returns.to_vec()], 1e-6);
+    }
+
+    /// Bi-level GAE with every γ and λ 1 and no whitening.
+    fn undiscounted() -> BiLevelGaeConfig {
+        BiLevelGaeConfig {
+            gamma: 1.0,
+            lam: 1.0,
+            turn_gamma: 1.0,
+            turn_lam: 1.0,
+            whiten: false,
+        }
+    }
+
     fn two_turn() -> (Rows, Rows, Rows) {
         (
             vec![vec![0.0, 0.0, -0.1, 0.0, 0.0, 1.0]],
@@ -267,15 +284,11 @@ mod tests {
         // returns = A + V = 0.5163264, 0.61712, 0.846, 1.0
         let (r, v, m) = two_turn();
         let out = gae(&r, &v, &m, 0.9, 0.8, false).unwrap();
-        close(
-            &out.advantages,
-            &[vec![0.0, 0.0163264, 0.21712, 0.0, 0.246, 0.3]],
-            1e-6,
-        );
-        close(
-            &out.returns,
-            &[vec![0.0, 0.5163264, 0.61712, 0.0, 0.846, 1.0]],
-            1e-6,
+        // The one episode's advantages, then its returns.
+        close_episode(
+            &out,
+            &[0.0, 0.0163264, 0.21712, 0.0, 0.246, 0.3],
+            &[0.0, 0.5163264, 0.61712, 0.0, 0.846, 1.0],
         );
         // Whitened: mean = 0.7794464/4 = 0.1948616, unbiased std = 0.1238810
         // A_w = (A − mean)/std; returns unchanged.
@@ -309,15 +322,11 @@ mod tests {
             whiten: false,
         };
         let out = gae_bilevel(&r, &v, &ids, &cfg).unwrap();
-        close(
-            &out.advantages,
-            &[vec![0.0, 0.16348, 0.4215, 0.0, 0.246, 0.3]],
-            1e-6,
-        );
-        close(
-            &out.returns,
-            &[vec![0.0, 0.66348, 0.8215, 0.0, 0.846, 1.0]],
-            1e-6,
+        // The one episode's advantages, then its returns.
+        close_episode(
+            &out,
+            &[0.0, 0.16348, 0.4215, 0.0, 0.246, 0.3],
+            &[0.0, 0.66348, 0.8215, 0.0, 0.846, 1.0],
         );
     }
 
@@ -329,13 +338,7 @@ mod tests {
         let r = vec![vec![0.0, 0.0, 0.0, 1.0]];
         let v = vec![vec![0.0; 4]];
         let ids = vec![vec![0, -1, 1, 2]];
-        let cfg = BiLevelGaeConfig {
-            gamma: 1.0,
-            lam: 1.0,
-            turn_gamma: 1.0,
-            turn_lam: 1.0,
-            whiten: false,
-        };
+        let cfg = undiscounted();
         let out = gae_bilevel(&r, &v, &ids, &cfg).unwrap();
         close(&out.advantages, &[vec![1.0, 0.0, 1.0, 1.0]], 1e-6);
     }
@@ -350,13 +353,7 @@ mod tests {
             Err(AlgoError::RewardOnNonPolicyToken { pos: 1, .. })
         ));
         let ids = vec![vec![0, -2]];
-        let cfg = BiLevelGaeConfig {
-            gamma: 1.0,
-            lam: 1.0,
-            turn_gamma: 1.0,
-            turn_lam: 1.0,
-            whiten: false,
-        };
+        let cfg = undiscounted();
         assert!(matches!(
             gae_bilevel(&[vec![0.0, 0.0]], &v, &ids, &cfg),
             Err(AlgoError::InvalidTurnId { turn_id: -2, .. })

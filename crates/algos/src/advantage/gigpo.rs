@@ -126,6 +126,12 @@ mod tests {
         )
     }
 
+    /// GiGPO on [`example`] with γ = 0.9.
+    fn on_example(step_weight: f32, norm_by_std: bool) -> Vec<Vec<f32>> {
+        let (s, g, k, r) = example();
+        gigpo(&s, &g, &k, &r, 0.9, step_weight, norm_by_std).unwrap()
+    }
+
     #[test]
     fn gigpo_dr_variant_adds_anchor_state_advantage() {
         // Episode level (Dr.GRPO): group 0 [1, 0], mean 0.5 → A_E = +0.5, −0.5;
@@ -134,8 +140,7 @@ mod tests {
         // Step group (0, 10) = {0.81, 0}: mean 0.405 → A_S = +0.405, −0.405;
         //   every other step group is a singleton → A_S = 0.
         // ω = 0.5: traj 0 step 0: 0.5 + 0.5·0.405 = 0.7025; traj 1 step 0: −0.7025
-        let (s, g, k, r) = example();
-        let a = gigpo(&s, &g, &k, &r, 0.9, 0.5, false).unwrap();
+        let a = on_example(0.5, false);
         close(
             &a,
             &[vec![0.7025, 0.5, 0.5], vec![-0.7025, -0.5], vec![0.0]],
@@ -148,8 +153,7 @@ mod tests {
         // A_E: ±0.5 / (std 0.7071068 + 1e-6) = ±0.7071058
         // A_S at state 10: ±0.405 / (std 0.5727565 + 1e-6) = ±0.7071055
         // ω = 1: traj 0 step 0: 1.4142113; traj 1 step 0: −1.4142113
-        let (s, g, k, r) = example();
-        let a = gigpo(&s, &g, &k, &r, 0.9, 1.0, true).unwrap();
+        let a = on_example(1.0, true);
         close(
             &a,
             &[

@@ -5,14 +5,11 @@
 //! evaluated on every stage's environment (avg@k on held-out validation
 //! seeds), and the forgetting table (`forgetting.md`, `matrix.jsonl`).
 
-use std::fs;
 use std::path::PathBuf;
 
 use agentrl_env_core::{EnvParams, TaskSpec};
-use agentrl_trainer::run_dir::RunDir;
 use agentrl_trainer::sequence::{forgetting_markdown, run_sequence, SequenceEval, SequenceStage};
 use agentrl_trainer::trainer::env_maker;
-use anyhow::Context;
 
 use super::train::{load_config, Bars};
 
@@ -53,21 +50,7 @@ pub fn run(args: SequenceArgs) -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     anyhow::ensure!(args.k >= 1, "--k must be at least 1");
     anyhow::ensure!(args.tasks >= 1, "--tasks must be at least 1");
-    let out = args.out.clone().unwrap_or_else(|| {
-        let ts = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        PathBuf::from("runs").join(format!("sequence-{ts}"))
-    });
-    RunDir::check_new(&out).with_context(|| {
-        format!(
-            "--out {}: a sequence is not written into an existing directory",
-            out.display()
-        )
-    })?;
-    fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    eprintln!("sequence directory: {}", out.display());
+    let out = super::study::new_output_dir(args.out.as_ref(), "sequence", "sequence")?;
     let remote = match base.env.endpoint.is_empty() {
         true => None,
         false => Some(env_maker(&base)?),

@@ -289,6 +289,16 @@ fn plot(rows: &[Value], path: &Path) -> anyhow::Result<()> {
 /// A study's new directory: `out`, or `runs/NAME-TIMESTAMP`; never an
 /// existing run's.
 pub(crate) fn study_dir(out: Option<&PathBuf>, name: &str) -> anyhow::Result<PathBuf> {
+    new_output_dir(out, "study", name)
+}
+
+/// The new directory of a `what` (a study, a sequence): `out`, or
+/// `runs/NAME-TIMESTAMP`; never an existing run's. Created and announced.
+pub(crate) fn new_output_dir(
+    out: Option<&PathBuf>,
+    what: &str,
+    name: &str,
+) -> anyhow::Result<PathBuf> {
     let out = out.cloned().unwrap_or_else(|| {
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -298,12 +308,12 @@ pub(crate) fn study_dir(out: Option<&PathBuf>, name: &str) -> anyhow::Result<Pat
     });
     RunDir::check_new(&out).with_context(|| {
         format!(
-            "--out {}: a study is not written into an existing directory",
+            "--out {}: a {what} is not written into an existing directory",
             out.display()
         )
     })?;
     fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    eprintln!("study directory: {}", out.display());
+    eprintln!("{what} directory: {}", out.display());
     Ok(out)
 }
 
@@ -311,35 +321,22 @@ pub(crate) fn study_dir(out: Option<&PathBuf>, name: &str) -> anyhow::Result<Pat
 mod tests {
     use super::*;
 
+    fn owned(overrides: &[&str]) -> Vec<String> {
+        overrides.iter().map(|s| s.to_string()).collect()
+    }
+
     #[test]
     fn arms_differ_only_in_the_echo_trap_knobs_and_both_load() {
         for quick in [true, false] {
             for arm in &ARMS {
-                let mut a: Vec<String> = study_overrides(quick)
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect();
-                a.extend(arm.overrides.iter().map(|s| s.to_string()));
+                let mut a = owned(study_overrides(quick));
+                a.extend(owned(arm.overrides));
                 let cfg = load_config(&a).unwrap();
                 assert_eq!(cfg.env.name, "frozenlake");
             }
         }
-        let vanilla = load_config(
-            &ARMS[0]
-                .overrides
-                .iter()
-                .map(|s| s.to_string())
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
-        let starpo = load_config(
-            &ARMS[1]
-                .overrides
-                .iter()
-                .map(|s| s.to_string())
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
+        let vanilla = load_config(&owned(ARMS[0].overrides)).unwrap();
+        let starpo = load_config(&owned(ARMS[1].overrides)).unwrap();
         assert_eq!(vanilla.rollout.rollout_filter_ratio, 1.0);
         assert!(vanilla.actor.use_kl_loss);
         assert_eq!(vanilla.actor.clip_ratio_low, vanilla.actor.clip_ratio_high);
@@ -347,11 +344,7 @@ mod tests {
         assert!(!starpo.actor.use_kl_loss);
         assert!(starpo.actor.clip_ratio_high > starpo.actor.clip_ratio_low);
         assert_eq!(vanilla.trainer.seed, starpo.trainer.seed);
-        let shared: Vec<String> = study_overrides(true)
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let cfg = load_config(&shared).unwrap();
+        let cfg = load_config(&owned(study_overrides(true))).unwrap();
         assert_eq!(
             cfg.algorithm.adv_estimator,
             agentrl_algos::AdvEstimator::Grpo

@@ -16,6 +16,23 @@ pub fn agentrl(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().unwrap()
 }
 
+/// Run `agentrl` with the words of `line` (a command line as a user types
+/// it, without quoting) followed by `more` (paths, text with spaces).
+pub fn agentrl_line(line: &str, more: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(line.split_whitespace())
+        .args(more)
+        .output()
+        .unwrap()
+}
+
+/// `agentrl train CONFIG OVERRIDES --quiet --out RUN`, which must succeed.
+pub fn train(config: &str, overrides: &[&str], run: &std::path::Path) {
+    let run = run.to_str().unwrap();
+    let tail = ["--quiet", "--out", run];
+    ok_stdout(&agentrl(&[&["train", config], overrides, &tail].concat()));
+}
+
 /// Its stdout as text; a failure shows its stderr.
 pub fn ok_stdout(out: &Output) -> String {
     assert!(
@@ -56,10 +73,17 @@ pub struct Served {
 }
 
 impl Served {
+    /// `agentrl serve ARGS`.
     pub fn start(args: &[&str]) -> Self {
+        Self::command("serve", args)
+    }
+
+    /// `agentrl COMMAND --port 0 ARGS` for a command that prints its
+    /// `http://` address first (`serve`, `serve-policy`).
+    pub fn command(command: &str, args: &[&str]) -> Self {
         use std::io::BufRead;
         let mut child = Command::new(BIN)
-            .args(["serve", "--port", "0"])
+            .args([command, "--port", "0"])
             .args(args)
             .stdout(std::process::Stdio::piped())
             .spawn()

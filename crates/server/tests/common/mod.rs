@@ -7,6 +7,8 @@ use agentrl_env_core::{
 };
 use agentrl_server::{ServerConfig, ServerHandle};
 use rand::Rng;
+use reqwest::StatusCode;
+use serde_json::Value;
 use std::net::SocketAddr;
 
 /// "counter": reach a target number with `inc`, `dec`, `add N`. Rewards carry
@@ -225,9 +227,106 @@ pub async fn start(config: ServerConfig) -> ServerHandle {
         .unwrap()
 }
 
+/// A server on `test_config()` changed by `change`.
+pub async fn start_with(change: impl FnOnce(&mut ServerConfig)) -> ServerHandle {
+    let mut config = test_config();
+    change(&mut config);
+    start(config).await
+}
+
+/// A server on `test_config()` and a client of it.
+pub async fn serve() -> (ServerHandle, Api) {
+    let server = start(test_config()).await;
+    let api = Api::new(&server);
+    (server, api)
+}
+
 /// Open file descriptors of this process.
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")
         .map(|d| d.count())
         .unwrap_or(0)
+}
+
+/// A JSON client of one server: each call answers the status and the body.
+#[derive(Clone)]
+pub struct Api {
+    pub client: reqwest::Client,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+}
+
+impl Api {
+    pub fn new(server: &ServerHandle) -> Self {
+        Self::with_client(server, reqwest::Client::new())
+    }
+
+    pub fn with_client(server: &ServerHandle, client: reqwest::Client) -> Self {
+        Api {
+            client,
+            base: server.base_url(),
+        }
+    }
+
+    /// POST `path` with `body`; the answer must be JSON.
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        let r = self.client.post(self.url(path)).json(&body).send().await;
+        json_answer(r.unwrap()).await
+    }
+
+    /// POST /create with `body`.
+    pub async fn create(&self, body: Value) -> (StatusCode, Value) {
+        self.post("/create", body).await
+    }
+
+    /// A new "counter" session of at most `max_steps` steps: its id.
+    pub async fn counter_session(&self, max_steps: u64) -> u64 {
+        let body = serde_json::json!({"env": "counter", "params": {"max_steps": max_steps}});
+        let (status, v) = self.create(body).await;
+        assert_eq!(status, 200, "{v}");
+        v["id"].as_u64().unwrap()
+    }
+
+    /// POST /step: `action` in session `id`.
+    pub async fn step(&self, id: u64, action: &str) -> (StatusCode, Value) {
+        self.post("/step", serde_json::json!({"id": id, "action": action}))
+            .await
+    }
+
+    /// GET `path`; the answer must be JSON.
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        json_answer(self.client.get(self.url(path)).send().await.unwrap()).await
+    }
+
+    /// `method` `path`, with `body` as JSON when there is one; the answer's
+    /// JSON, or its text as a JSON string where it is not JSON.
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (StatusCode, Value) {
+        let req = match method {
+            "GET" => self.client.get(self.url(path)),
+            _ => self.client.post(self.url(path)),
+        };
+        let req = match body {
+            Some(b) => req.json(b),
+            None => req,
+        };
+        let r = req.send().await.unwrap();
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, body)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+async fn json_answer(r: reqwest::Response) -> (StatusCode, Value) {
+    let status = r.status();
+    (status, r.json().await.unwrap())
 }

@@ -458,15 +458,15 @@ fn experiment_section(e: &Experiment, index: usize) -> anyhow::Result<Section> {
         .and_then(|b| e.rows.iter().position(|r| &r.row == b));
     let mut headers = vec![format!("avg@{k} [95% CI]")];
     headers.extend(columns.iter().cloned());
-    let mut rows: Vec<Vec<String>> = e
-        .rows
-        .iter()
-        .map(|r| {
-            let mut row = vec![r.row.clone()];
-            row.extend(r.cells.iter().map(|c| estimate_text(&c.avg_at_k)));
-            row
-        })
-        .collect();
+    // One table row per matrix row: its name, then `figure` of each cell.
+    let estimate_rows = |figure: fn(&CellFigures) -> &Estimate| -> Vec<Vec<String>> {
+        let row = |r: &MatrixRow| {
+            let cells = r.cells.iter().map(|c| estimate_text(figure(c)));
+            std::iter::once(r.row.clone()).chain(cells).collect()
+        };
+        e.rows.iter().map(row).collect()
+    };
+    let mut rows = estimate_rows(|c| &c.avg_at_k);
     if let Some(b) = base {
         for (i, r) in e.rows.iter().enumerate().filter(|(i, _)| *i != b) {
             let mut row = vec![format!("Δ {} − {}", r.row, e.rows[b].row)];
@@ -489,15 +489,7 @@ fn experiment_section(e: &Experiment, index: usize) -> anyhow::Result<Section> {
     }
     let mut pass_headers = vec![format!("pass@{k}")];
     pass_headers.extend(columns.iter().cloned());
-    let pass_rows = e
-        .rows
-        .iter()
-        .map(|r| {
-            let mut row = vec![r.row.clone()];
-            row.extend(r.cells.iter().map(|c| estimate_text(&c.pass_at_k)));
-            row
-        })
-        .collect();
+    let pass_rows = estimate_rows(|c| &c.pass_at_k);
     let mut figures = Vec::new();
     // The heatmap: Δ against the baseline where there is one, else avg@k.
     let (map_rows, map_values, diverging, what) = match base {

@@ -60,6 +60,22 @@ pub struct LinePanel {
     pub series: Vec<Series>,
 }
 
+/// Black text of `size` pixels in the registered font.
+fn text(size: u32) -> TextStyle<'static> {
+    TextStyle::from((FAMILY, size).into_font()).color(&BLACK)
+}
+
+/// A chart's title, centred at the top of its `width` pixels.
+fn draw_title(
+    root: &DrawingArea<BitMapBackend<'_>, Shift>,
+    title: &str,
+    width: u32,
+) -> anyhow::Result<()> {
+    let style = text(17).pos(Pos::new(HPos::Center, VPos::Top));
+    root.draw(&Text::new(title.to_string(), (width as i32 / 2, 12), style))?;
+    Ok(())
+}
+
 /// Render `width × height` pixels with `draw`, then encode them as PNG.
 fn render(
     width: u32,
@@ -173,12 +189,12 @@ pub fn grouped_bars(
     let height = 440;
     render(width, height, |root| {
         let (left, right, top, bottom) = (60i32, width as i32 - 20, 44i32, height as i32 - 110);
-        let text = |size| TextStyle::from((FAMILY, size).into_font()).color(&BLACK);
-        root.draw(&Text::new(
-            title.to_string(),
-            (width as i32 / 2, 12),
-            text(17).pos(Pos::new(HPos::Center, VPos::Top)),
-        ))?;
+        draw_title(root, title, width)?;
+        // A value as the bars show it: a percentage (with `unit`), or two decimals.
+        let value_text = |v: f64, unit: &str| match percent {
+            true => format!("{:.0}{unit}", 100.0 * v),
+            false => format!("{v:.2}"),
+        };
         let y_max = if y_max > 0.0 { y_max } else { 1.0 };
         let y_of = |v: f64| bottom - ((v / y_max).clamp(0.0, 1.0) * (bottom - top) as f64) as i32;
         // Axis and gridlines at fifths.
@@ -189,12 +205,8 @@ pub fn grouped_bars(
                 vec![(left, y), (right, y)],
                 RGBColor(225, 225, 225),
             ))?;
-            let label = match percent {
-                true => format!("{:.0}%", 100.0 * v),
-                false => format!("{v:.2}"),
-            };
             root.draw(&Text::new(
-                label,
+                value_text(v, "%"),
                 (left - 6, y),
                 text(12).pos(Pos::new(HPos::Right, VPos::Center)),
             ))?;
@@ -215,12 +227,8 @@ pub fn grouped_bars(
                     [(bx0, y_of(v)), (bx1, bottom)],
                     color(b).filled(),
                 ))?;
-                let label = match percent {
-                    true => format!("{:.0}", 100.0 * v),
-                    false => format!("{v:.2}"),
-                };
                 root.draw(&Text::new(
-                    label,
+                    value_text(v, ""),
                     ((bx0 + bx1) / 2, y_of(v) - 2),
                     text(10).pos(Pos::new(HPos::Center, VPos::Bottom)),
                 ))?;
@@ -291,12 +299,7 @@ pub fn heatmap(
         .fold(0.0f64, f64::max)
         .max(1e-9);
     render(width, height, |root| {
-        let text = |size| TextStyle::from((FAMILY, size).into_font()).color(&BLACK);
-        root.draw(&Text::new(
-            title.to_string(),
-            (width as i32 / 2, 12),
-            text(17).pos(Pos::new(HPos::Center, VPos::Top)),
-        ))?;
+        draw_title(root, title, width)?;
         let top = 70;
         for (c, name) in columns.iter().enumerate() {
             root.draw(&Text::new(
