@@ -12,6 +12,7 @@ use agentrl_tokenizer::{MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB};
 use serde::{Deserialize, Serialize};
 
 use crate::collapse::CollapseConfig;
+pub use crate::lora_section::LoraSection;
 use crate::mixture::{mixture_problems, MixtureEntry};
 pub use crate::policy_section::PolicySection;
 use crate::schedule::{max_turns_schedule_problems, CurriculumSection};
@@ -71,6 +72,9 @@ pub struct TrainConfig {
     /// A policy served by an OpenAI-compatible server (not for training yet).
     #[serde(default)]
     pub policy: PolicySection,
+    /// LoRA adapters on a frozen base (off by default).
+    #[serde(default, skip_serializing_if = "LoraSection::is_default")]
+    pub lora: LoraSection,
     /// The easy → hard difficulty curriculum (off when empty).
     #[serde(default, skip_serializing_if = "CurriculumSection::is_off")]
     pub curriculum: CurriculumSection,
@@ -614,6 +618,7 @@ impl TrainConfig {
         self.check_env(&mut p);
         self.check_sft(&mut p);
         self.check_policy(&mut p);
+        self.check_lora(&mut p);
         for (key, message) in self.collapse.problems() {
             p.add(key, message);
         }
@@ -1002,6 +1007,19 @@ impl TrainConfig {
         }
         for (key, message) in self.policy.problems() {
             p.add(&key, message);
+        }
+    }
+
+    fn check_lora(&self, p: &mut Problems) {
+        for (key, message) in self.lora.problems() {
+            p.add(&key, message);
+        }
+        let warm_start = self.sft.demos > 0 && self.sft.epochs > 0;
+        if self.lora.enabled && warm_start && self.actor.keep_sft_optimizer {
+            p.add(
+                "actor.keep_sft_optimizer",
+                "the warm start trains every weight and RL only the LoRA adapter attached after it: the SFT optimizer's state has nothing to carry over".into(),
+            );
         }
     }
 
