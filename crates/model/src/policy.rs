@@ -287,6 +287,24 @@ impl PolicyModel {
         self.attach(adapter)
     }
 
+    /// A model sharing this one's base weights (nothing is copied) with the
+    /// PEFT adapter in `dir` attached instead of any current one: several
+    /// adapters served over one base.
+    pub fn with_adapter(&self, dir: &Path) -> Result<Self, ModelError> {
+        let adapter = LoraAdapter::load(dir, &self.config, self.dtype, &self.device)?;
+        Ok(Self {
+            config: self.config.clone(),
+            varmap: self.varmap.clone(),
+            device: self.device.clone(),
+            model: self.model.clone(),
+            infer: self.infer.clone(),
+            dtype: self.dtype,
+            with_value_head: self.with_value_head,
+            fused_training: self.fused_training,
+            lora: Some(adapter),
+        })
+    }
+
     fn attach(&mut self, adapter: LoraAdapter) -> Result<(), ModelError> {
         if self.lora.is_some() {
             return Err(ModelError::Adapter {

@@ -993,14 +993,14 @@ impl TrainConfig {
     }
 
     /// Training generates with the model it updates: a served model does
-    /// not see the updates (until LoRA hot-loading lands), so its samples
+    /// not see the updates (until the trainer hot-loads its LoRA adapter), so its samples
     /// would be off-policy with nothing to correct for it.
     fn check_policy(&self, p: &mut Problems) {
         if !self.policy.endpoint.is_empty() {
             p.add(
                 "policy.endpoint",
                 format!(
-                    "{:?}: training generates with the local model it updates; a served model would not see the updates (LoRA hot-loading is not built yet). Evaluate through a server with `agentrl eval --policy-endpoint URL`",
+                    "{:?}: training generates with the local model it updates; a served model would not see the updates (the trainer does not yet write its LoRA adapter to the server after each update). Evaluate through a server with `agentrl eval --policy-endpoint URL`",
                     self.policy.endpoint
                 ),
             );
