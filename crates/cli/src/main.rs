@@ -51,6 +51,8 @@ enum Command {
     Train(commands::train::TrainArgs),
     /// Generate text with a model directory (chat template, sampling).
     Generate(commands::generate::GenerateArgs),
+    /// Write a policy's LoRA adapter merged into its base weights, as a plain Hugging Face checkpoint.
+    MergeLora(commands::merge_lora::MergeLoraArgs),
     /// Serve environments over HTTP (AgentGym's env-server protocol).
     Serve(commands::serve::ServeArgs),
     /// Serve a model over an OpenAI-compatible API (completions with token ids and log-probs).
@@ -85,6 +87,7 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(a) => commands::eval::run(*a),
         Command::Train(a) => commands::train::run(a),
         Command::Generate(a) => commands::generate::run(a),
+        Command::MergeLora(a) => commands::merge_lora::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::ServePolicy(a) => commands::serve_policy::run(a),
         Command::Bench(a) => commands::bench::run(a),

@@ -50,6 +50,16 @@ pub enum ModelError {
         /// The shape found in the file.
         got: Vec<usize>,
     },
+    /// A LoRA adapter directory is unreadable or does not fit the model
+    /// (missing or unexpected tensor, wrong shape, rank mismatch, unknown
+    /// module, an unsupported PEFT feature), or an adapter operation does not apply.
+    #[error("bad LoRA adapter {path}: {msg}")]
+    Adapter {
+        /// The adapter file or directory.
+        path: PathBuf,
+        /// What is wrong, naming the tensor or key.
+        msg: String,
+    },
     /// Optimizer state does not fit the variables it is loaded for.
     #[error("optimizer state {path}: {msg}")]
     OptimizerState {

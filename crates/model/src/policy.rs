@@ -1,6 +1,7 @@
 //! [`PolicyModel`]: the trainable policy (parameters in a `VarMap`), with
 //! checkpoint I/O, differentiable per-token log-probs and batched KV-cache sampling.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -11,6 +12,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::checkpoint::{read_tensors, write_tensors, CONFIG_FILE, WEIGHTS_FILE};
 use crate::decode::SequenceCache;
+use crate::lora::{adapter_dir_of, LoraAdapter, LoraConfig, ADAPTER_DIR};
 use crate::qwen2::{param_specs, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT};
 use crate::sampling::{Generation, SamplingParams, SamplingRng};
 use crate::{ModelConfig, ModelError};
@@ -51,6 +53,9 @@ pub struct PolicyModel {
     with_value_head: bool,
     /// Whether [`PolicyModel::sequence_logprobs`] may use the fused layer ops.
     fused_training: bool,
+    /// The LoRA adapter, when one is attached: then only it (and a value
+    /// head) is trained, and every forward sees `W + s·B·A`.
+    lora: Option<LoraAdapter>,
 }
 
 impl std::fmt::Debug for PolicyModel {
@@ -60,6 +65,7 @@ impl std::fmt::Debug for PolicyModel {
             .field("device", &self.device)
             .field("dtype", &self.dtype)
             .field("with_value_head", &self.with_value_head)
+            .field("lora", &self.lora.as_ref().map(LoraAdapter::config))
             .finish()
     }
 }
@@ -167,6 +173,7 @@ impl PolicyModel {
             dtype,
             with_value_head,
             fused_training: true,
+            lora: None,
         })
     }
 
@@ -213,14 +220,127 @@ impl PolicyModel {
                 }
             }
         }
-        Self::from_tensors(config, tensors, with_value_head, DType::F32, device)
+        let mut model = Self::from_tensors(config, tensors, with_value_head, DType::F32, device)?;
+        if let Some(adapter) = adapter_dir_of(dir) {
+            model.load_adapter(&adapter)?;
+        }
+        Ok(model)
     }
 
     /// Writes `config.json` and `model.safetensors` (f32, Hugging Face names;
     /// no `lm_head.weight` when tied; the value head as `value_head.*`, which
     /// transformers ignores), each atomically: a kill mid-save leaves every
-    /// file either as it was or fully written. Tokenizer files are the caller's.
+    /// file either as it was or fully written. An attached LoRA adapter goes
+    /// to `adapter/` in PEFT's layout, its base being `dir` itself (the
+    /// unmerged base weights; [`PolicyModel::load`] attaches it again).
+    /// Tokenizer files are the caller's.
     pub fn save(&self, dir: &Path) -> Result<(), ModelError> {
+        self.save_base(dir)?;
+        if let Some(lora) = &self.lora {
+            let base = std::path::absolute(dir).map_err(|e| ModelError::io(dir, e))?;
+            lora.save(&dir.join(ADAPTER_DIR), Some(&base.to_string_lossy()))?;
+        }
+        Ok(())
+    }
+
+    /// Writes a Hugging Face checkpoint whose weights have the LoRA adapter
+    /// merged in (`W + s·B·A`): a plain model for transformers or vLLM, with
+    /// no adapter. Fails when no adapter is attached.
+    pub fn save_merged(&self, dir: &Path) -> Result<(), ModelError> {
+        let Some(lora) = &self.lora else {
+            return Err(ModelError::Adapter {
+                path: dir.to_path_buf(),
+                msg: "the model has no LoRA adapter to merge".into(),
+            });
+        };
+        let mut tensors: BTreeMap<String, Tensor> = self
+            .named_vars()?
+            .into_iter()
+            .map(|(n, v)| (n, v.as_tensor().detach()))
+            .collect();
+        let merged = lora.merged_weights(&tensors)?;
+        tensors.extend(merged);
+        Self::from_tensors(
+            self.config.clone(),
+            tensors,
+            self.with_value_head,
+            self.dtype,
+            &self.device,
+        )?
+        .save_base(dir)
+    }
+
+    /// Attaches a fresh LoRA adapter (PEFT's initialisation, seeded; B = 0 so
+    /// the model's outputs do not change). From then on only the adapter and
+    /// a value head are trainable. Fails when one is already attached.
+    pub fn attach_lora(&mut self, config: LoraConfig, seed: u64) -> Result<(), ModelError> {
+        let adapter =
+            LoraAdapter::new_random(&self.config, config, seed, self.dtype, &self.device)?;
+        self.attach(adapter)
+    }
+
+    /// Attaches the PEFT adapter in `dir` (`adapter_config.json`,
+    /// `adapter_model.safetensors`). Fails when one is already attached or
+    /// the adapter does not fit this model.
+    pub fn load_adapter(&mut self, dir: &Path) -> Result<(), ModelError> {
+        let adapter = LoraAdapter::load(dir, &self.config, self.dtype, &self.device)?;
+        self.attach(adapter)
+    }
+
+    /// A model sharing this one's base weights (nothing is copied) with the
+    /// PEFT adapter in `dir` attached instead of any current one: several
+    /// adapters served over one base.
+    pub fn with_adapter(&self, dir: &Path) -> Result<Self, ModelError> {
+        let adapter = LoraAdapter::load(dir, &self.config, self.dtype, &self.device)?;
+        Ok(Self {
+            config: self.config.clone(),
+            varmap: self.varmap.clone(),
+            device: self.device.clone(),
+            model: self.model.clone(),
+            infer: self.infer.clone(),
+            dtype: self.dtype,
+            with_value_head: self.with_value_head,
+            fused_training: self.fused_training,
+            lora: Some(adapter),
+        })
+    }
+
+    fn attach(&mut self, adapter: LoraAdapter) -> Result<(), ModelError> {
+        if self.lora.is_some() {
+            return Err(ModelError::Adapter {
+                path: "<in memory>".into(),
+                msg: "the model already has a LoRA adapter".into(),
+            });
+        }
+        self.lora = Some(adapter);
+        Ok(())
+    }
+
+    /// The attached LoRA adapter, if any.
+    pub fn lora(&self) -> Option<&LoraAdapter> {
+        self.lora.as_ref()
+    }
+
+    /// The transformer a training forward runs: the model itself, or with a
+    /// LoRA adapter its frozen base with `W + s·B·A` (differentiable in A, B).
+    fn training_model(&self) -> Result<Cow<'_, Model>, ModelError> {
+        Ok(match &self.lora {
+            None => Cow::Borrowed(&self.model),
+            Some(lora) => Cow::Owned(lora.apply(&self.model.frozen(), false)?),
+        })
+    }
+
+    /// The transformer inference runs: the detached weights, with a LoRA
+    /// adapter merged in (rebuilt per call, so it follows optimizer updates).
+    fn inference_model(&self) -> Result<Cow<'_, Model>, ModelError> {
+        Ok(match &self.lora {
+            None => Cow::Borrowed(&self.infer),
+            Some(lora) => Cow::Owned(lora.apply(&self.infer, true)?),
+        })
+    }
+
+    /// [`PolicyModel::save`] without the adapter.
+    fn save_base(&self, dir: &Path) -> Result<(), ModelError> {
         std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
         let mut config = self.config.clone();
         // The weights are written as f32 whatever the source checkpoint was.
@@ -246,7 +366,8 @@ impl PolicyModel {
         write_tensors(&dir.join(WEIGHTS_FILE), &tensors)
     }
 
-    /// Every trainable parameter with its Hugging Face name, sorted by name.
+    /// Every parameter of the base model (and value head) with its Hugging
+    /// Face name, sorted by name; a LoRA adapter's are [`LoraAdapter::named_vars`].
     pub fn named_vars(&self) -> Result<Vec<(String, Var)>, ModelError> {
         let data = self
             .varmap
@@ -258,14 +379,37 @@ impl PolicyModel {
         Ok(v)
     }
 
-    /// Every trainable parameter, in name order (a stable order for optimizer
-    /// state). Fails, rather than answering an empty list an optimizer would
-    /// silently "train", when the parameter map cannot be read.
-    pub fn trainable_vars(&self) -> Result<Vec<Var>, ModelError> {
-        Ok(self.named_vars()?.into_iter().map(|(_, v)| v).collect())
+    /// Every trainable parameter with its name, in name order: every
+    /// parameter, or with a LoRA adapter only its A and B (PEFT's names) and
+    /// the value head. Fails for an adapter with dropout, which cannot be
+    /// trained here ([`LoraAdapter::check_trainable`]).
+    pub fn trainable_named_vars(&self) -> Result<Vec<(String, Var)>, ModelError> {
+        let all = self.named_vars()?;
+        let Some(lora) = &self.lora else {
+            return Ok(all);
+        };
+        lora.check_trainable()?;
+        let mut v = lora.named_vars();
+        v.extend(
+            all.into_iter()
+                .filter(|(n, _)| n == VALUE_HEAD_WEIGHT || n == VALUE_HEAD_BIAS),
+        );
+        Ok(v)
     }
 
-    /// Total number of scalar parameters.
+    /// Every trainable parameter (see [`PolicyModel::trainable_named_vars`]),
+    /// in name order (a stable order for optimizer state). Fails, rather than
+    /// answering an empty list an optimizer would silently "train", when the
+    /// parameter map cannot be read.
+    pub fn trainable_vars(&self) -> Result<Vec<Var>, ModelError> {
+        Ok(self
+            .trainable_named_vars()?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect())
+    }
+
+    /// Total number of scalar parameters of the base model (and value head).
     pub fn num_parameters(&self) -> Result<usize, ModelError> {
         Ok(self.trainable_vars()?.iter().map(|v| v.elem_count()).sum())
     }
@@ -288,9 +432,10 @@ impl PolicyModel {
         self.fused_training = on;
     }
 
-    /// The graph-building transformer (for callers that need hidden states).
-    pub fn model(&self) -> &Model {
-        &self.model
+    /// The graph-building transformer (for callers that need hidden states);
+    /// with a LoRA adapter, its frozen base with the adapter applied.
+    pub fn model(&self) -> Result<Cow<'_, Model>, ModelError> {
+        self.training_model()
     }
 
     fn check_ids(&self, seqs: &[Vec<u32>]) -> Result<(), ModelError> {
@@ -315,7 +460,7 @@ impl PolicyModel {
                 self.model.rotary().max_positions()
             )));
         }
-        Ok(self.model.forward(input_ids)?)
+        Ok(self.training_model()?.forward(input_ids)?)
     }
 
     /// [`PolicyModel::forward`] without building an autograd graph.
@@ -327,7 +472,7 @@ impl PolicyModel {
                 self.infer.rotary().max_positions()
             )));
         }
-        Ok(self.infer.forward(input_ids)?)
+        Ok(self.inference_model()?.forward(input_ids)?)
     }
 
     /// Per-token log-probs, entropies and values of ragged `seqs` (right-padded
@@ -363,10 +508,11 @@ impl PolicyModel {
             }
         }
         let mask = Tensor::from_vec(mask, (b, t - 1), &self.device)?.to_dtype(self.dtype)?;
-        let (logprobs, entropy, values) = if self.fused_training && self.model.supports_fused() {
-            self.fused_outputs(seqs, t)?
+        let model = self.training_model()?;
+        let (logprobs, entropy, values) = if self.fused_training && model.supports_fused() {
+            self.fused_outputs(&model, seqs, t)?
         } else {
-            self.composite_outputs(seqs, t)?
+            self.composite_outputs(&model, seqs, t)?
         };
         Ok(SequenceLogprobs {
             logprobs,
@@ -378,12 +524,17 @@ impl PolicyModel {
 
     /// Log-probs, entropies `[B, T-1]` and values `[B, T]` of the fused path:
     /// packed tokens through the fused layer ops, scattered back to the padded layout.
-    fn fused_outputs(&self, seqs: &[Vec<u32>], t: usize) -> Result<Outputs, ModelError> {
+    fn fused_outputs(
+        &self,
+        model: &Model,
+        seqs: &[Vec<u32>],
+        t: usize,
+    ) -> Result<Outputs, ModelError> {
         let b = seqs.len();
-        let (out, hn, packing) = self.model.fused_logprobs(seqs)?;
+        let (out, hn, packing) = model.fused_logprobs(seqs)?;
         // grad: get (narrow + squeeze) passes the gradient to its plane.
         let (logprobs, entropy) = (out.get(0)?, out.get(1)?);
-        let values = match self.model.values(&hn)? {
+        let values = match model.values(&hn)? {
             Some(v) => {
                 // [N] → [B, T]: row b·T + p reads packed row offsets[b] + p, or
                 // the appended zero past the sequence's end.
@@ -405,7 +556,12 @@ impl PolicyModel {
     }
 
     /// The same outputs from candle's composite ops on a right-padded batch.
-    fn composite_outputs(&self, seqs: &[Vec<u32>], t: usize) -> Result<Outputs, ModelError> {
+    fn composite_outputs(
+        &self,
+        model: &Model,
+        seqs: &[Vec<u32>],
+        t: usize,
+    ) -> Result<Outputs, ModelError> {
         let b = seqs.len();
         let mut ids = vec![0u32; b * t];
         for (i, s) in seqs.iter().enumerate() {
@@ -414,12 +570,12 @@ impl PolicyModel {
         let ids = Tensor::from_vec(ids, (b, t), &self.device)?;
         // Right padding needs no key mask: causal attention keeps real tokens
         // from ever seeing the pads that follow them.
-        let rope = self.model.rotary().tables_contiguous(0, t)?;
-        let h = self.model.forward_hidden(&ids, &rope, &[], None)?; // [B, T, d]
-        let values = self.model.values(&h)?; // [B, T]
-                                             // Only positions 0..T-1 predict a token: skip the last row's LM head.
-        let logits = self.model.logits(&h.narrow(1, 0, t - 1)?)?; // [B, T-1, V]
-                                                                  // grad: fused log-softmax with its own bwd (crate::ops).
+        let rope = model.rotary().tables_contiguous(0, t)?;
+        let h = model.forward_hidden(&ids, &rope, &[], None)?; // [B, T, d]
+        let values = model.values(&h)?; // [B, T]
+                                        // Only positions 0..T-1 predict a token: skip the last row's LM head.
+        let logits = model.logits(&h.narrow(1, 0, t - 1)?)?; // [B, T-1, V]
+                                                             // grad: fused log-softmax with its own bwd (crate::ops).
         let logp = crate::ops::log_softmax(&logits)?;
         let targets = ids.narrow(1, 1, t - 1)?.contiguous()?.unsqueeze(2)?; // [B, T-1, 1]
                                                                             // grad: gather's backward scatters the gradient into the target column.
@@ -528,6 +684,7 @@ impl PolicyModel {
                 self.infer.rotary().max_positions()
             )));
         }
-        crate::decode::generate(&self.infer, &self.config, caches, contexts, params, rng)
+        let model = self.inference_model()?;
+        crate::decode::generate(&model, &self.config, caches, contexts, params, rng)
     }
 }

@@ -28,6 +28,7 @@ use crate::config::ModelConfig;
 use crate::head::LmHeadOp;
 use crate::host::with_slices;
 use crate::kernels::Real;
+use crate::lora::LoraTarget;
 
 /// Name of the optional value head's weight (`[1, hidden]`); transformers ignores it.
 pub const VALUE_HEAD_WEIGHT: &str = "value_head.weight";
@@ -162,11 +163,12 @@ impl RmsNorm {
         })
     }
 
-    fn detach(&self) -> Self {
+    /// Detached weights; with `inference`, candle's gradient-free kernel may serve.
+    fn detached(&self, inference: bool) -> Self {
         Self {
             weight: self.weight.detach(),
             eps: self.eps,
-            inference: true,
+            inference,
         }
     }
 
@@ -409,7 +411,7 @@ impl Attention {
         })
     }
 
-    fn detach(&self) -> Self {
+    fn detached(&self, inference: bool) -> Self {
         let d = |t: &Option<Tensor>| t.as_ref().map(Tensor::detach);
         Self {
             q_w: self.q_w.detach(),
@@ -419,7 +421,7 @@ impl Attention {
             v_w: self.v_w.detach(),
             v_b: d(&self.v_b),
             o_w: self.o_w.detach(),
-            inference: true,
+            inference,
             ..*self
         }
     }
@@ -533,12 +535,12 @@ impl DecoderLayer {
         })
     }
 
-    fn detach(&self) -> Self {
+    fn detached(&self, inference: bool) -> Self {
         Self {
-            attn: self.attn.detach(),
+            attn: self.attn.detached(inference),
             mlp: self.mlp.detach(),
-            input_ln: self.input_ln.detach(),
-            post_ln: self.post_ln.detach(),
+            input_ln: self.input_ln.detached(inference),
+            post_ln: self.post_ln.detached(inference),
         }
     }
 
@@ -622,10 +624,46 @@ impl Model {
     /// The same model on detached copies of the weights (shared storage, so
     /// optimizer updates show through) for inference without an autograd graph.
     pub fn detach(&self) -> Self {
+        self.detached(true)
+    }
+
+    /// The same model on detached (frozen) copies of every weight but the
+    /// value head's, still on the differentiable ops: the base a LoRA
+    /// adapter trains on, where the gradient reaches the inputs of every
+    /// layer and no base weight.
+    pub(crate) fn frozen(&self) -> Self {
+        Self {
+            value_head: self.value_head.clone(),
+            ..self.detached(false)
+        }
+    }
+
+    /// The weight of projection `target` of layer `layer`, to replace by an adapted one.
+    pub(crate) fn projection_mut(
+        &mut self,
+        layer: usize,
+        target: LoraTarget,
+    ) -> Result<&mut Tensor> {
+        let n = self.layers.len();
+        let Some(l) = self.layers.get_mut(layer) else {
+            candle_core::bail!("layer {layer} of a {n}-layer model")
+        };
+        Ok(match target {
+            LoraTarget::QProj => &mut l.attn.q_w,
+            LoraTarget::KProj => &mut l.attn.k_w,
+            LoraTarget::VProj => &mut l.attn.v_w,
+            LoraTarget::OProj => &mut l.attn.o_w,
+            LoraTarget::GateProj => &mut l.mlp.gate,
+            LoraTarget::UpProj => &mut l.mlp.up,
+            LoraTarget::DownProj => &mut l.mlp.down,
+        })
+    }
+
+    fn detached(&self, inference: bool) -> Self {
         Self {
             embed: self.embed.detach(),
-            layers: self.layers.iter().map(DecoderLayer::detach).collect(),
-            norm: self.norm.detach(),
+            layers: self.layers.iter().map(|l| l.detached(inference)).collect(),
+            norm: self.norm.detached(inference),
             lm_head: self.lm_head.detach(),
             value_head: self
                 .value_head

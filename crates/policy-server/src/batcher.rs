@@ -8,7 +8,9 @@
 //! repeats its tokens (its log-probs up to the float rounding of the batch's
 //! shape).
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -51,6 +53,9 @@ pub enum GenerateError {
     /// The model failed (non-finite logits, a bug).
     #[error("generation failed: {0}")]
     Failed(String),
+    /// A LoRA adapter could not be loaded (bad files, a name taken).
+    #[error("{0}")]
+    Adapter(String),
 }
 
 /// The sequences of one request, generated together.
@@ -58,13 +63,26 @@ struct Job {
     prompts: Vec<Vec<u32>>,
     rngs: Vec<ChaCha8Rng>,
     params: SamplingParams,
+    /// The LoRA adapter to generate with (by its loaded name), or the base model.
+    adapter: Option<String>,
     reply: oneshot::Sender<Result<Vec<Generation>, GenerateError>>,
+}
+
+/// What the model thread is asked to do.
+enum Message {
+    Generate(Job),
+    /// Load the PEFT adapter at `path` under `name`.
+    LoadAdapter {
+        name: String,
+        path: PathBuf,
+        reply: oneshot::Sender<Result<(), GenerateError>>,
+    },
 }
 
 /// The queue's sending end; cloning it is cheap.
 #[derive(Debug, Clone)]
 pub struct Generator {
-    jobs: SyncSender<Job>,
+    jobs: SyncSender<Message>,
     max_queued: usize,
 }
 
@@ -77,7 +95,13 @@ impl Generator {
         let (jobs, queue) = mpsc::sync_channel(limits.max_queued.max(1));
         let thread = std::thread::Builder::new()
             .name("agentrl-policy-model".into())
-            .spawn(move || model_loop(&model, &queue, limits))?;
+            .spawn(move || {
+                let mut models = Models {
+                    base: model,
+                    adapters: HashMap::new(),
+                };
+                model_loop(&mut models, &queue, limits)
+            })?;
         Ok((
             Self {
                 jobs,
@@ -87,33 +111,91 @@ impl Generator {
         ))
     }
 
-    /// Generate a continuation of each prompt, prompt `i` sampling from `rngs[i]`.
+    /// Generate a continuation of each prompt, prompt `i` sampling from
+    /// `rngs[i]`, with the LoRA adapter loaded as `adapter` or the base model.
     pub async fn generate(
         &self,
         prompts: Vec<Vec<u32>>,
         rngs: Vec<ChaCha8Rng>,
         params: SamplingParams,
+        adapter: Option<String>,
     ) -> Result<Vec<Generation>, GenerateError> {
         let (reply, answer) = oneshot::channel();
-        let job = Job {
+        self.send(Message::Generate(Job {
             prompts,
             rngs,
             params,
+            adapter,
             reply,
-        };
-        match self.jobs.try_send(job) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => return Err(GenerateError::Busy(self.max_queued)),
-            Err(TrySendError::Disconnected(_)) => return Err(GenerateError::Stopped),
-        }
+        }))?;
         answer.await.unwrap_or(Err(GenerateError::Stopped))
+    }
+
+    /// Load the PEFT adapter in `path` on the model thread, to generate with as `name`.
+    pub async fn load_adapter(&self, name: String, path: PathBuf) -> Result<(), GenerateError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Message::LoadAdapter { name, path, reply })?;
+        answer.await.unwrap_or(Err(GenerateError::Stopped))
+    }
+
+    fn send(&self, message: Message) -> Result<(), GenerateError> {
+        match self.jobs.try_send(message) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(GenerateError::Busy(self.max_queued)),
+            Err(TrySendError::Disconnected(_)) => Err(GenerateError::Stopped),
+        }
+    }
+}
+
+/// The base model and the LoRA adapters loaded over it, by name.
+struct Models {
+    base: PolicyModel,
+    adapters: HashMap<String, PolicyModel>,
+}
+
+impl Models {
+    /// The model of `adapter` (the base when none).
+    fn get(&self, adapter: Option<&str>) -> Result<&PolicyModel, GenerateError> {
+        match adapter {
+            None => Ok(&self.base),
+            Some(name) => self.adapters.get(name).ok_or_else(|| {
+                GenerateError::Failed(format!("no LoRA adapter `{name}` is loaded"))
+            }),
+        }
+    }
+
+    fn load(&mut self, name: String, path: &Path) -> Result<(), GenerateError> {
+        if self.adapters.contains_key(&name) {
+            return Err(GenerateError::Adapter(format!(
+                "the LoRA adapter `{name}` has already been loaded"
+            )));
+        }
+        let model = self
+            .base
+            .with_adapter(path)
+            .map_err(|e| GenerateError::Adapter(e.to_string()))?;
+        self.adapters.insert(name, model);
+        Ok(())
     }
 }
 
 /// Take the jobs that are waiting (after the window, up to the batch
 /// size), generate them, answer; until the queue closes.
-fn model_loop(model: &PolicyModel, queue: &Receiver<Job>, limits: BatchLimits) {
+/// An adapter load is done when it arrives: the client waits for its answer
+/// before it sends requests naming the adapter.
+fn model_loop(models: &mut Models, queue: &Receiver<Message>, limits: BatchLimits) {
+    let take = |models: &mut Models, message: Message| match message {
+        Message::Generate(job) => Some(job),
+        Message::LoadAdapter { name, path, reply } => {
+            // The receiver is gone when the client hung up.
+            let _ = reply.send(models.load(name, &path));
+            None
+        }
+    };
     while let Ok(first) = queue.recv() {
+        let Some(first) = take(models, first) else {
+            continue;
+        };
         let mut jobs = vec![first];
         let mut sequences = jobs[0].prompts.len();
         let deadline = Instant::now() + limits.window;
@@ -125,30 +207,37 @@ fn model_loop(model: &PolicyModel, queue: &Receiver<Job>, limits: BatchLimits) {
                 queue.recv_timeout(left)
             };
             match next {
-                Ok(job) => {
-                    sequences += job.prompts.len();
-                    jobs.push(job);
+                Ok(message) => {
+                    if let Some(job) = take(models, message) {
+                        sequences += job.prompts.len();
+                        jobs.push(job);
+                    }
                 }
                 Err(_) if left.is_zero() => break,
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        run_jobs(model, jobs, limits.max_batch_sequences);
+        run_jobs(models, jobs, limits.max_batch_sequences);
     }
 }
 
-/// Generate `jobs`: one model call per set of sampling parameters (split at
-/// `max_batch` sequences), each job answered with its own sequences.
-fn run_jobs(model: &PolicyModel, jobs: Vec<Job>, max_batch: usize) {
-    let mut groups: Vec<(SamplingParams, Vec<Job>)> = Vec::new();
+/// Generate `jobs`: one model call per adapter and set of sampling
+/// parameters (split at `max_batch` sequences), each job answered with its
+/// own sequences.
+fn run_jobs(models: &Models, jobs: Vec<Job>, max_batch: usize) {
+    type Key = (SamplingParams, Option<String>);
+    let mut groups: Vec<(Key, Vec<Job>)> = Vec::new();
     for job in jobs {
-        match groups.iter_mut().find(|(p, _)| *p == job.params) {
+        match groups
+            .iter_mut()
+            .find(|((p, a), _)| *p == job.params && *a == job.adapter)
+        {
             Some((_, g)) => g.push(job),
-            None => groups.push((job.params.clone(), vec![job])),
+            None => groups.push(((job.params.clone(), job.adapter.clone()), vec![job])),
         }
     }
-    for (params, group) in groups {
+    for ((params, adapter), group) in groups {
         // (job, sequence) of every sequence, in order.
         let mut owners: Vec<(usize, usize)> = Vec::new();
         let mut prompts: Vec<Vec<u32>> = Vec::new();
@@ -167,8 +256,9 @@ fn run_jobs(model: &PolicyModel, jobs: Vec<Job>, max_batch: usize) {
         let chunk = max_batch.max(1);
         for start in (0..prompts.len()).step_by(chunk) {
             let end = (start + chunk).min(prompts.len());
-            let result =
-                generate_guarded(model, &prompts[start..end], &params, &mut rngs[start..end]);
+            let result = models.get(adapter.as_deref()).and_then(|model| {
+                generate_guarded(model, &prompts[start..end], &params, &mut rngs[start..end])
+            });
             tracing::debug!(sequences = end - start, "generated a batch");
             match result {
                 Ok(gens) => {

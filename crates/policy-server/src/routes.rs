@@ -1,11 +1,14 @@
 //! The routes (`/v1/models`, `/v1/completions`, `/v1/chat/completions`,
-//! `/health`), their JSON extractor and the layers around them.
+//! vLLM's `/v1/load_lora_adapter`, `/health`), their JSON extractor and the
+//! layers around them.
 //!
 //! A handler checks the request into a [`Plan`] (tokenizing on a blocking
 //! thread), queues its sequences for the model thread, and writes the answer
 //! (decoding on a blocking thread): the async runtime only moves bytes.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentrl_model::Generation;
@@ -44,6 +47,18 @@ pub(crate) struct AppState {
     pub api_key: Option<String>,
     /// When the server started (the model card's `created`).
     pub created: u64,
+    /// The names of the LoRA adapters loaded on the model thread.
+    pub adapters: Mutex<BTreeSet<String>>,
+}
+
+/// vLLM's `/v1/load_lora_adapter` body.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoadLoraAdapterRequest {
+    /// The name requests then give as `model`.
+    lora_name: String,
+    /// A PEFT adapter directory on the server's machine.
+    lora_path: PathBuf,
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -56,6 +71,7 @@ pub(crate) fn router(state: Shared, body_limit: usize, request_timeout: Duration
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .fallback(not_found);
     // The timeout drops the request's future: the client hears 503 at once;
     // sequences already queued are still generated (and their answer dropped).
@@ -122,32 +138,62 @@ async fn health() -> StatusCode {
     StatusCode::OK
 }
 
-async fn models(State(st): State<Shared>) -> Json<ModelList> {
-    Json(ModelList {
+async fn models(State(st): State<Shared>) -> Result<Json<ModelList>, ApiError> {
+    let card = |id: &str| ModelCard {
+        id: id.to_string(),
+        object: "model".into(),
+        created: st.created,
+        owned_by: "agentrl".into(),
+        max_model_len: Some(st.limits.max_model_len),
+    };
+    let mut data = vec![card(&st.name)];
+    data.extend(st.adapter_names()?.iter().map(|n| card(n)));
+    Ok(Json(ModelList {
         object: "list".into(),
-        data: vec![ModelCard {
-            id: st.name.clone(),
-            object: "model".into(),
-            created: st.created,
-            owned_by: "agentrl".into(),
-            max_model_len: Some(st.limits.max_model_len),
-        }],
-    })
+        data,
+    }))
+}
+
+/// Loads a PEFT adapter (vLLM's route and answer): requests naming
+/// `lora_name` as their `model` then generate with it.
+async fn load_lora_adapter(
+    State(st): State<Shared>,
+    OpenAiJson(req): OpenAiJson<LoadLoraAdapterRequest>,
+) -> Result<String, ApiError> {
+    let name = req.lora_name;
+    if name.trim().is_empty() || name == st.name {
+        return Err(ApiError::invalid(
+            "lora_name",
+            format!("lora_name {name:?} must be non-empty and not the base model's name"),
+        ));
+    }
+    st.generator
+        .load_adapter(name.clone(), req.lora_path)
+        .await
+        .map_err(generate_error)?;
+    st.adapters
+        .lock()
+        .map_err(|_| ApiError::internal("the adapter list lock is poisoned"))?
+        .insert(name.clone());
+    Ok(format!(
+        "Success: LoRA adapter '{name}' added successfully."
+    ))
 }
 
 async fn completions(
     State(st): State<Shared>,
     OpenAiJson(req): OpenAiJson<CompletionRequest>,
 ) -> Result<Json<CompletionResponse>, ApiError> {
-    st.check_model(req.model.as_deref())?;
+    let adapter = st.check_model(req.model.as_deref())?;
     let plan = {
         let st = Arc::clone(&st);
         blocking(move || plan::completion(&req, &st.tokenizer, &st.limits)).await??
     };
-    let gens = st.generate(&plan).await?;
+    let gens = st.generate(&plan, adapter.clone()).await?;
     let answer = blocking(move || {
         let choices = finish_all(&st.tokenizer, gens, &plan)?;
-        answer::completion_response(&st.tokenizer, &st.name, &plan, choices)
+        let name = adapter.as_deref().unwrap_or(&st.name);
+        answer::completion_response(&st.tokenizer, name, &plan, choices)
             .map_err(|e| ApiError::internal(format!("decoding: {e}")))
     })
     .await??;
@@ -158,15 +204,16 @@ async fn chat_completions(
     State(st): State<Shared>,
     OpenAiJson(req): OpenAiJson<ChatCompletionRequest>,
 ) -> Result<Json<ChatCompletionResponse>, ApiError> {
-    st.check_model(req.model.as_deref())?;
+    let adapter = st.check_model(req.model.as_deref())?;
     let plan = {
         let st = Arc::clone(&st);
         blocking(move || plan::chat(&req, &st.tokenizer, &st.limits)).await??
     };
-    let gens = st.generate(&plan).await?;
+    let gens = st.generate(&plan, adapter.clone()).await?;
     let answer = blocking(move || {
         let choices = finish_all(&st.tokenizer, gens, &plan)?;
-        answer::chat_response(&st.tokenizer, &st.name, &plan, choices)
+        let name = adapter.as_deref().unwrap_or(&st.name);
+        answer::chat_response(&st.tokenizer, name, &plan, choices)
             .map_err(|e| ApiError::internal(format!("decoding: {e}")))
     })
     .await??;
@@ -174,31 +221,56 @@ async fn chat_completions(
 }
 
 impl AppState {
-    /// A request may name the served model or none.
-    fn check_model(&self, asked: Option<&str>) -> Result<(), ApiError> {
+    /// A request may name the served model, a loaded LoRA adapter (its
+    /// name is returned) or none.
+    fn check_model(&self, asked: Option<&str>) -> Result<Option<String>, ApiError> {
         match asked {
-            Some(m) if m != self.name => Err(ApiError::unknown_model(m, &self.name)),
-            _ => Ok(()),
+            Some(m) if m != self.name => {
+                if self.adapter_names()?.contains(m) {
+                    Ok(Some(m.to_string()))
+                } else {
+                    Err(ApiError::unknown_model(m, &self.name))
+                }
+            }
+            _ => Ok(None),
         }
     }
 
-    /// Every sequence of `plan`, from the model thread.
-    async fn generate(&self, plan: &Plan) -> Result<Vec<Generation>, ApiError> {
+    fn adapter_names(&self) -> Result<BTreeSet<String>, ApiError> {
+        Ok(self
+            .adapters
+            .lock()
+            .map_err(|_| ApiError::internal("the adapter list lock is poisoned"))?
+            .clone())
+    }
+
+    /// Every sequence of `plan`, from the model thread, with `adapter` or the base.
+    async fn generate(
+        &self,
+        plan: &Plan,
+        adapter: Option<String>,
+    ) -> Result<Vec<Generation>, ApiError> {
         let (prompts, rngs) = plan.sequences();
         self.generator
-            .generate(prompts, rngs, plan.params.clone())
+            .generate(prompts, rngs, plan.params.clone(), adapter)
             .await
-            .map_err(|e| match e {
-                GenerateError::Busy(queued) => ApiError::busy(queued),
-                GenerateError::Stopped => ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "server_error",
-                    "the server is shutting down",
-                    None,
-                    None,
-                ),
-                GenerateError::Failed(msg) => ApiError::internal(msg),
-            })
+            .map_err(generate_error)
+    }
+}
+
+/// The answer to a model thread's failure.
+fn generate_error(e: GenerateError) -> ApiError {
+    match e {
+        GenerateError::Busy(queued) => ApiError::busy(queued),
+        GenerateError::Stopped => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the server is shutting down",
+            None,
+            None,
+        ),
+        GenerateError::Failed(msg) => ApiError::internal(msg),
+        GenerateError::Adapter(msg) => ApiError::bad_request(msg),
     }
 }
 
@@ -258,7 +330,7 @@ async fn not_found(req: Request) -> ApiError {
         StatusCode::NOT_FOUND,
         "invalid_request_error",
         format!(
-            "no route {} {} (served: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health)",
+            "no route {} {} (served: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/load_lora_adapter, GET /health)",
             req.method(),
             req.uri().path()
         ),

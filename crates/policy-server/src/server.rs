@@ -209,6 +209,7 @@ async fn start(
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        adapters: Default::default(),
     });
     let app = router(state, config.body_limit, config.request_timeout);
     let conn_limits = ConnectionLimits {

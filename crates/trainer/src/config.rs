@@ -12,6 +12,7 @@ use agentrl_tokenizer::{MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB};
 use serde::{Deserialize, Serialize};
 
 use crate::collapse::CollapseConfig;
+pub use crate::lora_section::LoraSection;
 use crate::mixture::{mixture_problems, MixtureEntry};
 pub use crate::policy_section::PolicySection;
 use crate::schedule::{max_turns_schedule_problems, CurriculumSection};
@@ -71,6 +72,9 @@ pub struct TrainConfig {
     /// A policy served by an OpenAI-compatible server (not for training yet).
     #[serde(default)]
     pub policy: PolicySection,
+    /// LoRA adapters on a frozen base (off by default).
+    #[serde(default, skip_serializing_if = "LoraSection::is_default")]
+    pub lora: LoraSection,
     /// The easy → hard difficulty curriculum (off when empty).
     #[serde(default, skip_serializing_if = "CurriculumSection::is_off")]
     pub curriculum: CurriculumSection,
@@ -614,6 +618,7 @@ impl TrainConfig {
         self.check_env(&mut p);
         self.check_sft(&mut p);
         self.check_policy(&mut p);
+        self.check_lora(&mut p);
         for (key, message) in self.collapse.problems() {
             p.add(key, message);
         }
@@ -979,20 +984,33 @@ impl TrainConfig {
     }
 
     /// Training generates with the model it updates: a served model does
-    /// not see the updates (until LoRA hot-loading lands), so its samples
+    /// not see the updates (until the trainer hot-loads its LoRA adapter), so its samples
     /// would be off-policy with nothing to correct for it.
     fn check_policy(&self, p: &mut Problems) {
         if !self.policy.endpoint.is_empty() {
             p.add(
                 "policy.endpoint",
                 format!(
-                    "{:?}: training generates with the local model it updates; a served model would not see the updates (LoRA hot-loading is not built yet). Evaluate through a server with `agentrl eval --policy-endpoint URL`",
+                    "{:?}: training generates with the local model it updates; a served model would not see the updates (the trainer does not yet write its LoRA adapter to the server after each update). Evaluate through a server with `agentrl eval --policy-endpoint URL`",
                     self.policy.endpoint
                 ),
             );
         }
         for (key, message) in self.policy.problems() {
             p.add(&key, message);
+        }
+    }
+
+    fn check_lora(&self, p: &mut Problems) {
+        for (key, message) in self.lora.problems() {
+            p.add(&key, message);
+        }
+        let warm_start = self.sft.demos > 0 && self.sft.epochs > 0;
+        if self.lora.enabled && warm_start && self.actor.keep_sft_optimizer {
+            p.add(
+                "actor.keep_sft_optimizer",
+                "the warm start trains every weight and RL only the LoRA adapter attached after it: the SFT optimizer's state has nothing to carry over".into(),
+            );
         }
     }
 

@@ -9,6 +9,7 @@ pub mod config;
 pub mod eval_matrix;
 pub mod evaluate;
 pub mod local_policy;
+pub mod lora_section;
 pub mod mixture;
 pub mod pass_at_k;
 pub mod policy_dir;

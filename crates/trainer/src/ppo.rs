@@ -209,11 +209,12 @@ fn scalar(t: &Tensor) -> candle_core::Result<f64> {
     Ok(t.to_scalar::<f32>()? as f64)
 }
 
-/// The variables of the value head and of everything else, by name.
+/// The trainable variables of the value head and of everything else (with
+/// a LoRA adapter, its A and B), by name.
 pub fn split_value_head(model: &PolicyModel) -> Result<(Vec<Var>, Vec<Var>), TrainError> {
     use agentrl_model::qwen2::{VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT};
     let (head, rest): (Vec<_>, Vec<_>) = model
-        .named_vars()?
+        .trainable_named_vars()?
         .into_iter()
         .partition(|(name, _)| name == VALUE_HEAD_WEIGHT || name == VALUE_HEAD_BIAS);
     let vars = |v: Vec<(String, Var)>| v.into_iter().map(|(_, v)| v).collect();

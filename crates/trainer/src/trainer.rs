@@ -265,6 +265,14 @@ impl Trainer {
                 t.opts = Self::optimizers(&t.cfg, &t.model)?;
             }
         }
+        if t.cfg.lora.enabled {
+            // RL trains only the adapter, on the (warmed-up) model as its frozen base.
+            let lora = t.cfg.lora.adapter_config().map_err(|(key, why)| {
+                crate::config::ConfigError::Invalid(format!("{key}: {why}"))
+            })?;
+            t.model.attach_lora(lora, t.cfg.lora.init_seed)?;
+            t.opts = Self::optimizers(&t.cfg, &t.model)?;
+        }
         progress.message("evaluating the starting policy on held-out validation seeds");
         let (before, before_per_env) =
             t.validate_sources(0, "before", t.cfg.trainer.val_temperature)?;
@@ -302,6 +310,14 @@ impl Trainer {
         let tokenizer =
             ChatTokenizer::load(&ckpt).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
         let model = PolicyModel::load(&ckpt, uses_critic(&cfg), &device)?;
+        if cfg.lora.enabled != model.lora().is_some() {
+            return Err(TrainError::Checkpoint(format!(
+                "{}: lora.enabled is {} but the checkpoint {} a LoRA adapter",
+                ckpt.display(),
+                cfg.lora.enabled,
+                if cfg.lora.enabled { "has no" } else { "has" }
+            )));
+        }
         let mut opts = Self::optimizers(&cfg, &model)?;
         opts.actor.load_state(&ckpt.join(ACTOR_OPTIMIZER_FILE))?;
         if let Some(critic) = &mut opts.critic {

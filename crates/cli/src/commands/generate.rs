@@ -46,6 +46,11 @@ pub struct GenerateArgs {
     /// Print `{"prompt_ids": [...], "new_ids": [...], "text": "...", "stopped": bool}`.
     #[arg(long)]
     json: bool,
+    /// Also write the logits of every prompt position to this JSON file,
+    /// `{"ids": [...], "logits": [[...], ...]}` (`[T, vocab]`, f32), to
+    /// compare with another implementation (scripts/peft_check.py).
+    #[arg(long)]
+    logits: Option<PathBuf>,
 }
 
 /// Reads the chat messages of `--chat`.
@@ -99,6 +104,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let model = PolicyModel::load(&args.model, false, &Device::Cpu)
         .with_context(|| format!("loading the model in {}", args.model.display()))?;
 
+    if let Some(path) = &args.logits {
+        write_prompt_logits(&model, &prompt_ids, path)?;
+    }
+
     let params = SamplingParams {
         max_new_tokens: args.max_new_tokens,
         temperature: args.temperature,
@@ -129,4 +138,18 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         println!("{text}");
     }
     Ok(())
+}
+
+/// Writes `{"ids", "logits"}` of the prompt (no autograd graph).
+fn write_prompt_logits(model: &PolicyModel, ids: &[u32], path: &Path) -> anyhow::Result<()> {
+    let input = candle_core::Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
+    let logits: Vec<Vec<f32>> = model
+        .forward_no_grad(&input)
+        .context("computing the prompt's logits")?
+        .squeeze(0)?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec2()?;
+    let out = serde_json::json!({ "ids": ids, "logits": logits });
+    std::fs::write(path, out.to_string())
+        .with_context(|| format!("writing the logits to {}", path.display()))
 }

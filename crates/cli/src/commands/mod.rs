@@ -4,6 +4,7 @@ pub mod bench;
 pub mod envs;
 pub mod eval;
 pub mod generate;
+pub mod merge_lora;
 pub mod play;
 pub mod report;
 pub mod sequence;
