@@ -12,7 +12,7 @@
 //! Sequence `s` owns rows `offsets[s]..offsets[s + 1]`; its row `i` attends
 //! to its rows `0..=i` only (no padding exists).
 
-use crate::kernels::{dot, par_map, Mm, Real};
+use crate::kernels::{dot, exp_shifted_sum, par_map, Mm, Real};
 
 /// Query rows per block.
 const BLOCK: usize = 64;
@@ -58,17 +58,10 @@ fn block_softmax<T: Real>(s: &mut [T], keys: usize, i0: usize, lse: &mut [T], ha
         let valid = i0 + r + 1;
         let (seen, hidden) = row.split_at_mut(valid);
         if have_lse {
-            let m = *l;
-            for x in seen.iter_mut() {
-                *x = (*x - m).exp();
-            }
+            exp_shifted_sum(seen, *l);
         } else {
             let m = seen.iter().fold(T::NEG_INFINITY, |a, &b| a.max(b));
-            let mut sum = T::ZERO;
-            for x in seen.iter_mut() {
-                *x = (*x - m).exp();
-                sum += *x;
-            }
+            let sum = exp_shifted_sum(seen, m);
             let inv = T::ONE / sum;
             for x in seen.iter_mut() {
                 *x *= inv;

@@ -22,7 +22,9 @@ use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::attention::{self, Heads};
 use crate::host::{storage_slice, tensor_from, with_slices};
-use crate::kernels::{par_chunks2_mut, par_chunks_mut, rms_norm_rows, sigmoid, silu, Mm, Real};
+use crate::kernels::{
+    par_chunks2_mut, par_chunks_mut, rms_norm_rows, swiglu_bwd_into, swiglu_into, Mm, Real,
+};
 
 /// Where each packed token sits: sequence `s` owns rows
 /// `offsets[s]..offsets[s + 1]`, and row r is at position `pos[r]` of its sequence.
@@ -105,6 +107,8 @@ pub(crate) struct PackOffsets {
 #[derive(Clone, Copy)]
 enum P {
     Q = 0,
+    // Read only through the q..=v span (its position in the pack is what counts).
+    #[allow(dead_code)]
     K,
     V,
     O,
@@ -121,6 +125,12 @@ enum P {
 impl PackOffsets {
     fn get<'a, T>(&self, pack: &'a [T], p: P) -> &'a [T] {
         &pack[self.at[p as usize]..self.at[p as usize + 1]]
+    }
+    /// Parameters `first..=last`, adjacent in the pack: q, k, v stacked are
+    /// one `[q + 2·kv, d]` weight, gate and up one `[2·ffn, d]`, so each
+    /// group is one GEMM instead of two or three narrow ones.
+    fn span<'a, T>(&self, pack: &'a [T], first: P, last: P) -> &'a [T] {
+        &pack[self.at[first as usize]..self.at[last as usize + 1]]
     }
     fn get_mut<'a, T>(&self, pack: &'a mut [T], p: P) -> &'a mut [T] {
         &mut pack[self.at[p as usize]..self.at[p as usize + 1]]
@@ -152,8 +162,8 @@ struct Saved<T> {
     y1: Vec<T>,
     xn2: Vec<T>,
     inv2: Vec<T>,
-    gate: Vec<T>,
-    up: Vec<T>,
+    /// `[N, 2·ffn]`: each row's gate projection, then its up projection.
+    gate_up: Vec<T>,
 }
 
 /// The decoder-layer op for one forward pass.
@@ -283,13 +293,21 @@ impl<T: Real> PackGrad<'_, T> {
         self.po.get_mut(&mut self.dp, p)
     }
 
-    /// Backward of the projection `y = x·Wᵀ` by parameter `p` (`x: [rows, in]`).
-    fn linear(&mut self, p: P, dx: &mut [T], dy: &[T], x: &[T], accumulate: bool) {
+    /// Backward of the projection `y = x·Wᵀ` by parameter `p` (`x: [rows, in]`);
+    /// overwrites `dx`.
+    fn linear(&mut self, p: P, dx: &mut [T], dy: &[T], x: &[T]) {
+        self.linear_span((p, p), dx, dy, x);
+    }
+
+    /// [`Self::linear`] for the stacked weight of parameters `first..=last`
+    /// (see [`PackOffsets::span`]), `dy` holding their outputs side by side
+    /// per row.
+    fn linear_span(&mut self, (first, last): (P, P), dx: &mut [T], dy: &[T], x: &[T]) {
         let rows = self.rows.max(1);
         let (n_in, n_out) = (x.len() / rows, dy.len() / rows);
-        let w = self.po.get(self.pack, p);
-        Mm::tn(n_out, n_in, rows).run(self.po.get_mut(&mut self.dp, p), dy, x);
-        Mm::nn(rows, n_in, n_out).add_if(accumulate).run(dx, dy, w);
+        let (a, b) = (self.po.at[first as usize], self.po.at[last as usize + 1]);
+        Mm::tn(n_out, n_in, rows).run(&mut self.dp[a..b], dy, x);
+        Mm::nn(rows, n_in, n_out).run(dx, dy, &self.pack[a..b]);
     }
 }
 
@@ -379,12 +397,13 @@ impl<T: Real> DecoderLayerOp<T> {
             n,
         } = self.sizes();
         let (sh, po, pk) = (self.shape, self.shape.pack(), &self.packing);
-        let bias = |p: P| sh.bias.then(|| po.get(pack, p));
         // Attention block.
         let (xn1, inv1) = rms_norm(x, po.get(pack, P::Ln1), d, sh.eps);
-        let q = linear(&xn1, po.get(pack, P::Q), bias(P::QB), d, q_dim);
-        let k = linear(&xn1, po.get(pack, P::K), bias(P::KB), d, kv_dim);
-        let v = linear(&xn1, po.get(pack, P::V), bias(P::VB), d, kv_dim);
+        let qkv_bias = sh.bias.then(|| po.span(pack, P::QB, P::VB));
+        let qkv_dim = q_dim + 2 * kv_dim;
+        let qkv = linear(&xn1, po.span(pack, P::Q, P::V), qkv_bias, d, qkv_dim);
+        let [q, k, v] = split_columns(&qkv, [q_dim, kv_dim, kv_dim]);
+        drop(qkv);
         let scale = T::from_f64(1.0 / (hd as f64).sqrt());
         let q = rope_heads(&q, nh, hd, &pk.pos, &self.rope, scale, false);
         let k = rope_heads(&k, nkv, hd, &pk.pos, &self.rope, T::ONE, false);
@@ -397,9 +416,8 @@ impl<T: Real> DecoderLayerOp<T> {
             .run(&mut y1, &att, po.get(pack, P::O));
         // MLP block.
         let (xn2, inv2) = rms_norm(&y1, po.get(pack, P::Ln2), d, sh.eps);
-        let gate = linear(&xn2, po.get(pack, P::Gate), None, d, f);
-        let up = linear(&xn2, po.get(pack, P::Up), None, d, f);
-        let act = swiglu(&gate, &up, f);
+        let gate_up = linear(&xn2, po.span(pack, P::Gate, P::Up), None, d, 2 * f);
+        let act = swiglu(&gate_up, f);
         let mut y = y1.clone();
         Mm::nt(n, d, f)
             .add()
@@ -415,8 +433,7 @@ impl<T: Real> DecoderLayerOp<T> {
             y1,
             xn2,
             inv2,
-            gate,
-            up,
+            gate_up,
         };
         (y, saved)
     }
@@ -433,22 +450,22 @@ impl<T: Real> DecoderLayerOp<T> {
             rows: n,
         };
         // MLP: y = y1 + act·Wdᵀ, act = silu(gate) ⊙ up.
-        let act = swiglu(&s.gate, &s.up, f);
-        let mut dg = vec![T::ZERO; n * f];
-        grad.linear(P::Down, &mut dg, dy, &act, false);
+        let act = swiglu(&s.gate_up, f);
+        let mut da = vec![T::ZERO; n * f];
+        grad.linear(P::Down, &mut da, dy, &act);
         drop(act);
-        let du = swiglu_bwd(&mut dg, &s.gate, &s.up, f);
+        let d_gate_up = swiglu_bwd(&da, &s.gate_up, f);
+        drop(da);
         let mut dxn2 = vec![T::ZERO; n * d];
-        grad.linear(P::Gate, &mut dxn2, &dg, &s.xn2, false);
-        grad.linear(P::Up, &mut dxn2, &du, &s.xn2, true);
-        drop((dg, du));
+        grad.linear_span((P::Gate, P::Up), &mut dxn2, &d_gate_up, &s.xn2);
+        drop(d_gate_up);
         let mut dy1 = dy.to_vec();
         let dln2 = rms_norm_bwd(&mut dy1, &s.y1, &s.inv2, po.get(pack, P::Ln2), &dxn2, d);
         grad.slot(P::Ln2).copy_from_slice(&dln2);
         drop(dxn2);
         // Attention: y1 = x + att·Woᵀ.
         let mut datt = vec![T::ZERO; n * q_dim];
-        grad.linear(P::O, &mut datt, &dy1, &s.att, false);
+        grad.linear(P::O, &mut datt, &dy1, &s.att);
         let d_out = rows_to_heads(&datt, nh, hd, n);
         let out = rows_to_heads(&s.att, nh, hd, n);
         let delta = attention::delta(&d_out, &out, hd);
@@ -472,10 +489,10 @@ impl<T: Real> DecoderLayerOp<T> {
             column_sums(grad.slot(P::KB), &dk, kv_dim);
             column_sums(grad.slot(P::VB), &dv, kv_dim);
         }
+        let d_qkv = join_columns(&[&dq, &dk, &dv], n);
+        drop((dq, dk, dv));
         let mut dxn1 = vec![T::ZERO; n * d];
-        grad.linear(P::Q, &mut dxn1, &dq, &s.xn1, false);
-        grad.linear(P::K, &mut dxn1, &dk, &s.xn1, true);
-        grad.linear(P::V, &mut dxn1, &dv, &s.xn1, true);
+        grad.linear_span((P::Q, P::V), &mut dxn1, &d_qkv, &s.xn1);
         let mut dx = dy1;
         let dln1 = rms_norm_bwd(&mut dx, x, &s.inv1, po.get(pack, P::Ln1), &dxn1, d);
         grad.slot(P::Ln1).copy_from_slice(&dln1);
@@ -483,44 +500,55 @@ impl<T: Real> DecoderLayerOp<T> {
     }
 }
 
-/// `silu(gate) ⊙ up`, rows of width `f`.
-fn swiglu<T: Real>(gate: &[T], up: &[T], f: usize) -> Vec<T> {
-    let mut act = vec![T::ZERO; gate.len()];
-    par_chunks_mut(&mut act, f * 16, gate.len() * 8, |c, out| {
-        let at = c * f * 16;
-        for ((o, &g), &u) in out.iter_mut().zip(&gate[at..]).zip(&up[at..]) {
-            *o = silu(g) * u;
-        }
+/// `silu(gate) ⊙ up` per row of `gate_up: [N, 2f]` (gate then up), as `[N, f]`.
+fn swiglu<T: Real>(gate_up: &[T], f: usize) -> Vec<T> {
+    let mut act = vec![T::ZERO; gate_up.len() / 2];
+    let work = act.len() * 8;
+    par_chunks_mut(&mut act, f, work, |r, out| {
+        let (gate, up) = gate_up[2 * f * r..2 * f * (r + 1)].split_at(f);
+        swiglu_into(out, gate, up);
     });
     act
 }
 
-/// Backward of [`swiglu`]: turns `da` (in `dg`) into d gate in place and
-/// returns d up: `dg = da·u·σ(g)(1 + g(1 − σ(g)))`, `du = da·silu(g)`.
-fn swiglu_bwd<T: Real>(dg: &mut [T], gate: &[T], up: &[T], f: usize) -> Vec<T> {
-    let mut du = vec![T::ZERO; dg.len()];
-    par_chunks2_mut(
-        dg,
-        f * 16,
-        &mut du,
-        f * 16,
-        gate.len() * 10,
-        |c, dgc, duc| {
-            let at = c * f * 16;
-            for (((a, b), &g), &u) in dgc
-                .iter_mut()
-                .zip(duc.iter_mut())
-                .zip(&gate[at..])
-                .zip(&up[at..])
-            {
-                let sg = sigmoid(g);
-                let da = *a;
-                *b = da * g * sg;
-                *a = da * u * sg * (T::ONE + g * (T::ONE - sg));
-            }
-        },
-    );
-    du
+/// Backward of [`swiglu`]: from `da: [N, f]`, `[N, 2f]` rows of d gate then
+/// d up (see [`swiglu_bwd_into`]).
+fn swiglu_bwd<T: Real>(da: &[T], gate_up: &[T], f: usize) -> Vec<T> {
+    let mut d_gate_up = vec![T::ZERO; gate_up.len()];
+    par_chunks_mut(&mut d_gate_up, 2 * f, gate_up.len() * 5, |r, out| {
+        let (dg, du) = out.split_at_mut(f);
+        dg.copy_from_slice(&da[f * r..f * (r + 1)]);
+        let (gate, up) = gate_up[2 * f * r..2 * f * (r + 1)].split_at(f);
+        swiglu_bwd_into(dg, du, gate, up);
+    });
+    d_gate_up
+}
+
+/// Splits `[N, Σ widths]` rows into one `[N, width]` matrix per part.
+fn split_columns<T: Real, const K: usize>(x: &[T], widths: [usize; K]) -> [Vec<T>; K] {
+    let total: usize = widths.iter().sum();
+    let rows = x.len() / total.max(1);
+    let mut at = 0;
+    widths.map(|w| {
+        let mut part = Vec::with_capacity(rows * w);
+        for row in x.chunks_exact(total) {
+            part.extend_from_slice(&row[at..at + w]);
+        }
+        at += w;
+        part
+    })
+}
+
+/// The inverse of [`split_columns`]: `[N, wᵢ]` parts side by side per row.
+fn join_columns<T: Real>(parts: &[&[T]], rows: usize) -> Vec<T> {
+    let widths: Vec<usize> = parts.iter().map(|p| p.len() / rows.max(1)).collect();
+    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for r in 0..rows {
+        for (p, &w) in parts.iter().zip(&widths) {
+            out.extend_from_slice(&p[r * w..(r + 1) * w]);
+        }
+    }
+    out
 }
 
 impl<T: Real> CustomOp2 for DecoderLayerOp<T> {

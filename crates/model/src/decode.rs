@@ -13,7 +13,9 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::host::with_slices;
-use crate::kernels::{axpy, dot, num_threads, par_chunks_mut, rms_norm_rows, silu, Mm};
+use crate::kernels::{
+    axpy, dot, exp_shifted_sum, num_threads, par_chunks_mut, rms_norm_rows, swiglu_in_place, Mm,
+};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::{has_avx2, simd};
 use crate::qwen2::Model;
@@ -428,11 +430,7 @@ fn attend_run(
             let visible = pos0 + qb + i + 1;
             let (live, masked) = row.split_at_mut(visible);
             let mx = live.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for x in live.iter_mut() {
-                *x = (*x - mx).exp();
-                sum += *x;
-            }
+            let sum = exp_shifted_sum(live, mx);
             let inv = 1.0 / sum;
             live.iter_mut().for_each(|x| *x *= inv);
             masked.fill(0.0);
@@ -572,9 +570,7 @@ fn forward(
         Mm::nt(n, ffn, d).run(u, xn, layer.up);
         let u_ro: &[f32] = u;
         par_chunks_mut(g, ffn, n * ffn * 8, |r, gr| {
-            for (a, b) in gr.iter_mut().zip(&u_ro[r * ffn..(r + 1) * ffn]) {
-                *a = silu(*a) * b;
-            }
+            swiglu_in_place(gr, &u_ro[r * ffn..(r + 1) * ffn]);
         });
         Mm::nt(n, d, ffn).add().run(h, g, layer.down);
     }
