@@ -83,11 +83,15 @@ const RL: &[&str] = &[
 ];
 const STEPS: usize = 4;
 
-/// What the proxy saw: `(route, the JSON body's "model", "lora_name", "lora_path")`.
+/// One request the proxy saw: its route and the JSON body's "model",
+/// "lora_name" and "lora_path".
+type Request = (String, Option<String>, Option<String>, Option<String>);
+
+/// What the proxy saw.
 #[derive(Default)]
 struct Seen {
     upstream: String,
-    requests: Mutex<Vec<(String, Option<String>, Option<String>, Option<String>)>>,
+    requests: Mutex<Vec<Request>>,
 }
 
 async fn forward(State(s): State<Arc<Seen>>, method: Method, uri: Uri, body: Bytes) -> Response {

@@ -158,7 +158,7 @@ fn minibatch_loss(
         Some(o) => tensor(o)?,
         None => out.logprobs.detach(),
     };
-    let weights = is_weights.map(|w| tensor(w)).transpose()?;
+    let weights = is_weights.map(&tensor).transpose()?;
     let policy = algos::ppo_policy_loss_weighted(
         &out.logprobs,
         &old,

@@ -105,14 +105,16 @@ impl RemoteGeneration {
     }
 }
 
+/// (prompt, generated tokens) → the log-probs of each generation with
+/// them, in the order generated.
+type Generations = HashMap<(Vec<u32>, Vec<u32>), Vec<Vec<f32>>>;
+
 /// A policy that keeps every generation's log-probs, by its prompt and
 /// tokens, for [`rollout_logprob_rows`]. The rollout engine keeps only the
 /// tokens; the log-probs of the policy that sampled them are recovered here.
 pub struct RecordingPolicy<'a> {
     inner: &'a mut dyn Policy,
-    /// (prompt, generated tokens) → the log-probs of each generation with
-    /// them, in the order generated.
-    seen: HashMap<(Vec<u32>, Vec<u32>), Vec<Vec<f32>>>,
+    seen: Generations,
 }
 
 impl<'a> RecordingPolicy<'a> {
@@ -149,7 +151,7 @@ impl Policy for RecordingPolicy<'_> {
 
 /// The generations a [`RecordingPolicy`] saw.
 pub struct GenerationRecord {
-    seen: HashMap<(Vec<u32>, Vec<u32>), Vec<Vec<f32>>>,
+    seen: Generations,
 }
 
 /// Each trajectory's rollout log-probs in the shifted frame of the PPO
