@@ -194,7 +194,30 @@ pub fn ppo_policy_loss(
     clip: &PpoClip,
     agg: LossAgg,
 ) -> Result<PolicyLoss> {
+    ppo_policy_loss_weighted(logprobs, old_logprobs, advantages, mask, clip, agg, None)
+}
+
+/// [`ppo_policy_loss`] with each token's loss multiplied by a constant
+/// weight before aggregation, `ℓ_t ← w_t · ℓ_t` (verl's truncated
+/// importance sampling of rollouts generated elsewhere: the weights of
+/// [`crate::truncated_is_weights`]). `None` is exactly [`ppo_policy_loss`].
+/// The diagnostics are those of the unweighted terms.
+///
+/// # Errors
+/// As [`ppo_policy_loss`], and weights of another shape.
+pub fn ppo_policy_loss_weighted(
+    logprobs: &Tensor,
+    old_logprobs: &Tensor,
+    advantages: &Tensor,
+    mask: &Tensor,
+    clip: &PpoClip,
+    agg: LossAgg,
+    token_weights: Option<&Tensor>,
+) -> Result<PolicyLoss> {
     clip.validate()?;
+    if let Some(w) = token_weights {
+        check_same_2d("token_weights", logprobs, w)?;
+    }
     check_same_2d("old_logprobs", logprobs, old_logprobs)?;
     check_same_2d("advantages", logprobs, advantages)?;
     check_same_2d("mask", logprobs, mask)?;
@@ -226,6 +249,10 @@ pub fn ppo_policy_loss(
             )
         }
         None => (clip_pg, 0.0),
+    };
+    let pg = match token_weights {
+        Some(w) => pg.mul(&w.to_dtype(pg.dtype())?.detach())?,
+        None => pg,
     };
     Ok(PolicyLoss {
         loss: aggregate(&pg, mask, agg)?,

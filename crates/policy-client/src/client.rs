@@ -20,7 +20,9 @@ use rand_chacha::ChaCha8Rng;
 use reqwest::blocking::{Client, RequestBuilder};
 use reqwest::StatusCode;
 
-use crate::protocol::{CompletionRequest, CompletionResponse, ErrorResponse, ModelList, Prompt};
+use crate::protocol::{
+    CompletionRequest, CompletionResponse, ErrorResponse, LoadLoraAdapterRequest, ModelList, Prompt,
+};
 
 /// How [`OpenAiPolicy`] reaches its server.
 #[derive(Clone, PartialEq)]
@@ -146,20 +148,72 @@ impl OpenAiPolicy {
             client,
             opts,
         };
-        let url = policy.url("models");
-        let body = policy.send(&url, || policy.client.get(&url))?;
-        let list: ModelList = serde_json::from_slice(&body).map_err(|e| OpenAiError::Answer {
-            url: url.clone(),
-            message: format!("not a model list: {e}"),
+        let list = policy.model_list()?;
+        policy.model = pick_model(&list, policy.opts.model.as_deref()).map_err(|message| {
+            OpenAiError::Model {
+                url: policy.url("models"),
+                message,
+            }
         })?;
-        policy.model = pick_model(&list, policy.opts.model.as_deref())
-            .map_err(|message| OpenAiError::Model { url, message })?;
         Ok(policy)
     }
 
     /// The served model's name this policy asks for.
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// `GET /v1/models`.
+    fn model_list(&self) -> Result<ModelList, OpenAiError> {
+        let url = self.url("models");
+        let body = self.send(&url, || self.client.get(&url))?;
+        serde_json::from_slice(&body).map_err(|e| OpenAiError::Answer {
+            url,
+            message: format!("not a model list: {e}"),
+        })
+    }
+
+    /// The names of every model the server serves now (`GET /v1/models`):
+    /// its base model and the LoRA adapters loaded since it started.
+    pub fn served_models(&self) -> Result<Vec<String>, OpenAiError> {
+        Ok(self.model_list()?.data.into_iter().map(|m| m.id).collect())
+    }
+
+    /// Ask the server to load the PEFT adapter in `lora_path` (vLLM's `POST
+    /// /v1/load_lora_adapter`) under the model name `lora_name`. The path is
+    /// read by the server, on its own machine: it must see the directory
+    /// at that path. Not retried: a load the server did but whose answer
+    /// was lost would be refused the second time as a name taken.
+    pub fn load_lora_adapter(&self, lora_name: &str, lora_path: &str) -> Result<(), OpenAiError> {
+        let url = self.url("load_lora_adapter");
+        let request = LoadLoraAdapterRequest {
+            lora_name: lora_name.to_string(),
+            lora_path: lora_path.to_string(),
+        };
+        match self.attempt(&|| self.client.post(&url).json(&request)) {
+            Attempt::Answered(_) => Ok(()),
+            Attempt::Refused(status, message) => Err(OpenAiError::Refused {
+                url,
+                status,
+                message,
+            }),
+            Attempt::Retry(last) => Err(OpenAiError::GaveUp {
+                url,
+                attempts: 1,
+                last,
+            }),
+        }
+    }
+
+    /// Generate with the served model `name` from now on (a LoRA adapter
+    /// just loaded, say), checking that the server lists it.
+    pub fn use_model(&mut self, name: &str) -> Result<(), OpenAiError> {
+        let list = self.model_list()?;
+        self.model = pick_model(&list, Some(name)).map_err(|message| OpenAiError::Model {
+            url: self.url("models"),
+            message,
+        })?;
+        Ok(())
     }
 
     /// The `/v1` base URL.

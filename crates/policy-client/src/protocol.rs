@@ -316,6 +316,15 @@ pub struct ModelList {
     pub data: Vec<ModelCard>,
 }
 
+/// vLLM's `POST /v1/load_lora_adapter` body: load the PEFT adapter in the
+/// directory `lora_path` (a path on the server's machine) to generate with
+/// under the model name `lora_name`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadLoraAdapterRequest {
+    pub lora_name: String,
+    pub lora_path: String,
+}
+
 /// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorResponse {

@@ -16,6 +16,7 @@ pub mod policy_dir;
 pub mod policy_section;
 pub mod ppo;
 pub mod remote_env;
+pub mod remote_generation;
 pub mod run_dir;
 pub mod schedule;
 pub mod sequence;
@@ -55,4 +56,9 @@ pub enum TrainError {
     Checkpoint(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error("policy server: {0}")]
+    PolicyServer(#[from] agentrl_policy_client::OpenAiError),
+    /// The server's rollout log-probs do not match the trajectories.
+    #[error("remote generation: {0}")]
+    RemoteGeneration(String),
 }

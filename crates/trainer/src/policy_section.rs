@@ -7,7 +7,10 @@ use crate::config::ConfigError;
 
 /// A policy served by an OpenAI-compatible server (vLLM, SGLang, `agentrl
 /// serve-policy`): `agentrl eval --policy-endpoint` fills it from flags.
-/// Training refuses an endpoint (see [`TrainConfig::problems`]).
+/// In a training config with `[lora]` on, the rollouts are generated there:
+/// after each update the trainer writes its adapter and hot-loads it onto
+/// the server (see [`crate::remote_generation`]); without LoRA an endpoint
+/// is refused (see `TrainConfig::problems`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicySection {
@@ -27,6 +30,13 @@ pub struct PolicySection {
     /// Wait before the first retry, in milliseconds; it doubles on each
     /// retry, up to 10 s.
     pub retry_backoff_ms: u64,
+    /// Training through the server: where the trainer writes each LoRA
+    /// adapter it asks the server to load (`<adapter_dir>/<run>/step-N`).
+    /// The server reads the path itself, so it must see the directory at
+    /// the same path (shared storage when it runs on another machine).
+    /// Empty = `<run dir>/adapters/`, only for a server on this machine
+    /// (a loopback endpoint).
+    pub adapter_dir: String,
 }
 
 impl Default for PolicySection {
@@ -39,6 +49,7 @@ impl Default for PolicySection {
             max_in_flight: d.max_in_flight,
             max_retries: d.max_retries,
             retry_backoff_ms: d.backoff.as_millis() as u64,
+            adapter_dir: String::new(),
         }
     }
 }
@@ -105,26 +116,96 @@ impl PolicySection {
     }
 }
 
+/// Whether `endpoint`'s host is this machine's loopback (`localhost`,
+/// `127.0.0.0/8`, `::1`): a server there reads the trainer's files.
+pub fn is_loopback(endpoint: &str) -> bool {
+    let rest = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host_port.split(':').next().unwrap_or_default(),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::TrainConfig;
 
+    /// The problems' keys of the default config with `overrides`.
+    fn problem_keys(overrides: &[&str]) -> Vec<String> {
+        let overrides: Vec<String> = overrides.iter().map(|o| o.to_string()).collect();
+        match TrainConfig::load(None, &overrides) {
+            Ok(_) => Vec::new(),
+            Err(crate::config::ConfigError::Problems(p)) => p.into_iter().map(|p| p.key).collect(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     #[test]
-    fn training_refuses_a_served_policy_and_names_the_key() {
+    fn training_through_a_server_needs_lora_its_base_and_a_shared_path() {
         let e = TrainConfig::load(None, &["policy.endpoint=\"http://127.0.0.1:8000\"".into()])
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("policy.endpoint") && e.contains("--policy-endpoint"),
+            e.contains("policy.endpoint")
+                && e.contains("lora.enabled")
+                && e.contains("--policy-endpoint"),
             "{e}"
         );
         // The default section is the local model and passes.
-        assert!(TrainConfig::load(None, &[])
-            .unwrap()
-            .policy
-            .endpoint
-            .is_empty());
+        assert!(problem_keys(&[]).is_empty());
+        let local = [
+            "policy.endpoint=\"http://localhost:8000\"",
+            "lora.enabled=true",
+            "model.path=\"/models/base\"",
+            "sft.demos=0",
+        ];
+        assert!(problem_keys(&local).is_empty());
+        // A tiny model made here, or a warm start here: not the server's base.
+        assert_eq!(problem_keys(&local[..3]), ["sft.demos"]);
+        assert_eq!(
+            problem_keys(&[local[0], local[1], local[3]]),
+            ["model.path"]
+        );
+        // Another machine cannot read <run>/adapters: a shared directory is named.
+        let remote = [
+            "policy.endpoint=\"http://gpu7:8000\"",
+            local[1],
+            local[2],
+            local[3],
+        ];
+        assert_eq!(problem_keys(&remote), ["policy.adapter_dir"]);
+        let shared = [&remote[..], &["policy.adapter_dir=\"/shared/adapters\""]].concat();
+        assert!(problem_keys(&shared).is_empty());
+    }
+
+    #[test]
+    fn loopback_hosts_are_recognised() {
+        for e in [
+            "http://127.0.0.1:8000",
+            "http://localhost:1/v1",
+            "https://LOCALHOST",
+            "http://[::1]:8000",
+            "http://user@127.0.0.2:9",
+        ] {
+            assert!(is_loopback(e), "{e}");
+        }
+        for e in [
+            "http://10.0.0.1:8000",
+            "http://gpu7:8000",
+            "http://localhost.example.com",
+            "http://[fe80::1]:1",
+        ] {
+            assert!(!is_loopback(e), "{e}");
+        }
     }
 
     #[test]

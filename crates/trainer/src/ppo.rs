@@ -106,12 +106,15 @@ impl UpdateTotals {
 }
 
 /// Every PPO epoch over `batch` in mini-batches of `actor.ppo_mini_batch_size`,
-/// shuffled by `rng`; one optimizer step per mini-batch.
+/// shuffled by `rng`; one optimizer step per mini-batch. `is_weights`: per
+/// trajectory, the truncated importance weight of each token (shifted
+/// frame) multiplying its policy loss, for rollouts a server generated.
 pub fn ppo_update(
     model: &PolicyModel,
     opts: &mut Optimizers,
     batch: &PpoBatch,
     targets: &Targets,
+    is_weights: Option<&[Vec<f32>]>,
     cfg: &TrainConfig,
     rng: &mut ChaCha8Rng,
 ) -> Result<UpdateStats, TrainError> {
@@ -121,7 +124,7 @@ pub fn ppo_update(
     for _ in 0..cfg.actor.ppo_epochs {
         order.shuffle(rng);
         for chunk in order.chunks(cfg.actor.ppo_mini_batch_size.max(1)) {
-            let (loss, mut stats) = minibatch_loss(model, batch, targets, cfg, chunk)?;
+            let (loss, mut stats) = minibatch_loss(model, batch, targets, is_weights, cfg, chunk)?;
             let mut grads = loss.backward()?;
             stats.grad_norm = clip_grad_norm(&mut grads, &vars, cfg.actor.grad_clip)?;
             opts.step(&grads)?;
@@ -137,6 +140,7 @@ fn minibatch_loss(
     model: &PolicyModel,
     batch: &PpoBatch,
     targets: &Targets,
+    is_weights: Option<&[Vec<f32>]>,
     cfg: &TrainConfig,
     rows: &[usize],
 ) -> Result<(Tensor, UpdateStats), TrainError> {
@@ -154,7 +158,8 @@ fn minibatch_loss(
         Some(o) => tensor(o)?,
         None => out.logprobs.detach(),
     };
-    let policy = algos::ppo_policy_loss(
+    let weights = is_weights.map(&tensor).transpose()?;
+    let policy = algos::ppo_policy_loss_weighted(
         &out.logprobs,
         &old,
         &tensor(&targets.advantages)?,
@@ -165,6 +170,7 @@ fn minibatch_loss(
             clip_ratio_c: (actor.clip_ratio_c > 1.0).then_some(actor.clip_ratio_c),
         },
         agg,
+        weights.as_ref(),
     )?;
     let mut stats = UpdateStats {
         pg_loss: scalar(&policy.loss)?,

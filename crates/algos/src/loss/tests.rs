@@ -385,3 +385,66 @@ fn entropy_gradient_matches_finite_differences() {
     };
     assert_grad_matches_finite_differences(&logits, &[1, 2, 3], &f);
 }
+
+#[test]
+fn token_weights_scale_each_token_loss_and_its_gradient() {
+    // Ratio 1 (logπ = logπ_old), so ℓ_t = −A_t (no clip; the dual clip's
+    // bound c·|A| = 6 is above 2). Weights 2, 0.5, 1:
+    //   weighted ℓ = [−2, 1, −3], token-mean = −4/3;
+    //   ∂loss/∂logπ_t = −A_t·w_t·r / 3 = [−2/3, 1/3, −1].
+    let lp = Var::from_tensor(&t2(&[&[-0.5, -1.0, -2.0]])).unwrap();
+    let adv = t2(&[&[1.0, -2.0, 3.0]]);
+    let mask = t2(&[&[1.0, 1.0, 1.0]]);
+    let w = t2(&[&[2.0, 0.5, 1.0]]);
+    let clip = PpoClip::default();
+    let old = lp.as_tensor().detach();
+    let out = ppo_policy_loss_weighted(
+        lp.as_tensor(),
+        &old,
+        &adv,
+        &mask,
+        &clip,
+        LossAgg::TokenMean,
+        Some(&w),
+    )
+    .unwrap();
+    close(scalar(&out.loss), -4.0 / 3.0, 1e-5);
+    let grad = out.loss.backward().unwrap();
+    let g: Vec<f32> = grad
+        .get(&lp)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    for (got, want) in g.iter().zip([-2.0 / 3.0, 1.0 / 3.0, -1.0]) {
+        close(*got, want, 1e-5);
+    }
+    // Without weights it is exactly the unweighted loss (same bits).
+    let plain =
+        ppo_policy_loss(lp.as_tensor(), &old, &adv, &mask, &clip, LossAgg::TokenMean).unwrap();
+    let none = ppo_policy_loss_weighted(
+        lp.as_tensor(),
+        &old,
+        &adv,
+        &mask,
+        &clip,
+        LossAgg::TokenMean,
+        None,
+    )
+    .unwrap();
+    assert_eq!(scalar(&plain.loss).to_bits(), scalar(&none.loss).to_bits());
+    close(scalar(&plain.loss), -2.0 / 3.0, 1e-5);
+    // Weights of another shape are an error.
+    let short = t2(&[&[1.0, 1.0]]);
+    assert!(ppo_policy_loss_weighted(
+        lp.as_tensor(),
+        &old,
+        &adv,
+        &mask,
+        &clip,
+        LossAgg::TokenMean,
+        Some(&short),
+    )
+    .is_err());
+}

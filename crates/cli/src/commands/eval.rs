@@ -151,6 +151,8 @@ fn policy_section(args: &EvalArgs) -> Option<PolicySection> {
         max_in_flight: args.policy_max_in_flight,
         max_retries: args.policy_max_retries,
         retry_backoff_ms: args.policy_retry_backoff_ms,
+        // Only training writes adapters for the server to load.
+        adapter_dir: String::new(),
     })
 }
 
