@@ -10,6 +10,16 @@
 //! connections: idle pooled connections and slowloris clients never lock new
 //! clients out, busy ones are never cut, and at most `max_connections + 1`
 //! client sockets are open at any time.
+//!
+//! Both servers also share the layers around their routes ([`hardening`])
+//! and the runtime of a server started from synchronous code
+//! ([`background`]).
+
+pub mod background;
+pub mod hardening;
+
+pub use background::BackgroundRuntime;
+pub use hardening::{harden, Hardening, LayerErrors};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -99,6 +109,21 @@ impl Drop for InFlight {
             .store(a.epoch.elapsed().as_millis() as u64, Ordering::Release);
         a.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// A listening socket could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot bind {addr}: {source}")]
+pub struct BindError {
+    pub addr: std::net::SocketAddr,
+    pub source: std::io::Error,
+}
+
+/// Open a listening socket on `addr`; a failure names the address.
+pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, BindError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| BindError { addr, source })
 }
 
 /// Serve `app` on `listener` until `signal`, then stop accepting, let open

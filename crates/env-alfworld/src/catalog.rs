@@ -118,16 +118,24 @@ impl ObjDef {
     }
 }
 
+/// What an object type affords, for the [`OBJECTS`] table: bits of
+/// cleanable, heatable, coolable and lamp task.
+const NONE: u8 = 0;
+const CLEAN: u8 = 1;
+const HEAT: u8 = 2;
+const COOL: u8 = 4;
+const LAMP: u8 = 8;
+
 macro_rules! obj {
-    ($name:literal, $rooms:expr, [$($r:literal),*], $c:literal, $h:literal, $k:literal, $l:literal) => {
+    ($name:literal, $rooms:expr, [$($r:literal),*], $affords:expr) => {
         ObjDef {
             name: $name,
             rooms: $rooms,
             found_in: &[$($r),*],
-            cleanable: $c,
-            heatable: $h,
-            coolable: $k,
-            lamp_task: $l,
+            cleanable: $affords & CLEAN != 0,
+            heatable: $affords & HEAT != 0,
+            coolable: $affords & COOL != 0,
+            lamp_task: $affords & LAMP != 0,
             pickable: true,
         }
     };
@@ -145,559 +153,51 @@ pub static DESKLAMP: ObjDef = ObjDef {
     pickable: false,
 };
 
-/// Every pickable object type (name, rooms, found in, clean, heat, cool, lamp).
+/// Every pickable object type (name, rooms, found in, what it affords).
+// A table, one object a line: rustfmt would spread each over a dozen.
+#[rustfmt::skip]
 pub static OBJECTS: &[ObjDef] = &[
-    obj!(
-        "alarmclock",
-        BED | LIV,
-        ["desk", "sidetable", "shelf", "dresser"],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "apple",
-        K,
-        [
-            "countertop",
-            "diningtable",
-            "fridge",
-            "garbagecan",
-            "sinkbasin",
-            "microwave"
-        ],
-        true,
-        true,
-        true,
-        false
-    ),
-    obj!(
-        "book",
-        BED | LIV,
-        [
-            "desk",
-            "bed",
-            "shelf",
-            "sidetable",
-            "coffeetable",
-            "sofa",
-            "drawer"
-        ],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "bowl",
-        K,
-        [
-            "countertop",
-            "diningtable",
-            "cabinet",
-            "shelf",
-            "sinkbasin",
-            "fridge",
-            "microwave"
-        ],
-        true,
-        true,
-        true,
-        false
-    ),
-    obj!(
-        "bread",
-        K,
-        [
-            "countertop",
-            "diningtable",
-            "fridge",
-            "cabinet",
-            "microwave"
-        ],
-        false,
-        true,
-        true,
-        false
-    ),
-    obj!(
-        "candle",
-        BATH,
-        ["countertop", "toilet", "shelf", "cabinet", "bathtubbasin"],
-        false,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "cd",
-        BED | LIV,
-        [
-            "desk",
-            "shelf",
-            "drawer",
-            "sidetable",
-            "safe",
-            "dresser",
-            "garbagecan"
-        ],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "cellphone",
-        BED | LIV,
-        [
-            "desk",
-            "bed",
-            "sidetable",
-            "dresser",
-            "sofa",
-            "shelf",
-            "drawer"
-        ],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "cloth",
-        BATH,
-        [
-            "countertop",
-            "cabinet",
-            "bathtubbasin",
-            "towelholder",
-            "drawer"
-        ],
-        true,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "creditcard",
-        BED | LIV,
-        [
-            "desk",
-            "dresser",
-            "sidetable",
-            "coffeetable",
-            "sofa",
-            "armchair",
-            "shelf",
-            "drawer"
-        ],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "cup",
-        K,
-        [
-            "countertop",
-            "diningtable",
-            "cabinet",
-            "shelf",
-            "sinkbasin",
-            "microwave",
-            "fridge"
-        ],
-        true,
-        true,
-        true,
-        false
-    ),
-    obj!(
-        "dishsponge",
-        K | BATH,
-        ["countertop", "sinkbasin", "cabinet", "drawer", "garbagecan"],
-        true,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "egg",
-        K,
-        [
-            "countertop",
-            "diningtable",
-            "fridge",
-            "garbagecan",
-            "sinkbasin",
-            "microwave"
-        ],
-        true,
-        true,
-        true,
-        false
-    ),
-    obj!(
-        "fork",
-        K,
-        ["countertop", "diningtable", "drawer", "sinkbasin"],
-        true,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "keychain",
-        BED | LIV,
-        [
-            "desk",
-            "dresser",
-            "sidetable",
-            "coffeetable",
-            "shelf",
-            "sofa",
-            "safe",
-            "drawer"
-        ],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "knife",
-        K,
-        ["countertop", "diningtable", "drawer", "sinkbasin"],
-        true,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "laptop",
-        BED | LIV,
-        ["desk", "bed", "sofa", "coffeetable", "diningtable"],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "lettuce",
-        K,
-        [
-            "countertop",
-            "diningtable",
-            "fridge",
-            "sinkbasin",
-            "garbagecan"
-        ],
-        true,
-        false,
-        true,
-        false
-    ),
-    obj!(
-        "mug",
-        K,
-        [
-            "countertop",
-            "coffeemachine",
-            "diningtable",
-            "cabinet",
-            "shelf",
-            "sinkbasin",
-            "microwave",
-            "fridge"
-        ],
-        true,
-        true,
-        true,
-        false
-    ),
-    obj!(
-        "newspaper",
-        LIV,
-        [
-            "coffeetable",
-            "sofa",
-            "armchair",
-            "sidetable",
-            "diningtable",
-            "garbagecan"
-        ],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "pan",
-        K,
-        [
-            "stoveburner",
-            "countertop",
-            "cabinet",
-            "sinkbasin",
-            "fridge"
-        ],
-        true,
-        false,
-        true,
-        false
-    ),
-    obj!(
-        "pen",
-        BED | LIV,
-        ["desk", "sidetable", "shelf", "dresser", "drawer"],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "pencil",
-        BED | LIV,
-        ["desk", "sidetable", "shelf", "dresser", "drawer"],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "peppershaker",
-        K,
-        ["countertop", "diningtable", "cabinet", "shelf", "drawer"],
-        false,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "pillow",
-        BED | LIV,
-        ["bed", "sofa", "armchair"],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "plate",
-        K,
-        [
-            "countertop",
-            "diningtable",
-            "cabinet",
-            "shelf",
-            "sinkbasin",
-            "fridge"
-        ],
-        true,
-        true,
-        true,
-        false
-    ),
-    obj!(
-        "pot",
-        K,
-        [
-            "stoveburner",
-            "countertop",
-            "cabinet",
-            "sinkbasin",
-            "fridge"
-        ],
-        true,
-        false,
-        true,
-        false
-    ),
-    obj!(
-        "potato",
-        K,
-        [
-            "countertop",
-            "diningtable",
-            "fridge",
-            "garbagecan",
-            "sinkbasin",
-            "microwave",
-            "stoveburner"
-        ],
-        true,
-        true,
-        true,
-        false
-    ),
-    obj!(
-        "remotecontrol",
-        LIV,
-        [
-            "coffeetable",
-            "sofa",
-            "armchair",
-            "sidetable",
-            "tvstand",
-            "dresser"
-        ],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "saltshaker",
-        K,
-        ["countertop", "diningtable", "cabinet", "shelf", "drawer"],
-        false,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "soapbar",
-        BATH,
-        [
-            "countertop",
-            "sinkbasin",
-            "bathtubbasin",
-            "toilet",
-            "cabinet",
-            "garbagecan"
-        ],
-        true,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "soapbottle",
-        BATH,
-        [
-            "countertop",
-            "cabinet",
-            "toilet",
-            "shelf",
-            "sinkbasin",
-            "bathtubbasin"
-        ],
-        false,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "spatula",
-        K,
-        ["countertop", "diningtable", "drawer", "sinkbasin"],
-        true,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "spoon",
-        K,
-        ["countertop", "diningtable", "drawer", "sinkbasin"],
-        true,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "spraybottle",
-        BATH,
-        ["countertop", "cabinet", "toilet", "shelf", "garbagecan"],
-        false,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "statue",
-        BED | LIV,
-        [
-            "shelf",
-            "coffeetable",
-            "sidetable",
-            "dresser",
-            "tvstand",
-            "desk"
-        ],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "toiletpaper",
-        BATH,
-        [
-            "toilet",
-            "cabinet",
-            "countertop",
-            "shelf",
-            "drawer",
-            "garbagecan"
-        ],
-        false,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "towel",
-        BATH,
-        ["towelholder", "countertop", "cabinet", "bathtubbasin"],
-        true,
-        false,
-        false,
-        false
-    ),
-    obj!(
-        "vase",
-        BED | LIV,
-        [
-            "shelf",
-            "coffeetable",
-            "sidetable",
-            "dresser",
-            "diningtable",
-            "tvstand"
-        ],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "watch",
-        BED | LIV,
-        [
-            "coffeetable",
-            "sidetable",
-            "dresser",
-            "shelf",
-            "desk",
-            "drawer"
-        ],
-        false,
-        false,
-        false,
-        true
-    ),
-    obj!(
-        "winebottle",
-        K,
-        ["countertop", "diningtable", "fridge", "cabinet", "shelf"],
-        false,
-        false,
-        true,
-        false
-    ),
+    obj!("alarmclock",    BED | LIV, ["desk", "sidetable", "shelf", "dresser"],                                                              LAMP),
+    obj!("apple",         K,         ["countertop", "diningtable", "fridge", "garbagecan", "sinkbasin", "microwave"],                        CLEAN | HEAT | COOL),
+    obj!("book",          BED | LIV, ["desk", "bed", "shelf", "sidetable", "coffeetable", "sofa", "drawer"],                                 LAMP),
+    obj!("bowl",          K,         ["countertop", "diningtable", "cabinet", "shelf", "sinkbasin", "fridge", "microwave"],                  CLEAN | HEAT | COOL),
+    obj!("bread",         K,         ["countertop", "diningtable", "fridge", "cabinet", "microwave"],                                        HEAT | COOL),
+    obj!("candle",        BATH,      ["countertop", "toilet", "shelf", "cabinet", "bathtubbasin"],                                           NONE),
+    obj!("cd",            BED | LIV, ["desk", "shelf", "drawer", "sidetable", "safe", "dresser", "garbagecan"],                              LAMP),
+    obj!("cellphone",     BED | LIV, ["desk", "bed", "sidetable", "dresser", "sofa", "shelf", "drawer"],                                     LAMP),
+    obj!("cloth",         BATH,      ["countertop", "cabinet", "bathtubbasin", "towelholder", "drawer"],                                     CLEAN),
+    obj!("creditcard",    BED | LIV, ["desk", "dresser", "sidetable", "coffeetable", "sofa", "armchair", "shelf", "drawer"],                 LAMP),
+    obj!("cup",           K,         ["countertop", "diningtable", "cabinet", "shelf", "sinkbasin", "microwave", "fridge"],                  CLEAN | HEAT | COOL),
+    obj!("dishsponge",    K | BATH,  ["countertop", "sinkbasin", "cabinet", "drawer", "garbagecan"],                                         CLEAN),
+    obj!("egg",           K,         ["countertop", "diningtable", "fridge", "garbagecan", "sinkbasin", "microwave"],                        CLEAN | HEAT | COOL),
+    obj!("fork",          K,         ["countertop", "diningtable", "drawer", "sinkbasin"],                                                   CLEAN),
+    obj!("keychain",      BED | LIV, ["desk", "dresser", "sidetable", "coffeetable", "shelf", "sofa", "safe", "drawer"],                     LAMP),
+    obj!("knife",         K,         ["countertop", "diningtable", "drawer", "sinkbasin"],                                                   CLEAN),
+    obj!("laptop",        BED | LIV, ["desk", "bed", "sofa", "coffeetable", "diningtable"],                                                  LAMP),
+    obj!("lettuce",       K,         ["countertop", "diningtable", "fridge", "sinkbasin", "garbagecan"],                                     CLEAN | COOL),
+    obj!("mug",           K,         ["countertop", "coffeemachine", "diningtable", "cabinet", "shelf", "sinkbasin", "microwave", "fridge"], CLEAN | HEAT | COOL),
+    obj!("newspaper",     LIV,       ["coffeetable", "sofa", "armchair", "sidetable", "diningtable", "garbagecan"],                          LAMP),
+    obj!("pan",           K,         ["stoveburner", "countertop", "cabinet", "sinkbasin", "fridge"],                                        CLEAN | COOL),
+    obj!("pen",           BED | LIV, ["desk", "sidetable", "shelf", "dresser", "drawer"],                                                    LAMP),
+    obj!("pencil",        BED | LIV, ["desk", "sidetable", "shelf", "dresser", "drawer"],                                                    LAMP),
+    obj!("peppershaker",  K,         ["countertop", "diningtable", "cabinet", "shelf", "drawer"],                                            NONE),
+    obj!("pillow",        BED | LIV, ["bed", "sofa", "armchair"],                                                                            LAMP),
+    obj!("plate",         K,         ["countertop", "diningtable", "cabinet", "shelf", "sinkbasin", "fridge"],                               CLEAN | HEAT | COOL),
+    obj!("pot",           K,         ["stoveburner", "countertop", "cabinet", "sinkbasin", "fridge"],                                        CLEAN | COOL),
+    obj!("potato",        K,         ["countertop", "diningtable", "fridge", "garbagecan", "sinkbasin", "microwave", "stoveburner"],         CLEAN | HEAT | COOL),
+    obj!("remotecontrol", LIV,       ["coffeetable", "sofa", "armchair", "sidetable", "tvstand", "dresser"],                                 LAMP),
+    obj!("saltshaker",    K,         ["countertop", "diningtable", "cabinet", "shelf", "drawer"],                                            NONE),
+    obj!("soapbar",       BATH,      ["countertop", "sinkbasin", "bathtubbasin", "toilet", "cabinet", "garbagecan"],                         CLEAN),
+    obj!("soapbottle",    BATH,      ["countertop", "cabinet", "toilet", "shelf", "sinkbasin", "bathtubbasin"],                              NONE),
+    obj!("spatula",       K,         ["countertop", "diningtable", "drawer", "sinkbasin"],                                                   CLEAN),
+    obj!("spoon",         K,         ["countertop", "diningtable", "drawer", "sinkbasin"],                                                   CLEAN),
+    obj!("spraybottle",   BATH,      ["countertop", "cabinet", "toilet", "shelf", "garbagecan"],                                             NONE),
+    obj!("statue",        BED | LIV, ["shelf", "coffeetable", "sidetable", "dresser", "tvstand", "desk"],                                    LAMP),
+    obj!("toiletpaper",   BATH,      ["toilet", "cabinet", "countertop", "shelf", "drawer", "garbagecan"],                                   NONE),
+    obj!("towel",         BATH,      ["towelholder", "countertop", "cabinet", "bathtubbasin"],                                               CLEAN),
+    obj!("vase",          BED | LIV, ["shelf", "coffeetable", "sidetable", "dresser", "diningtable", "tvstand"],                             LAMP),
+    obj!("watch",         BED | LIV, ["coffeetable", "sidetable", "dresser", "shelf", "desk", "drawer"],                                     LAMP),
+    obj!("winebottle",    K,         ["countertop", "diningtable", "fridge", "cabinet", "shelf"],                                            COOL),
 ];
 
 /// The object type called `name` (the desk lamp included).

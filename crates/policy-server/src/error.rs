@@ -70,17 +70,6 @@ impl ApiError {
         )
     }
 
-    /// 401: the bearer key is missing or wrong.
-    pub fn unauthorized() -> Self {
-        Self::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
-            "missing or wrong API key (send 'Authorization: Bearer <key>')",
-            None,
-            Some("invalid_api_key"),
-        )
-    }
-
     /// 503: the queue of requests waiting for the model is full.
     pub fn busy(queued: usize) -> Self {
         Self::new(
@@ -89,20 +78,6 @@ impl ApiError {
             format!("the server already has {queued} requests waiting for the model; retry later"),
             None,
             Some("overloaded"),
-        )
-    }
-
-    /// 503: the request ran past the server's request timeout.
-    pub fn timeout(limit: std::time::Duration) -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            format!(
-                "the request took longer than the server's request timeout ({:.1} s)",
-                limit.as_secs_f64()
-            ),
-            None,
-            Some("timeout"),
         )
     }
 
@@ -118,6 +93,42 @@ impl ApiError {
     }
 }
 
+/// The shared layers' errors ([`agentrl_connections::harden`]) in OpenAI's shape.
+impl agentrl_connections::LayerErrors for ApiError {
+    fn timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            agentrl_connections::hardening::timeout_message(limit),
+            None,
+            Some("timeout"),
+        )
+    }
+
+    fn internal(message: String) -> Self {
+        ApiError::internal(message)
+    }
+
+    fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "missing or wrong API key (send 'Authorization: Bearer <key>')",
+            None,
+            Some("invalid_api_key"),
+        )
+    }
+
+    fn from_status(status: StatusCode, message: String) -> Self {
+        let kind = if status.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
+        ApiError::new(status, kind, message, None, None)
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, Json(*self.body)).into_response()
@@ -129,11 +140,8 @@ impl IntoResponse for ApiError {
 pub enum ServerError {
     #[error("invalid server config: {0}")]
     Config(String),
-    #[error("cannot bind {addr}: {source}")]
-    Bind {
-        addr: String,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] agentrl_connections::BindError),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }

@@ -9,28 +9,20 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
+use agentrl_connections::Hardening;
 use agentrl_model::Generation;
 use agentrl_policy_client::protocol::{
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
     ModelCard, ModelList,
 };
-use agentrl_tokenizer::ChatTokenizer;
+use agentrl_tokenizer::{ChatTokenizer, TokenizerError};
 use axum::body::Bytes;
-use axum::error_handling::HandleErrorLayer;
-use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::extract::{FromRequest, Request, State};
+use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
-use tower::timeout::error::Elapsed;
-use tower::timeout::TimeoutLayer;
-use tower::{BoxError, ServiceBuilder};
-use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::answer::{self, Choice};
 use crate::batcher::{GenerateError, Generator};
@@ -44,7 +36,6 @@ pub(crate) struct AppState {
     pub tokenizer: ChatTokenizer,
     pub limits: ModelLimits,
     pub generator: Generator,
-    pub api_key: Option<String>,
     /// When the server started (the model card's `created`).
     pub created: u64,
     /// The names of the LoRA adapters loaded on the model thread.
@@ -63,36 +54,20 @@ struct LoadLoraAdapterRequest {
 
 pub(crate) type Shared = Arc<AppState>;
 
-/// The application: routes plus auth, request timeout, body limit, panic
-/// and JSON-error layers.
-pub(crate) fn router(state: Shared, body_limit: usize, request_timeout: Duration) -> Router {
+/// The application: routes inside the shared auth, request timeout, body
+/// limit, panic and JSON-error layers ([`agentrl_connections::harden`]).
+/// A timed-out request's sequences already queued are still generated (and
+/// their answer dropped).
+pub(crate) fn router(state: Shared, hardening: Hardening) -> Router {
     let routes = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
-        .fallback(not_found);
-    // The timeout drops the request's future: the client hears 503 at once;
-    // sequences already queued are still generated (and their answer dropped).
-    let timeout = ServiceBuilder::new()
-        .layer(HandleErrorLayer::new(move |e: BoxError| async move {
-            if e.is::<Elapsed>() {
-                ApiError::timeout(request_timeout)
-            } else {
-                ApiError::internal(format!("internal error: {e}"))
-            }
-        }))
-        .layer(TimeoutLayer::new(request_timeout));
-    routes
-        .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
-        .layer(timeout)
-        // One configurable body limit: tower-http's; axum's own 2 MB default is off.
-        .layer(DefaultBodyLimit::disable())
-        .layer(RequestBodyLimitLayer::new(body_limit))
-        .layer(CatchPanicLayer::custom(panic_response))
-        .layer(middleware::map_response(json_errors))
-        .with_state(state)
+        .fallback(not_found)
+        .with_state(state);
+    agentrl_connections::harden::<ApiError>(routes, hardening)
 }
 
 /// A JSON body whose deserialisation errors are 400s naming the field
@@ -184,36 +159,59 @@ async fn completions(
     State(st): State<Shared>,
     OpenAiJson(req): OpenAiJson<CompletionRequest>,
 ) -> Result<Json<CompletionResponse>, ApiError> {
-    let adapter = st.check_model(req.model.as_deref())?;
-    let plan = {
-        let st = Arc::clone(&st);
-        blocking(move || plan::completion(&req, &st.tokenizer, &st.limits)).await??
-    };
-    let gens = st.generate(&plan, adapter.clone()).await?;
-    let answer = blocking(move || {
-        let choices = finish_all(&st.tokenizer, gens, &plan)?;
-        let name = adapter.as_deref().unwrap_or(&st.name);
-        answer::completion_response(&st.tokenizer, name, &plan, choices)
-            .map_err(|e| ApiError::internal(format!("decoding: {e}")))
-    })
-    .await??;
-    Ok(Json(answer))
+    answer_request(
+        st,
+        req.model.clone(),
+        req,
+        plan::completion,
+        answer::completion_response,
+    )
+    .await
 }
 
 async fn chat_completions(
     State(st): State<Shared>,
     OpenAiJson(req): OpenAiJson<ChatCompletionRequest>,
 ) -> Result<Json<ChatCompletionResponse>, ApiError> {
-    let adapter = st.check_model(req.model.as_deref())?;
+    answer_request(
+        st,
+        req.model.clone(),
+        req,
+        plan::chat,
+        answer::chat_response,
+    )
+    .await
+}
+
+/// Checks a request's body into a [`Plan`] (tokenizing).
+type Planner<Req> = fn(&Req, &ChatTokenizer, &ModelLimits) -> Result<Plan, ApiError>;
+/// Writes a request's answer from its generated choices (decoding).
+type Answerer<Resp> = fn(&ChatTokenizer, &str, &Plan, Vec<Choice>) -> Result<Resp, TokenizerError>;
+
+/// One generation request from body to answer: check the model it names,
+/// plan it on a blocking thread, generate, and write the answer (named
+/// after the adapter used, if any) on a blocking thread.
+async fn answer_request<Req, Resp>(
+    st: Shared,
+    model: Option<String>,
+    req: Req,
+    plan_of: Planner<Req>,
+    answer_of: Answerer<Resp>,
+) -> Result<Json<Resp>, ApiError>
+where
+    Req: Send + 'static,
+    Resp: Send + 'static,
+{
+    let adapter = st.check_model(model.as_deref())?;
     let plan = {
         let st = Arc::clone(&st);
-        blocking(move || plan::chat(&req, &st.tokenizer, &st.limits)).await??
+        blocking(move || plan_of(&req, &st.tokenizer, &st.limits)).await??
     };
     let gens = st.generate(&plan, adapter.clone()).await?;
     let answer = blocking(move || {
         let choices = finish_all(&st.tokenizer, gens, &plan)?;
         let name = adapter.as_deref().unwrap_or(&st.name);
-        answer::chat_response(&st.tokenizer, name, &plan, choices)
+        answer_of(&st.tokenizer, name, &plan, choices)
             .map_err(|e| ApiError::internal(format!("decoding: {e}")))
     })
     .await??;
@@ -296,35 +294,6 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("a request task failed: {e}")))
 }
 
-/// Every `/v1` route needs the API key when one is set; `/health` stays open.
-async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
-    let Some(key) = st.api_key.as_deref() else {
-        return next.run(req).await;
-    };
-    if req.uri().path() == "/health" {
-        return next.run(req).await;
-    }
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if constant_time_eq(given.as_bytes(), key.as_bytes()) {
-        next.run(req).await
-    } else {
-        ApiError::unauthorized().into_response()
-    }
-}
-
-/// Compares without an early exit, so timing does not reveal a key prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn not_found(req: Request) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -337,26 +306,6 @@ async fn not_found(req: Request) -> ApiError {
         None,
         None,
     )
-}
-
-fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    let msg = agentrl_connections::panic_message(err.as_ref());
-    tracing::error!(panic = %msg, "a request handler panicked");
-    ApiError::internal(format!("internal error: {msg}")).into_response()
-}
-
-/// Every non-JSON error answer (axum's 405, tower-http's 413, …) in
-/// OpenAI's error shape.
-async fn json_errors(resp: Response) -> Response {
-    agentrl_connections::json_error_answer(resp, |status, message| {
-        let kind = if status.is_server_error() {
-            "server_error"
-        } else {
-            "invalid_request_error"
-        };
-        ApiError::new(status, kind, message, None, None).into_response()
-    })
-    .await
 }
 
 #[cfg(test)]
@@ -381,12 +330,5 @@ mod tests {
         let e = error_of("not json");
         assert_eq!(e.body.error.param, None);
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
-    }
-
-    #[test]
-    fn keys_compare_whole() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"ab", b"abc"));
     }
 }

@@ -6,10 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentrl_connections::ConnectionLimits;
+use agentrl_connections::{BackgroundRuntime, ConnectionLimits, Hardening};
 use agentrl_model::PolicyModel;
 use agentrl_tokenizer::ChatTokenizer;
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -190,12 +189,7 @@ async fn start(
         tracing::warn!(addr = %config.addr, "serving a policy on a non-loopback address without an API key");
     }
     let limits = served.limits();
-    let listener = TcpListener::bind(config.addr)
-        .await
-        .map_err(|source| ServerError::Bind {
-            addr: config.addr.to_string(),
-            source,
-        })?;
+    let listener = agentrl_connections::bind(config.addr).await?;
     let addr = listener.local_addr()?;
     let ServedModel { model, tokenizer } = served;
     // The thread ends when the state (the queue's sender) is dropped.
@@ -205,13 +199,19 @@ async fn start(
         tokenizer,
         limits,
         generator,
-        api_key: config.api_key.clone(),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         adapters: Default::default(),
     });
-    let app = router(state, config.body_limit, config.request_timeout);
+    let app = router(
+        state,
+        Hardening {
+            body_limit: config.body_limit,
+            request_timeout: config.request_timeout,
+            bearer_token: config.api_key.clone(),
+        },
+    );
     let conn_limits = ConnectionLimits {
         max_connections: config.max_connections,
         header_timeout: config.header_timeout,
@@ -229,8 +229,7 @@ async fn start(
 /// rollout that wants a policy over loopback). Dropping it shuts it down.
 /// Do not drop it inside an async context.
 pub struct BackgroundPolicyServer {
-    handle: Option<PolicyServerHandle>,
-    runtime: Option<tokio::runtime::Runtime>,
+    server: BackgroundRuntime<PolicyServerHandle>,
 }
 
 impl BackgroundPolicyServer {
@@ -240,43 +239,28 @@ impl BackgroundPolicyServer {
         served: ServedModel,
         worker_threads: usize,
     ) -> Result<Self, ServerError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(worker_threads.max(1))
-            .thread_name("agentrl-policy-server")
-            .enable_all()
-            .build()?;
-        let handle = runtime.block_on(spawn(config, served))?;
-        Ok(Self {
-            handle: Some(handle),
-            runtime: Some(runtime),
-        })
+        let server = BackgroundRuntime::start(worker_threads, "agentrl-policy-server", || {
+            spawn(config, served)
+        })?;
+        Ok(Self { server })
     }
 
     /// `http://ip:port`.
     pub fn base_url(&self) -> String {
-        self.handle
-            .as_ref()
+        self.server
+            .handle()
             .map(PolicyServerHandle::base_url)
             .unwrap_or_default()
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.handle.as_ref().map(PolicyServerHandle::local_addr)
-    }
-
-    fn stop(&mut self) {
-        if let (Some(h), Some(rt)) = (self.handle.take(), self.runtime.as_ref()) {
-            rt.block_on(h.shutdown());
-        }
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_timeout(Duration::from_secs(1));
-        }
+        self.server.handle().map(PolicyServerHandle::local_addr)
     }
 }
 
 impl Drop for BackgroundPolicyServer {
     fn drop(&mut self) {
-        self.stop();
+        self.server.stop(PolicyServerHandle::shutdown);
     }
 }

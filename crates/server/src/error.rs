@@ -77,18 +77,6 @@ impl ApiError {
         )
     }
 
-    /// The request ran past the server's request timeout.
-    pub(crate) fn timeout(limit: std::time::Duration) -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ErrorKind::Timeout,
-            format!(
-                "the request took longer than the server's request timeout ({:.1} s)",
-                limit.as_secs_f64()
-            ),
-        )
-    }
-
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -137,6 +125,49 @@ impl From<EnvError> for ApiError {
     }
 }
 
+/// The shared layers' errors ([`agentrl_connections::harden`]) in the
+/// `{"error", "kind"}` shape the routes answer.
+impl agentrl_connections::LayerErrors for ApiError {
+    fn timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Timeout,
+            agentrl_connections::hardening::timeout_message(limit),
+        )
+    }
+
+    fn internal(message: String) -> Self {
+        ApiError::internal(message)
+    }
+
+    fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            ErrorKind::Unauthorized,
+            "missing or wrong bearer token (send 'Authorization: Bearer <token>')",
+        )
+    }
+
+    fn from_status(status: StatusCode, message: String) -> Self {
+        let kind = match status {
+            StatusCode::NOT_FOUND => ErrorKind::NotFound,
+            StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
+            StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::PayloadTooLarge,
+            StatusCode::UNAUTHORIZED => ErrorKind::Unauthorized,
+            s if s.is_server_error() => ErrorKind::Internal,
+            _ => ErrorKind::BadRequest,
+        };
+        Self::new(status, kind, message)
+    }
+
+    /// A handler panics only inside an environment.
+    fn panicked(message: &str) -> Self {
+        ApiError::internal(format!(
+            "internal error (an environment panicked): {message}"
+        ))
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, Json(*self.body)).into_response();
@@ -158,11 +189,8 @@ impl IntoResponse for ApiError {
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, Error)]
 pub enum ServerError {
-    #[error("cannot bind {addr}: {source}")]
-    Bind {
-        addr: String,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] agentrl_connections::BindError),
     #[error("unknown environment '{name}' in --envs (available: {available})")]
     UnknownEnv { name: String, available: String },
     #[error("no environment to serve")]

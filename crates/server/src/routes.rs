@@ -7,26 +7,18 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
+use agentrl_connections::Hardening;
 use agentrl_env_core::{Env, EnvDescriptor, EnvParams, Split, TaskSpec};
 use axum::body::{Body, Bytes};
-use axum::error_handling::HandleErrorLayer;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
 use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tower::timeout::error::Elapsed;
-use tower::timeout::TimeoutLayer;
-use tower::{BoxError, ServiceBuilder};
-use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::agentgym;
 use crate::error::ApiError;
@@ -43,15 +35,16 @@ use agentrl_env_client::protocol::{
 pub(crate) struct AppState {
     pub envs: BTreeMap<&'static str, EnvDescriptor>,
     pub sessions: SessionStore,
-    pub token: Option<String>,
     pub operator_params: OperatorParams,
 }
 
 pub(crate) type Shared = Arc<AppState>;
 
-/// The full application: routes plus auth, request timeout, body limit,
-/// panic and JSON-error layers.
-pub(crate) fn router(state: Shared, body_limit: usize, request_timeout: Duration) -> Router {
+/// The full application: routes inside the shared auth, request timeout,
+/// body limit, panic and JSON-error layers ([`agentrl_connections::harden`]).
+/// Work a timed-out request already handed to spawn_blocking runs to its
+/// end, which the generators' attempt budgets bound.
+pub(crate) fn router(state: Shared, hardening: Hardening) -> Router {
     let routes = Router::new()
         .route("/", get(root))
         .route("/health", get(health))
@@ -61,29 +54,9 @@ pub(crate) fn router(state: Shared, body_limit: usize, request_timeout: Duration
         .route("/{env}/", get(env_info))
         .merge(session_routes())
         .nest("/{env}", env_session_routes())
-        .fallback(not_found);
-    // The timeout drops the request's future: the client hears 503 at once.
-    // Work already handed to spawn_blocking runs to its end, which the
-    // generators' attempt budgets bound.
-    let timeout = ServiceBuilder::new()
-        .layer(HandleErrorLayer::new(move |e: BoxError| async move {
-            if e.is::<Elapsed>() {
-                ApiError::timeout(request_timeout)
-            } else {
-                ApiError::internal(format!("internal error: {e}"))
-            }
-        }))
-        .layer(TimeoutLayer::new(request_timeout));
-    routes
-        .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
-        .layer(timeout)
-        // The tower-http layer is the limit; axum's own 2 MB default is turned
-        // off so that there is exactly one, configurable, limit.
-        .layer(DefaultBodyLimit::disable())
-        .layer(RequestBodyLimitLayer::new(body_limit))
-        .layer(CatchPanicLayer::custom(panic_response))
-        .layer(middleware::map_response(json_errors))
-        .with_state(state)
+        .fallback(not_found)
+        .with_state(state);
+    agentrl_connections::harden::<ApiError>(routes, hardening)
 }
 
 /// The session routes, mounted twice: at the root, where the environment comes
@@ -211,63 +184,6 @@ impl<S: Send + Sync> FromRequestParts<S> for EnvSegment {
 }
 
 // ---------------------------------------------------------------- layers
-
-async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
-    let Some(token) = st.token.as_deref() else {
-        return next.run(req).await;
-    };
-    // Liveness probes stay open; /health reveals only a session count.
-    if req.uri().path() == "/health" {
-        return next.run(req).await;
-    }
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if constant_time_eq(given.as_bytes(), token.as_bytes()) {
-        next.run(req).await
-    } else {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            ErrorKind::Unauthorized,
-            "missing or wrong bearer token (send 'Authorization: Bearer <token>')",
-        )
-        .into_response()
-    }
-}
-
-/// Compares without an early exit, so timing does not reveal a token prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    let msg = agentrl_connections::panic_message(err.as_ref());
-    tracing::error!(panic = %msg, "a request handler panicked");
-    ApiError::internal(format!("internal error (an environment panicked): {msg}")).into_response()
-}
-
-/// Turns every non-JSON error answer (axum's 405, tower-http's 413, …) into
-/// the same `{"error", "kind"}` body the routes answer.
-async fn json_errors(resp: Response) -> Response {
-    agentrl_connections::json_error_answer(resp, |status, message| {
-        let kind = match status {
-            StatusCode::NOT_FOUND => ErrorKind::NotFound,
-            StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
-            StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::PayloadTooLarge,
-            StatusCode::UNAUTHORIZED => ErrorKind::Unauthorized,
-            s if s.is_server_error() => ErrorKind::Internal,
-            _ => ErrorKind::BadRequest,
-        };
-        ApiError::new(status, kind, message).into_response()
-    })
-    .await
-}
 
 async fn not_found(req: Request<Body>) -> ApiError {
     ApiError::new(

@@ -7,9 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentrl_connections::ConnectionLimits;
+use agentrl_connections::{BackgroundRuntime, ConnectionLimits, Hardening};
 use agentrl_env_core::{EnvDescriptor, Split, TaskSpec};
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -245,20 +244,17 @@ async fn start(
     let state = Arc::new(AppState {
         envs,
         sessions: SessionStore::new(config.max_sessions),
-        token: config.token.clone(),
         operator_params,
     });
-    let listener = TcpListener::bind(config.addr)
-        .await
-        .map_err(|source| ServerError::Bind {
-            addr: config.addr.to_string(),
-            source,
-        })?;
+    let listener = agentrl_connections::bind(config.addr).await?;
     let addr = listener.local_addr()?;
     let app = router(
         Arc::clone(&state),
-        config.body_limit,
-        config.request_timeout,
+        Hardening {
+            body_limit: config.body_limit,
+            request_timeout: config.request_timeout,
+            bearer_token: config.token.clone(),
+        },
     );
     let limits = ConnectionLimits {
         max_connections: config.max_connections,
@@ -315,8 +311,7 @@ async fn check_operator_params(
 /// a rollout that wants in-process HTTP). Dropping it shuts the server down.
 /// Do not drop it inside an async context.
 pub struct BackgroundServer {
-    handle: Option<ServerHandle>,
-    runtime: Option<tokio::runtime::Runtime>,
+    server: BackgroundRuntime<ServerHandle>,
 }
 
 impl BackgroundServer {
@@ -326,20 +321,14 @@ impl BackgroundServer {
         descriptors: Vec<EnvDescriptor>,
         worker_threads: usize,
     ) -> Result<Self, ServerError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(worker_threads.max(1))
-            .thread_name("agentrl-server")
-            .enable_all()
-            .build()?;
-        let handle = runtime.block_on(spawn(config, descriptors))?;
-        Ok(Self {
-            handle: Some(handle),
-            runtime: Some(runtime),
-        })
+        let server = BackgroundRuntime::start(worker_threads, "agentrl-server", || {
+            spawn(config, descriptors)
+        })?;
+        Ok(Self { server })
     }
 
     fn handle(&self) -> Option<&ServerHandle> {
-        self.handle.as_ref()
+        self.server.handle()
     }
 
     /// The bound address.
@@ -365,14 +354,7 @@ impl BackgroundServer {
     }
 
     fn stop(&mut self) -> Result<(), ServerError> {
-        let result = match (self.handle.take(), self.runtime.as_ref()) {
-            (Some(h), Some(rt)) => rt.block_on(h.shutdown()),
-            _ => Ok(()),
-        };
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_timeout(Duration::from_secs(1));
-        }
-        result
+        self.server.stop(ServerHandle::shutdown).unwrap_or(Ok(()))
     }
 }
 
