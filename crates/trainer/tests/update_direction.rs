@@ -110,6 +110,13 @@ fn update_moves_the_right_way_with_a_turn_per_sequence() {
     ]);
 }
 
+#[test]
+fn update_moves_the_right_way_through_a_lora_adapter() {
+    // Only the adapter's A and B train (B starts at zero, so the first
+    // gradient reaches B alone): the same direction through `W + s·B·A`.
+    update_moves_the_right_way(&["lora.enabled=true", "lora.r=4", "actor.lr=1e-2"]);
+}
+
 fn update_moves_the_right_way(overrides: &[&str]) {
     let (_dir, mut t) = start(overrides);
     let trajs = rollouts(&t);
