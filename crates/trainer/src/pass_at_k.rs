@@ -12,8 +12,11 @@
 //! The interval of either is a Student-t interval over the per-task values
 //! (`mean ± t(0.975, m−1) · s / √m` for `m` tasks, clamped to [0, 1]): the
 //! tasks are the independent units, the samples of one task are not. When
-//! every task has the same value the interval has zero width; with one task
-//! there is none.
+//! every task scores 0 (or every task 1) the t interval would have zero
+//! width, which claims a certainty 64 tasks do not give: the interval is then
+//! Clopper-Pearson's exact one for 0 of m (m of m) tasks, `[0, 1 − 0.025^(1/m)]`
+//! (`[0.025^(1/m), 1]`). Other equal values keep the zero-width t interval;
+//! with one task there is none.
 
 use serde::{Deserialize, Serialize};
 
@@ -103,12 +106,28 @@ fn check(tasks: &[TaskOutcomes], k: usize) -> Result<(), EstimateError> {
 }
 
 /// The mean of `values` and its Student-t 95% interval, clamped to [0, 1]
-/// (values are rates). No interval for fewer than two values.
+/// (values are rates); when every value is 0, or every one 1, the exact
+/// Clopper-Pearson interval of 0 (m) successes in m tasks instead. No
+/// interval for fewer than two values.
 pub fn mean_with_ci95(values: &[f64]) -> Estimate {
     let m = values.len();
     let mean = values.iter().sum::<f64>() / m.max(1) as f64;
     if m < 2 {
         return Estimate { mean, ci95: None };
+    }
+    // P(0 of m | p) = (1 − p)^m = 0.025 at the upper end.
+    let exact_edge = 0.025f64.powf(1.0 / m as f64);
+    if values.iter().all(|&v| v == 0.0) {
+        return Estimate {
+            mean,
+            ci95: Some([0.0, 1.0 - exact_edge]),
+        };
+    }
+    if values.iter().all(|&v| v == 1.0) {
+        return Estimate {
+            mean,
+            ci95: Some([exact_edge, 1.0]),
+        };
     }
     let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (m - 1) as f64;
     let half = t_quantile_975(m - 1) * (var / m as f64).sqrt();
@@ -200,6 +219,16 @@ mod tests {
         assert_eq!(e.ci95, Some([0.0, 1.0]));
         // Equal values: zero width; one value: no interval.
         assert_eq!(mean_with_ci95(&[0.25, 0.25]).ci95, Some([0.25, 0.25]));
+        // Every task 0 or every task 1: Clopper-Pearson's exact interval,
+        // 1 − 0.025^(1/64) = 0.056009 for 64 tasks, 0.841886 for 2.
+        let [lo, hi] = mean_with_ci95(&[0.0; 64]).ci95.unwrap();
+        assert_eq!(lo, 0.0);
+        assert!(close(hi, 0.056009, 1e-6), "{hi}");
+        let [lo, hi] = mean_with_ci95(&[1.0; 16]).ci95.unwrap();
+        assert!(close(lo, 0.794093, 1e-6), "{lo}");
+        assert_eq!(hi, 1.0);
+        let [_, hi] = mean_with_ci95(&[0.0, 0.0]).ci95.unwrap();
+        assert!(close(hi, 0.841886, 1e-6), "{hi}");
         assert_eq!(mean_with_ci95(&[0.25]).ci95, None);
     }
 
