@@ -6,7 +6,8 @@
 //! and every completion of the step asked for it), the rollout log-probs
 //! came from the server (the importance ratios were measured on every
 //! generated token and are ~1: both sides compute the same model), and the
-//! greedy validation before RL matches the local run's. Not checked here:
+//! greedy validation before RL matches the local run's, and each replaced
+//! adapter was unloaded. Not checked here:
 //! that held-out success rises like the local run's (no LoRA setup found
 //! that learns within the seconds this test may take).
 
@@ -194,8 +195,8 @@ fn rl_through_serve_policy_hot_loads_each_adapter_and_weights_by_server_logprobs
     );
 
     // One adapter per weights version: before RL (step 0) and after each
-    // update; the server lists every one, and each was loaded from the run's
-    // adapters directory.
+    // update, each loaded from the run's adapters directory and unloaded
+    // once the next replaced it: the server lists the base and the last.
     let names: Vec<String> = (0..=STEPS).map(|k| format!("remote-step-{k}")).collect();
     let models: Value = reqwest::blocking::get(format!("{}/v1/models", server.url))
         .unwrap()
@@ -207,9 +208,7 @@ fn rl_through_serve_policy_hot_loads_each_adapter_and_weights_by_server_logprobs
         .iter()
         .map(|m| m["id"].as_str().unwrap())
         .collect();
-    let mut expected = vec!["base"];
-    expected.extend(names.iter().map(String::as_str));
-    assert_eq!(listed, expected);
+    assert_eq!(listed, ["base", names[STEPS].as_str()]);
     let requests = seen.requests.lock().unwrap().clone();
     let loads: Vec<(String, String)> = requests
         .iter()
@@ -226,6 +225,17 @@ fn rl_through_serve_policy_hot_loads_each_adapter_and_weights_by_server_logprobs
         );
         assert!(path.join("adapter_config.json").is_file());
     }
+    let adapter_routes: Vec<(String, String)> = requests
+        .iter()
+        .filter(|r| r.0.ends_with("load_lora_adapter"))
+        .map(|r| (r.0.clone(), r.2.clone().unwrap()))
+        .collect();
+    let mut expected = vec![("/v1/load_lora_adapter".to_string(), names[0].clone())];
+    for k in 1..=STEPS {
+        expected.push(("/v1/load_lora_adapter".into(), names[k].clone()));
+        expected.push(("/v1/unload_lora_adapter".into(), names[k - 1].clone()));
+    }
+    assert_eq!(adapter_routes, expected, "loads and unloads in order");
     // Every completion asked for an adapter, never the bare base, and the
     // adapters in the order loaded.
     let completions: Vec<String> = requests

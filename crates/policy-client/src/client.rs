@@ -21,7 +21,8 @@ use reqwest::blocking::{Client, RequestBuilder};
 use reqwest::StatusCode;
 
 use crate::protocol::{
-    CompletionRequest, CompletionResponse, ErrorResponse, LoadLoraAdapterRequest, ModelList, Prompt,
+    CompletionRequest, CompletionResponse, ErrorResponse, LoadLoraAdapterRequest, ModelList,
+    Prompt, UnloadLoraAdapterRequest,
 };
 
 /// How [`OpenAiPolicy`] reaches its server.
@@ -190,7 +191,25 @@ impl OpenAiPolicy {
             lora_name: lora_name.to_string(),
             lora_path: lora_path.to_string(),
         };
-        match self.attempt(&|| self.client.post(&url).json(&request)) {
+        self.post_once(url, &request)
+    }
+
+    /// Ask the server to drop the adapter loaded as `lora_name` (vLLM's
+    /// `POST /v1/unload_lora_adapter`). Not retried, like the load: an
+    /// unload the server did but whose answer was lost would be refused the
+    /// second time as an unknown name.
+    pub fn unload_lora_adapter(&self, lora_name: &str) -> Result<(), OpenAiError> {
+        let url = self.url("unload_lora_adapter");
+        let request = UnloadLoraAdapterRequest {
+            lora_name: lora_name.to_string(),
+        };
+        self.post_once(url, &request)
+    }
+
+    /// POST `request` to `url` once, without retries (for requests that
+    /// are not idempotent); the answer's body is not needed.
+    fn post_once(&self, url: String, request: &impl serde::Serialize) -> Result<(), OpenAiError> {
+        match self.attempt(&|| self.client.post(&url).json(request)) {
             Attempt::Answered(_) => Ok(()),
             Attempt::Refused(status, message) => Err(OpenAiError::Refused {
                 url,

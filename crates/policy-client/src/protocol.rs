@@ -325,6 +325,13 @@ pub struct LoadLoraAdapterRequest {
     pub lora_path: String,
 }
 
+/// vLLM's `POST /v1/unload_lora_adapter` body: drop the adapter loaded as
+/// `lora_name`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnloadLoraAdapterRequest {
+    pub lora_name: String,
+}
+
 /// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorResponse {

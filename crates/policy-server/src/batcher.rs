@@ -77,6 +77,11 @@ enum Message {
         path: PathBuf,
         reply: oneshot::Sender<Result<(), GenerateError>>,
     },
+    /// Drop the adapter loaded as `name`.
+    UnloadAdapter {
+        name: String,
+        reply: oneshot::Sender<Result<(), GenerateError>>,
+    },
 }
 
 /// The queue's sending end; cloning it is cheap.
@@ -138,6 +143,14 @@ impl Generator {
         answer.await.unwrap_or(Err(GenerateError::Stopped))
     }
 
+    /// Drop the adapter loaded as `name` on the model thread, after the jobs
+    /// queued before this call.
+    pub async fn unload_adapter(&self, name: String) -> Result<(), GenerateError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Message::UnloadAdapter { name, reply })?;
+        answer.await.unwrap_or(Err(GenerateError::Stopped))
+    }
+
     fn send(&self, message: Message) -> Result<(), GenerateError> {
         match self.jobs.try_send(message) {
             Ok(()) => Ok(()),
@@ -177,6 +190,13 @@ impl Models {
         self.adapters.insert(name, model);
         Ok(())
     }
+
+    fn unload(&mut self, name: &str) -> Result<(), GenerateError> {
+        self.adapters
+            .remove(name)
+            .map(drop)
+            .ok_or_else(|| GenerateError::Adapter(format!("no LoRA adapter `{name}` is loaded")))
+    }
 }
 
 /// Take the jobs that are waiting (after the window, up to the batch
@@ -189,6 +209,10 @@ fn model_loop(models: &mut Models, queue: &Receiver<Message>, limits: BatchLimit
         Message::LoadAdapter { name, path, reply } => {
             // The receiver is gone when the client hung up.
             let _ = reply.send(models.load(name, &path));
+            None
+        }
+        Message::UnloadAdapter { name, reply } => {
+            let _ = reply.send(models.unload(&name));
             None
         }
     };

@@ -1,5 +1,5 @@
 //! The routes (`/v1/models`, `/v1/completions`, `/v1/chat/completions`,
-//! vLLM's `/v1/load_lora_adapter`, `/health`), their JSON extractor and the
+//! vLLM's `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`, `/health`), their JSON extractor and the
 //! layers around them.
 //!
 //! A handler checks the request into a [`Plan`] (tokenizing on a blocking
@@ -52,6 +52,16 @@ struct LoadLoraAdapterRequest {
     lora_path: PathBuf,
 }
 
+/// vLLM's `/v1/unload_lora_adapter` body (its `lora_int_id` is accepted and
+/// not needed: names are unique here).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnloadLoraAdapterRequest {
+    lora_name: String,
+    #[serde(default, rename = "lora_int_id")]
+    _lora_int_id: Option<i64>,
+}
+
 pub(crate) type Shared = Arc<AppState>;
 
 /// The application: routes inside the shared auth, request timeout, body
@@ -65,6 +75,7 @@ pub(crate) fn router(state: Shared, hardening: Hardening) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
         .fallback(not_found)
         .with_state(state);
     agentrl_connections::harden::<ApiError>(routes, hardening)
@@ -152,6 +163,36 @@ async fn load_lora_adapter(
         .insert(name.clone());
     Ok(format!(
         "Success: LoRA adapter '{name}' added successfully."
+    ))
+}
+
+/// Unloads an adapter (vLLM's route and answer): requests naming it are
+/// refused (404) from now on; those already queued are generated first.
+async fn unload_lora_adapter(
+    State(st): State<Shared>,
+    OpenAiJson(req): OpenAiJson<UnloadLoraAdapterRequest>,
+) -> Result<String, ApiError> {
+    let name = req.lora_name;
+    let removed = st
+        .adapters
+        .lock()
+        .map_err(|_| ApiError::internal("the adapter list lock is poisoned"))?
+        .remove(&name);
+    if !removed {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("the LoRA adapter '{name}' cannot be found"),
+            Some("lora_name"),
+            Some("adapter_not_found"),
+        ));
+    }
+    st.generator
+        .unload_adapter(name.clone())
+        .await
+        .map_err(generate_error)?;
+    Ok(format!(
+        "Success: LoRA adapter '{name}' removed successfully."
     ))
 }
 
@@ -299,7 +340,7 @@ async fn not_found(req: Request) -> ApiError {
         StatusCode::NOT_FOUND,
         "invalid_request_error",
         format!(
-            "no route {} {} (served: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/load_lora_adapter, GET /health)",
+            "no route {} {} (served: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter, GET /health)",
             req.method(),
             req.uri().path()
         ),

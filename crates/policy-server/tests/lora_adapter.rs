@@ -1,7 +1,8 @@
-//! vLLM's `/v1/load_lora_adapter` on the policy server: an adapter saved
-//! by agentrl loads under a name, completions naming it generate with the
-//! adapted model (the base model's name still gets the base), and a name
-//! taken twice, a bad directory or an unknown model are refused.
+//! vLLM's `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` on the
+//! policy server: an adapter saved by agentrl loads under a name,
+//! completions naming it generate with the adapted model (the base model's
+//! name still gets the base), a name taken twice, a bad directory or an
+//! unknown model are refused, and an unloaded adapter is gone.
 
 use std::path::PathBuf;
 
@@ -163,4 +164,33 @@ fn a_loaded_adapter_serves_under_its_name_beside_the_base() {
     );
     assert_eq!(status, 400);
     assert!(text.contains("lora_name"), "{text}");
+
+    // Unloaded (vLLM's route and answer): gone from the list, requests
+    // naming it are 404s, the base still answers, a second unload is a 404
+    // naming the field, and the name can be loaded again.
+    let unload = json!({"lora_name": "sql"});
+    let (status, text) = post(&server, "/v1/unload_lora_adapter", &unload);
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("'sql' removed successfully"), "{text}");
+    let models: Value = reqwest::blocking::get(format!("{}/v1/models", server.base_url()))
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(models["data"].as_array().unwrap().len(), 1, "{models}");
+    let gone = post(
+        &server,
+        "/v1/completions",
+        &json!({"model": "sql", "prompt": prompt}),
+    );
+    assert_eq!(gone.0, 404, "{}", gone.1);
+    assert_eq!(served_greedy(&server, "tiny", &prompt), without);
+    let (status, text) = post(&server, "/v1/unload_lora_adapter", &unload);
+    assert_eq!(status, 404, "{text}");
+    assert!(
+        text.contains("lora_name") && text.contains("'sql'"),
+        "{text}"
+    );
+    let (status, text) = post(&server, "/v1/load_lora_adapter", &load);
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(served_greedy(&server, "sql", &prompt), with_adapter);
 }

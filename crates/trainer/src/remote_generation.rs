@@ -5,7 +5,9 @@
 //! the trainer writes its LoRA adapter in PEFT's layout to
 //! `<adapter_dir>/<run>/step-N` and asks the server to load it as
 //! `<run>-step-N` (vLLM's `POST /v1/load_lora_adapter`); rollouts and
-//! validation then ask for that model name. The server's log-prob of every
+//! validation then ask for that model name, and the adapter it replaces is
+//! unloaded (`POST /v1/unload_lora_adapter`), so a long run holds one
+//! adapter on the server, not one per step. The server's log-prob of every
 //! token it sampled is kept ([`RecordingPolicy`], [`rollout_logprob_rows`])
 //! for the importance correction of the loss (`algorithm.rollout_is_cap`).
 
@@ -29,6 +31,8 @@ pub struct RemoteGeneration {
     run_name: String,
     /// The weights version (RL steps done) of the adapter loaded last.
     published: Option<usize>,
+    /// The served name of the adapter loaded last, to unload once replaced.
+    loaded: Option<String>,
 }
 
 impl RemoteGeneration {
@@ -54,6 +58,7 @@ impl RemoteGeneration {
             adapters,
             run_name,
             published: None,
+            loaded: None,
         })
     }
 
@@ -101,6 +106,11 @@ impl RemoteGeneration {
             .load_lora_adapter(&name, &dir.to_string_lossy())?;
         self.policy.use_model(&name)?;
         self.published = Some(version);
+        // Every request of the replaced weights has been answered: the
+        // trainer generates with one version at a time.
+        if let Some(old) = self.loaded.replace(name) {
+            self.policy.unload_lora_adapter(&old)?;
+        }
         Ok(())
     }
 }
