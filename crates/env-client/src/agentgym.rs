@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::client::ClientOptions;
-use crate::remote::{shared_client, step_remote, RemoteStep};
+use crate::remote::{endpoint_base, shared_client, step_remote, RemoteStep};
 
 /// The invalid-action messages of AgentGym's envs (their servers answer an
 /// invalid action with a 200 and one of these as the observation).
@@ -327,12 +327,7 @@ impl AgentGymEnv {
         data_idx: u64,
         opts: AgentGymOptions,
     ) -> Result<Self, EnvError> {
-        let base = base_url.trim_end_matches('/').to_string();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(EnvError::Remote(format!(
-                "endpoint '{base_url}' must start with http:// or https://"
-            )));
-        }
+        let base = endpoint_base(base_url)?;
         let mut env = Self {
             base,
             dialect: Dialect::of(&spec.env),
