@@ -717,14 +717,17 @@ mod tests {
 
     #[test]
     fn options_require_instructions_and_valid_patterns() {
-        let e = AgentGymOptions::new("sciworld", "  ", None, 1.0)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("instructions"), "{e}");
+        let refusal = |env, instructions, patterns| {
+            AgentGymOptions::new(env, instructions, patterns, 1.0)
+                .unwrap_err()
+                .to_string()
+        };
+        for (env, blank) in [("sciworld", "  "), ("babyai", "")] {
+            let e = refusal(env, blank, None);
+            assert!(e.contains("env.instructions"), "{e}");
+        }
         let bad = vec!["(".to_string()];
-        let e = AgentGymOptions::new("sciworld", "play", Some(&bad), 1.0)
-            .unwrap_err()
-            .to_string();
+        let e = refusal("sciworld", "play", Some(&bad));
         assert!(e.contains("invalid_action_patterns"), "{e}");
         let o = AgentGymOptions::new("textcraft", "play", None, 1.0).unwrap();
         assert!(o.is_invalid("Could not execute fly to the moon"));
