@@ -615,79 +615,33 @@ def safe_id(resp: Any) -> Any:
     return body
 
 
-CASES: dict[str, EnvCase] = {
-    "textcraft": EnvCase(
-        name="textcraft",
-        prefix="TextCraft",
-        make_policy=TextCraftPolicy,
-        reset_idx=0,
-        task_idx=1,
-        invalid_action="fly to the moon",
-        notes=[
-            "The crafting commands come from a Python set: their order follows string "
-            "hashing; captured with PYTHONHASHSEED=0 on the server.",
-            "create resets the new env with data_idx = its session id.",
-        ],
-        probes=probes_textcraft,
-    ),
-    "babyai": EnvCase(
-        name="babyai",
-        prefix="BabyAI",
-        make_policy=BabyAIPolicy,
-        reset_idx=0,
-        task_idx=1,
-        invalid_action="jump",
-        first_action="turn left",
-        probes=probes_babyai,
-    ),
-    "sciworld": EnvCase(
-        name="sciworld",
-        prefix="Sciworld",
-        make_policy=SciWorldPolicy,
-        # find-non-living-thing, variation 0, whose plan SciWorldPolicy knows
-        # (the flat task list of AgentGym's server: 4639 entries, data_idx 0..4638).
-        reset_idx=3236,
-        task_idx=3236,
-        invalid_action="jump around",
-        probes=probes_sciworld,
-    ),
-    "alfworld": EnvCase(
-        name="alfworld",
-        prefix="AlfWorld",
-        make_policy=AlfWorldPolicy,
-        reset_idx=0,
-        task_idx=2420,  # the first of the 200 test games (data_idx 2420..2619)
-        invalid_action="fly to the moon",
-        substitute=True,
-        probes=probes_alfworld,
-    ),
-    "webshop": EnvCase(
-        name="webshop",
-        prefix="Webshop",
-        make_policy=WebShopPolicy,
-        reset_idx=0,
-        task_idx=1,
-        invalid_action="fly[moon]",
-        substitute=True,
-        notes=[
-            "Session ids are random: create answers random.randint(0, 48950076) after "
-            "random.seed(time.time()), so they differ on every capture; treat them as opaque.",
-            "AgentGym's WebShop server has no /close route; the client retries a non-200 answer 5 times.",
-        ],
-        probes=probes_webshop,
-    ),
-    "searchqa": EnvCase(
-        name="searchqa",
-        prefix="SearchQA",
-        make_policy=SearchQAPolicy,
-        reset_idx=0,
-        task_idx=51713,  # the first train item (test: 0..51712, train: 51713..221327)
-        invalid_action="I do not know.",
-        reply=think_then,
-        substitute=True,
-        probes=probes_searchqa,
-    ),
-}
+# One row per env: name, class-name prefix, policy, then what differs.
+CASES: dict[str, EnvCase] = {case.name: case for case in [
+    EnvCase("textcraft", "TextCraft", TextCraftPolicy, reset_idx=0, task_idx=1,
+            invalid_action="fly to the moon", probes=probes_textcraft, notes=[
+                "The crafting commands come from a Python set: their order follows string "
+                "hashing; captured with PYTHONHASHSEED=0 on the server.",
+                "create resets the new env with data_idx = its session id.",
+            ]),
+    EnvCase("babyai", "BabyAI", BabyAIPolicy, reset_idx=0, task_idx=1, invalid_action="jump",
+            first_action="turn left", probes=probes_babyai),
+    # find-non-living-thing, variation 0, whose plan SciWorldPolicy knows
+    # (the flat task list of AgentGym's server: 4639 entries, data_idx 0..4638).
+    EnvCase("sciworld", "Sciworld", SciWorldPolicy, reset_idx=3236, task_idx=3236,
+            invalid_action="jump around", probes=probes_sciworld),
+    # task_idx: the first of the 200 test games (data_idx 2420..2619).
+    EnvCase("alfworld", "AlfWorld", AlfWorldPolicy, reset_idx=0, task_idx=2420,
+            invalid_action="fly to the moon", substitute=True, probes=probes_alfworld),
+    EnvCase("webshop", "Webshop", WebShopPolicy, reset_idx=0, task_idx=1, invalid_action="fly[moon]",
+            substitute=True, probes=probes_webshop, notes=[
+                "Session ids are random: create answers random.randint(0, 48950076) after "
+                "random.seed(time.time()), so they differ on every capture; treat them as opaque.",
+                "AgentGym's WebShop server has no /close route; the client retries a non-200 answer 5 times.",
+            ]),
+    # task_idx: the first train item (test: 0..51712, train: 51713..221327).
+    EnvCase("searchqa", "SearchQA", SearchQAPolicy, reset_idx=0, task_idx=51713,
+            invalid_action="I do not know.", reply=think_then, substitute=True, probes=probes_searchqa),
+]}
 
 
 # --------------------------------------------------------------------- servers
@@ -750,32 +704,22 @@ def start_agentgym_server(case: EnvCase, agentgym: Path, logs: Path) -> tuple[Se
                 "--agentgym", str(agentgym), "--port", str(port)]
     else:
         argv = [sys.executable, "-m", "uvicorn", f"{case.module}:app", "--host", "127.0.0.1", "--port", str(port)]
-    server = Server(
-        argv,
-        cwd=pkg,
-        env=env,
-        log=logs / f"agentgym-{case.name}.log",
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(base + "/", server.proc, 120)
-    except Exception:
-        server.stop()
-        raise
-    return server, base
+    server = Server(argv, cwd=pkg, env=env, log=logs / f"agentgym-{case.name}.log")
+    return start_server(server, port, "/")
 
 
 def start_agentrl_server(binary: Path, logs: Path) -> tuple[Server, str]:
     port = free_port()
-    server = Server(
-        [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=REPO_ROOT,
-        env=dict(os.environ),
-        log=logs / "agentrl-serve.log",
-    )
+    argv = [str(binary), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    server = Server(argv, cwd=REPO_ROOT, env=dict(os.environ), log=logs / "agentrl-serve.log")
+    return start_server(server, port, "/health")
+
+
+def start_server(server: Server, port: int, health: str) -> tuple[Server, str]:
+    """The started `server` and its base URL once `health` answers (stopped if it never does)."""
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(base + "/health", server.proc, 120)
+        wait_until_up(base + health, server.proc, 120)
     except Exception:
         server.stop()
         raise

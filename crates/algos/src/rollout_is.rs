@@ -21,6 +21,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{AlgoError, Result};
+use crate::stats::check_len;
 
 /// What the correction saw on the policy tokens of one batch (written to
 /// `metrics.jsonl` as `rollout_is`).
@@ -61,26 +62,14 @@ pub fn truncated_is_weights(
         });
     }
     for (what, rows) in [("rollout log-probs", rollout), ("mask", mask)] {
-        if rows.len() != old.len() {
-            return Err(AlgoError::LengthMismatch {
-                what: format!("{what} rows"),
-                expected: old.len(),
-                got: rows.len(),
-            });
-        }
+        check_len(&format!("{what} rows"), old.len(), rows.len())?;
     }
     let mut weights = Vec::with_capacity(old.len());
     let (mut sum, mut abs_diff, mut clipped, mut tokens) = (0f64, 0f64, 0usize, 0usize);
     let (mut max, mut min) = (f64::NEG_INFINITY, f64::INFINITY);
     for (seq, ((o, r), m)) in old.iter().zip(rollout).zip(mask).enumerate() {
         for (what, row) in [("rollout log-probs", r), ("mask", m)] {
-            if row.len() != o.len() {
-                return Err(AlgoError::LengthMismatch {
-                    what: format!("{what} of sequence {seq}"),
-                    expected: o.len(),
-                    got: row.len(),
-                });
-            }
+            check_len(&format!("{what} of sequence {seq}"), o.len(), row.len())?;
         }
         let mut row = Vec::with_capacity(o.len());
         for (pos, ((&o, &r), &m)) in o.iter().zip(r).zip(m).enumerate() {

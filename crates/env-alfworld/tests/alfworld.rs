@@ -1,9 +1,8 @@
 use agentrl_env_alfworld::catalog::{obj_def, recep_def, RoomKind};
 use agentrl_env_alfworld::world::{Goal, Obj, ObjLoc, Recep};
-use agentrl_env_alfworld::{descriptor, AlfWorld, TaskType, World, DIFFICULTIES, NOTHING_HAPPENS};
-use agentrl_env_core::{testing, ActionError, Env, EnvParams, Split, StepError, TaskSpec};
+use agentrl_env_alfworld::{descriptor, AlfWorld, TaskType, World, NOTHING_HAPPENS};
+use agentrl_env_core::{testing, Env, EnvParams, Split, StepError, TaskSpec};
 use proptest::prelude::*;
-use rand::SeedableRng;
 
 fn spec(difficulty: &str, seed: u64) -> TaskSpec {
     TaskSpec::new("alfworld", Split::Train, difficulty, seed)
@@ -144,13 +143,9 @@ fn nothing_happens_is_a_valid_step_without_effect() {
     assert!(!s.info.effective);
     assert_eq!(env.steps(), 1);
     assert_eq!(env.state_key(), key);
-    let err = env.step("teleport home").unwrap_err();
-    assert!(matches!(
-        err,
-        StepError::InvalidAction(ActionError::Unknown { .. })
-    ));
+    // An unknown verb is refused and counted, and changes nothing.
+    testing::assert_refused_unchanged(&mut env, &[("teleport home", "Unknown")]);
     assert_eq!(env.invalid_actions(), 1);
-    assert_eq!(env.steps(), 1);
 }
 
 #[test]
@@ -185,11 +180,6 @@ fn expert_on_small_kitchen_searches_then_places() {
 fn different_seeds_give_different_households() {
     // Same-spec determinism: crates/envs/tests/contract.rs, for every env.
     assert_ne!(make("hard", 1).observation(), make("hard", 2).observation());
-}
-
-#[test]
-fn expert_solves_at_least_99_percent_per_difficulty() {
-    testing::assert_expert_solves("alfworld", DIFFICULTIES, make, 200, 198);
 }
 
 #[test]
@@ -246,15 +236,6 @@ fn params_are_rejected() {
     assert!(descriptor()
         .create(&spec("impossible", 0), &EnvParams::new())
         .is_err());
-}
-
-/// Prints the random-policy baseline (uniform over available actions) and
-/// steps/s; asserts only that random play is far below the expert.
-#[test]
-fn random_policy_baseline_and_throughput() {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
-    let levels = ["easy", "medium", "hard"];
-    testing::assert_random_play_below("alfworld", &levels, make, (200, 150), &mut rng);
 }
 
 proptest! {

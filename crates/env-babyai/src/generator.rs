@@ -227,6 +227,17 @@ impl Builder<'_> {
     fn pick<T: Clone>(&mut self, v: &[T]) -> Option<T> {
         v.choose(self.rng).cloned()
     }
+
+    /// A connected 3×3 grid of rooms with the agent in a random one; every
+    /// room of it, for the objects.
+    fn connected_grid_with_agent(&mut self) -> Option<Vec<(i32, i32)>> {
+        self.s = rooms(3, 3);
+        connect(&mut self.s, self.rng, 3, 3);
+        let all = Builder::all_rooms(3, 3);
+        let start = self.pick(&all)?;
+        self.place_agent(start);
+        Some(all)
+    }
 }
 
 fn desc_of(o: &Obj) -> Desc {
@@ -369,11 +380,7 @@ fn try_generate(rng: &mut TaskRng, family: Family) -> Option<(State, Mission)> {
             Mission::single(Instr::PutNext(desc_of(&a), desc_of(&c)))
         }
         Family::GoTo => {
-            b.s = rooms(3, 3);
-            connect(&mut b.s, b.rng, 3, 3);
-            let all = Builder::all_rooms(3, 3);
-            let start = b.pick(&all)?;
-            b.place_agent(start);
+            let all = b.connected_grid_with_agent()?;
             let objs = b.distractors(12, &[], &all);
             Mission::single(Instr::GoTo(desc_of(&b.pick(&objs)?)))
         }
@@ -387,11 +394,7 @@ fn try_generate(rng: &mut TaskRng, family: Family) -> Option<(State, Mission)> {
             Mission::single(Instr::Open(Desc::Door { color: c }))
         }
         Family::BossLevel => {
-            b.s = rooms(3, 3);
-            connect(&mut b.s, b.rng, 3, 3);
-            let all = Builder::all_rooms(3, 3);
-            let start = b.pick(&all)?;
-            b.place_agent(start);
+            let all = b.connected_grid_with_agent()?;
             let objs = b.distractors(10, &[], &all);
             let doors = b.s.find_doors(None);
             let mut instrs = Vec::new();

@@ -127,11 +127,7 @@ pub struct Bandit {
 impl Bandit {
     /// Draw the task of `spec` with `[env]` params.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        Self::with_config(spec, Config::for_task(spec, params)?)
-    }
-
-    /// Draw the task of `spec` with an explicit config.
-    pub fn with_config(spec: &TaskSpec, config: Config) -> Result<Self, EnvError> {
+        let config = Config::for_task(spec, params)?;
         let mut rng = task_rng(spec)?;
         let task = draw(
             &mut rng,

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::client::ClientOptions;
-use crate::remote::{shared_client, step_remote, RemoteStep};
+use crate::remote::{endpoint_base, shared_client, step_remote, RemoteStep};
 
 /// The invalid-action messages of AgentGym's envs (their servers answer an
 /// invalid action with a 200 and one of these as the observation).
@@ -327,12 +327,7 @@ impl AgentGymEnv {
         data_idx: u64,
         opts: AgentGymOptions,
     ) -> Result<Self, EnvError> {
-        let base = base_url.trim_end_matches('/').to_string();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(EnvError::Remote(format!(
-                "endpoint '{base_url}' must start with http:// or https://"
-            )));
-        }
+        let base = endpoint_base(base_url)?;
         let mut env = Self {
             base,
             dialect: Dialect::of(&spec.env),
@@ -722,14 +717,17 @@ mod tests {
 
     #[test]
     fn options_require_instructions_and_valid_patterns() {
-        let e = AgentGymOptions::new("sciworld", "  ", None, 1.0)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("instructions"), "{e}");
+        let refusal = |env, instructions, patterns| {
+            AgentGymOptions::new(env, instructions, patterns, 1.0)
+                .unwrap_err()
+                .to_string()
+        };
+        for (env, blank) in [("sciworld", "  "), ("babyai", "")] {
+            let e = refusal(env, blank, None);
+            assert!(e.contains("env.instructions"), "{e}");
+        }
         let bad = vec!["(".to_string()];
-        let e = AgentGymOptions::new("sciworld", "play", Some(&bad), 1.0)
-            .unwrap_err()
-            .to_string();
+        let e = refusal("sciworld", "play", Some(&bad));
         assert!(e.contains("invalid_action_patterns"), "{e}");
         let o = AgentGymOptions::new("textcraft", "play", None, 1.0).unwrap();
         assert!(o.is_invalid("Could not execute fly to the moon"));

@@ -17,7 +17,7 @@ use crate::protocol::{
     CreateRequest, ErrorBody, ErrorKind, ExpertActionResponse, ResetRequest, SessionId,
     SessionResponse, SessionStatus, StepRequest, StepResponse,
 };
-use crate::remote::{shared_client, step_remote, RemoteStep};
+use crate::remote::{endpoint_base, shared_client, step_remote, RemoteStep};
 
 /// How [`HttpEnv`] talks to the server.
 #[derive(Debug, Clone)]
@@ -114,12 +114,7 @@ impl HttpEnv {
         params: &EnvParams,
         opts: ClientOptions,
     ) -> Result<Self, EnvError> {
-        let base = base_url.trim_end_matches('/').to_string();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(EnvError::Remote(format!(
-                "endpoint '{base_url}' must start with http:// or https://"
-            )));
-        }
+        let base = endpoint_base(base_url)?;
         let client = shared_client()?;
         let req = CreateRequest {
             env: Some(spec.env.clone()),

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use agentrl_env_core::{Env, EnvError, EnvParams, Step, StepError, TaskSpec};
 
 use crate::client::{ClientOptions, HttpEnv};
+use crate::remote::endpoint_base;
 
 /// One env server of the pool.
 #[derive(Debug)]
@@ -47,12 +48,7 @@ impl EndpointPool {
         }
         let mut servers: Vec<Server> = Vec::new();
         for url in urls {
-            let url = url.trim_end_matches('/').to_string();
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(EnvError::Remote(format!(
-                    "endpoint '{url}' must start with http:// or https://"
-                )));
-            }
+            let url = endpoint_base(url)?;
             if servers.iter().any(|s| s.url == url) {
                 return Err(EnvError::Remote(format!(
                     "endpoint '{url}' is listed twice"

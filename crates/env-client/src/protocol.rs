@@ -18,60 +18,51 @@ pub type SessionId = u64;
 /// `data_idx` is AgentGym's name for the task index and is the same thing as
 /// `seed`: the seed index inside `split` (default `train`), so `data_idx = 7`
 /// is `TaskSpec { split: train, seed: 7 }`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRequest {
     /// The environment; required at the top level unless the server serves one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_idx: Option<u64>,
     /// Default: the environment's first difficulty.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub difficulty: Option<String>,
     /// `train` (default), `val` or `test`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<String>,
     /// Environment-specific options, as in the `[env]` config section.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub params: Option<EnvParams>,
 }
 
 /// `POST /reset`: restart the session's task, or switch it to another task
 /// when `seed`/`data_idx`, `difficulty` or `split` differ from the current one.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResetRequest {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<String>,
     pub id: SessionId,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_idx: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub difficulty: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<String>,
 }
 
 /// `POST /step` and one entry of `POST /step_batch`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepRequest {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<String>,
     pub id: SessionId,
     pub action: String,
 }
 
 /// `POST /close`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CloseRequest {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<String>,
     pub id: SessionId,
 }
@@ -98,6 +89,7 @@ pub struct SessionStatus {
 }
 
 /// Answer of `create` and `reset`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionResponse {
     pub id: SessionId,
@@ -105,7 +97,6 @@ pub struct SessionResponse {
     pub spec: TaskSpec,
     pub observation: String,
     /// The environment's instructions (only in the answer of `create`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
     /// Always 0 (AgentGym's reset answer carries a reward).
     pub reward: f64,
@@ -189,24 +180,22 @@ pub enum ErrorKind {
 
 /// Every error answer: `{"error": "...", "kind": "..."}` plus, for an invalid
 /// action, the structured reason and the session's counters.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorBody {
     pub error: String,
     pub kind: ErrorKind,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action_error: Option<WireActionError>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<SessionStatus>,
 }
 
 /// One result of `POST /step_batch`: the step answer or the error body, with
 /// the HTTP status the single `step` route would have answered.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BatchStepResult {
     pub code: u16,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ok: Option<StepResponse>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub err: Option<ErrorBody>,
 }
 

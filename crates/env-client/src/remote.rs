@@ -1,5 +1,5 @@
 //! What the two remote envs ([`crate::HttpEnv`], [`crate::AgentGymEnv`])
-//! share: one HTTP client, and a step whose transport failure ends the
+//! share: one HTTP client, the endpoint check, and a step whose transport failure ends the
 //! episode.
 
 use std::sync::OnceLock;
@@ -16,6 +16,18 @@ pub(crate) fn shared_client() -> Result<Client, EnvError> {
         .get_or_init(|| Client::builder().build().map_err(|e| e.to_string()))
         .clone()
         .map_err(|e| EnvError::Remote(format!("cannot build the HTTP client: {e}")))
+}
+
+/// An env server's base URL without its trailing slashes; an error unless it
+/// is http or https.
+pub(crate) fn endpoint_base(url: &str) -> Result<String, EnvError> {
+    let base = url.trim_end_matches('/');
+    if !(base.starts_with("http://") || base.starts_with("https://")) {
+        return Err(EnvError::Remote(format!(
+            "endpoint '{url}' must start with http:// or https://"
+        )));
+    }
+    Ok(base.to_string())
 }
 
 /// A remote round trip: the env's own answer, or why the server could not

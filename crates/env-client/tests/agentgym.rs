@@ -167,14 +167,6 @@ fn babyai_lists_actions_counts_invalid_ones_and_ends_on_a_server_error() {
     );
 }
 
-#[test]
-fn the_instructions_are_required() {
-    let e = AgentGymOptions::new("babyai", "", None, 1.0)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("env.instructions"), "{e}");
-}
-
 /// AgentGym's servers never end an episode on their own step count: the
 /// client's `max_steps` does, unsuccessfully, so a scripted player stops.
 #[test]

@@ -55,13 +55,41 @@ pub fn check_arbitrary_step(env: &mut dyn Env, text: &str) -> Result<(), String>
     }
 }
 
+/// Step any `text` at any point of an episode and check the bookkeeping
+/// every env shares: only an ended episode answers "episode over"; a taken
+/// step counts one step and its `done` is the env's; a refused action counts
+/// one invalid action and no step. `Ok(Some(step))` when the step was taken,
+/// `Ok(None)` when it was refused; `Err` says what broke.
+pub fn step_any(env: &mut dyn Env, text: &str) -> Result<Option<Step>, String> {
+    let (was_done, steps, invalid) = (env.is_done(), env.steps(), env.invalid_actions());
+    let counts = |env: &dyn Env| (env.steps(), env.invalid_actions());
+    match env.step(text) {
+        Ok(_) if was_done => Err(format!("{text:?} was taken after the episode ended")),
+        Ok(s) if s.done != env.is_done() => Err(format!(
+            "{text:?}: done {} but the env says {}",
+            s.done,
+            env.is_done()
+        )),
+        Ok(_) if counts(env) != (steps + 1, invalid) => {
+            Err(format!("{text:?} taken but not counted once as a step"))
+        }
+        Ok(s) => Ok(Some(s)),
+        Err(StepError::EpisodeOver) if was_done => Ok(None),
+        Err(StepError::EpisodeOver) => Err(format!("{text:?}: a running episode said it is over")),
+        Err(StepError::InvalidAction(e)) if counts(env) != (steps, invalid + 1) => Err(format!(
+            "{text:?} refused ({e}) but not counted once as invalid"
+        )),
+        Err(StepError::InvalidAction(_)) => Ok(None),
+    }
+}
+
 /// Check that the expert solves at least `min_successes` of the episodes
 /// `make(difficulty, seed)`, seeds `0..episodes`, on each difficulty; prints
 /// the rate and mean steps (`label` names the env) and each failure's actions.
-pub fn assert_expert_solves<E: Env>(
+pub fn assert_expert_solves(
     label: &str,
     difficulties: &[&str],
-    make: impl Fn(&str, u64) -> E,
+    make: impl Fn(&str, u64) -> Box<dyn Env>,
     episodes: u64,
     min_successes: usize,
 ) {
@@ -70,7 +98,7 @@ pub fn assert_expert_solves<E: Env>(
         for seed in 0..episodes {
             let mut env = make(difficulty, seed);
             env.reset();
-            let run = run_expert(&mut env);
+            let run = run_expert(env.as_mut());
             if !run.success {
                 eprintln!("{} failed: {:?}", env.spec(), run.actions);
             }
@@ -92,10 +120,10 @@ pub fn assert_expert_solves<E: Env>(
 /// fewer than `max_successes` times in the episodes `make(difficulty, seed)`,
 /// seeds `0..episodes`, on each difficulty (one `rng` for all); prints the
 /// successes and valid steps per second, env creation included.
-pub fn assert_random_play_below<E: Env>(
+pub fn assert_random_play_below(
     label: &str,
     difficulties: &[&str],
-    make: impl Fn(&str, u64) -> E,
+    make: impl Fn(&str, u64) -> Box<dyn Env>,
     (episodes, max_successes): (u64, usize),
     rng: &mut impl Rng,
 ) {

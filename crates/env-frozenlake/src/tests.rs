@@ -73,38 +73,17 @@ fn different_seeds_give_different_maps() {
         "only {} distinct maps in 50 seeds",
         maps.len()
     );
-    let a = TaskSpec::new(NAME, Split::Train, "easy", 3);
-    let b = TaskSpec::new(NAME, Split::Val, "easy", 3);
-    let ma = FrozenLake::new(&a, &EnvParams::new())
-        .unwrap()
-        .map()
-        .to_bytes();
-    let mb = FrozenLake::new(&b, &EnvParams::new())
-        .unwrap()
-        .map()
-        .to_bytes();
+    let map_of = |split, d| {
+        let spec = TaskSpec::new(NAME, split, d, 3);
+        FrozenLake::new(&spec, &EnvParams::new())
+            .unwrap()
+            .map()
+            .to_bytes()
+    };
+    let (ma, mb) = (map_of(Split::Train, "easy"), map_of(Split::Val, "easy"));
     // Different splits are different tasks (they may coincide by chance on a
     // 4×4 map, so compare the hard size where a collision is unlikely).
-    let ha = FrozenLake::new(
-        &TaskSpec {
-            difficulty: "hard".into(),
-            ..a
-        },
-        &EnvParams::new(),
-    )
-    .unwrap()
-    .map()
-    .to_bytes();
-    let hb = FrozenLake::new(
-        &TaskSpec {
-            difficulty: "hard".into(),
-            ..b
-        },
-        &EnvParams::new(),
-    )
-    .unwrap()
-    .map()
-    .to_bytes();
+    let (ha, hb) = (map_of(Split::Train, "hard"), map_of(Split::Val, "hard"));
     assert!(ma != mb || ha != hb);
 }
 
@@ -346,7 +325,7 @@ proptest! {
     #[test]
     fn no_action_sequence_panics_or_leaves_the_map(
         seed in 0u64..1000,
-        hard in any::<bool>(),
+        difficulty in prop::sample::select(vec!["easy", "hard"]),
         actions in proptest::collection::vec(
             prop_oneof![
                 Just("Left".to_string()), Just("down".to_string()), Just("RIGHT".to_string()),
@@ -355,29 +334,24 @@ proptest! {
             0..150,
         ),
     ) {
-        let d = if hard { "hard" } else { "easy" };
-        let mut e = env(d, seed);
+        let mut e = env(difficulty, seed);
         e.reset();
         let cells = e.map().size * e.map().size;
-        let mut valid = 0;
-        let mut invalid = 0;
         for a in &actions {
-            let was_done = e.is_done();
-            match e.step(a) {
-                Ok(s) => {
-                    valid += 1;
-                    prop_assert!(!was_done);
-                    prop_assert_eq!(s.done, e.is_done());
-                    prop_assert!(s.reward == 0.0 || (s.reward == 1.0 && s.success));
-                }
-                Err(StepError::EpisodeOver) => prop_assert!(was_done),
-                Err(StepError::InvalidAction(_)) => invalid += 1,
+            // Counts valid and invalid actions one by one (see step_any).
+            if let Some(s) = testing::step_any(&mut e, a).map_err(TestCaseError::fail)? {
+                prop_assert!(s.reward == 0.0 || (s.reward == 1.0 && s.success));
             }
             prop_assert!(e.position() < cells);
             prop_assert_eq!(e.observation().chars().filter(|c| "PX√".contains(*c)).count(), 1);
         }
-        prop_assert_eq!(e.steps(), valid);
-        prop_assert_eq!(e.invalid_actions(), invalid);
         prop_assert!(e.steps() <= e.max_steps());
     }
+}
+
+/// RAGEN's names and indices (1 = Left, 2 = Down, 3 = Right, 4 = Up); the shared rules
+/// (trimming, case, length) are tested in env-core.
+#[test]
+fn actions_parse_by_name_in_any_case_and_by_ragen_index() {
+    testing::check_named_actions(parse_action, &ACTIONS, &["Left", "Down", "Right", "Up"]);
 }

@@ -160,11 +160,7 @@ pub struct Sokoban {
 impl Sokoban {
     /// Generate the task of `spec` with `[env]` params.
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
-        Self::with_config(spec, Config::for_task(spec, params)?)
-    }
-
-    /// Generate the task of `spec` with an explicit config.
-    pub fn with_config(spec: &TaskSpec, config: Config) -> Result<Self, EnvError> {
+        let config = Config::for_task(spec, params)?;
         let mut rng = task_rng(spec)?;
         let g =
             generate(&mut rng, &config.generation, MAX_ATTEMPTS, WORK_BUDGET).ok_or_else(|| {

@@ -127,6 +127,18 @@ fn write_safetensors(
     .map_err(|e| ModelError::io(path, e))
 }
 
+/// The little-endian bytes of a flat tensor of element type `T`.
+fn le_bytes<T: candle_core::WithDType, const N: usize>(
+    flat: &Tensor,
+    to_le_bytes: fn(T) -> [u8; N],
+) -> Result<Vec<u8>, ModelError> {
+    Ok(flat
+        .to_vec1::<T>()?
+        .into_iter()
+        .flat_map(to_le_bytes)
+        .collect())
+}
+
 /// Writes `tensors` to `path` as safetensors in their own dtype (for exact
 /// optimizer state). Supports f32, f64 and u32.
 pub(crate) fn write_tensors_exact(
@@ -137,27 +149,9 @@ pub(crate) fn write_tensors_exact(
     for (name, t) in tensors {
         let flat = t.to_device(&Device::Cpu)?.flatten_all()?;
         let (dtype, bytes): (safetensors::Dtype, Vec<u8>) = match t.dtype() {
-            DType::F32 => (
-                safetensors::Dtype::F32,
-                flat.to_vec1::<f32>()?
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-            ),
-            DType::F64 => (
-                safetensors::Dtype::F64,
-                flat.to_vec1::<f64>()?
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-            ),
-            DType::U32 => (
-                safetensors::Dtype::U32,
-                flat.to_vec1::<u32>()?
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-            ),
+            DType::F32 => (safetensors::Dtype::F32, le_bytes(&flat, f32::to_le_bytes)?),
+            DType::F64 => (safetensors::Dtype::F64, le_bytes(&flat, f64::to_le_bytes)?),
+            DType::U32 => (safetensors::Dtype::U32, le_bytes(&flat, u32::to_le_bytes)?),
             other => {
                 return Err(ModelError::InvalidInput(format!(
                     "cannot save `{name}` of dtype {other:?}"

@@ -35,6 +35,7 @@ pub struct RopeParameters {
 ///
 /// Unknown keys are kept in `extra` so that a loaded-then-saved config keeps
 /// everything transformers needs.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     /// `"qwen2"` or `"llama"` (others of the same architecture are accepted).
@@ -51,19 +52,15 @@ pub struct ModelConfig {
     /// Number of query heads.
     pub num_attention_heads: usize,
     /// Number of key/value heads (grouped-query attention); defaults to the query heads.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_key_value_heads: Option<usize>,
     /// Per-head width; defaults to `hidden_size / num_attention_heads`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<usize>,
     /// RMSNorm ε.
     #[serde(default = "default_rms_eps")]
     pub rms_norm_eps: f64,
     /// Rotary base as released Qwen2.5/Llama checkpoints write it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_theta: Option<f64>,
     /// Rotary base as transformers 5 writes it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_parameters: Option<RopeParameters>,
     /// Longest sequence the rotary tables are built for.
     #[serde(default = "default_max_pos")]
@@ -72,7 +69,6 @@ pub struct ModelConfig {
     #[serde(default)]
     pub tie_word_embeddings: bool,
     /// Whether q/k/v projections have biases; defaults to true for `qwen2`, false otherwise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_bias: Option<bool>,
     /// Standard deviation of the normal initialisation.
     #[serde(default = "default_init_range")]

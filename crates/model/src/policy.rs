@@ -453,25 +453,13 @@ impl PolicyModel {
     /// Logits `[B, T, V]` of `input_ids: [B, T]` (u32), causal attention,
     /// positions `0..T`. Differentiable.
     pub fn forward(&self, input_ids: &Tensor) -> Result<Tensor, ModelError> {
-        let t = input_ids.dim(1)?;
-        if t == 0 || t > self.model.rotary().max_positions() {
-            return Err(ModelError::InvalidInput(format!(
-                "sequence length {t} outside 1..={}",
-                self.model.rotary().max_positions()
-            )));
-        }
+        check_sequence_length(input_ids, self.model.rotary().max_positions())?;
         Ok(self.training_model()?.forward(input_ids)?)
     }
 
     /// [`PolicyModel::forward`] without building an autograd graph.
     pub fn forward_no_grad(&self, input_ids: &Tensor) -> Result<Tensor, ModelError> {
-        let t = input_ids.dim(1)?;
-        if t == 0 || t > self.infer.rotary().max_positions() {
-            return Err(ModelError::InvalidInput(format!(
-                "sequence length {t} outside 1..={}",
-                self.infer.rotary().max_positions()
-            )));
-        }
+        check_sequence_length(input_ids, self.infer.rotary().max_positions())?;
         Ok(self.inference_model()?.forward(input_ids)?)
     }
 
@@ -687,4 +675,15 @@ impl PolicyModel {
         let model = self.inference_model()?;
         crate::decode::generate(&model, &self.config, caches, contexts, params, rng)
     }
+}
+
+/// `input_ids: [B, T]` must have 1 to `max_positions` positions.
+fn check_sequence_length(input_ids: &Tensor, max_positions: usize) -> Result<(), ModelError> {
+    let t = input_ids.dim(1)?;
+    if t == 0 || t > max_positions {
+        return Err(ModelError::InvalidInput(format!(
+            "sequence length {t} outside 1..={max_positions}"
+        )));
+    }
+    Ok(())
 }

@@ -4,6 +4,9 @@
 use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, ModelConfig, PolicyModel};
 use candle_core::{DType, Device, Tensor, Var};
 
+mod finite_difference;
+use finite_difference::assert_gradient_matches;
+
 fn tiny_config(model_type: &str, tied: bool) -> ModelConfig {
     let mut c = ModelConfig::new_qwen2(13, 8, 2, 2, 1, 12);
     c.model_type = model_type.to_string();
@@ -61,51 +64,17 @@ fn loss_of(model: &PolicyModel, seqs: &[Vec<u32>]) -> Tensor {
     total
 }
 
-fn scalar(t: &Tensor) -> f64 {
-    t.to_scalar::<f64>().unwrap()
-}
-
-fn set_elem(var: &Var, flat: &[f64], i: usize, value: f64) {
-    let mut v = flat.to_vec();
-    v[i] = value;
-    var.set(&Tensor::from_vec(v, var.dims(), &Device::Cpu).unwrap())
-        .unwrap();
-}
-
 fn check_model(config: &ModelConfig, with_value_head: bool) {
     let model =
         PolicyModel::new_random_with_dtype(config, with_value_head, 17, DType::F64, &Device::Cpu)
             .unwrap();
     let grads = loss(&model).backward().unwrap();
-    let eps = 1e-5;
+    // Up to 12 spread-out elements per tensor keep the test fast.
+    let picks = |n: usize| (0..n.min(12)).map(move |k| k * n / n.min(12));
     for (name, var) in model.named_vars().unwrap() {
-        let g: Vec<f64> = grads
-            .get(var.as_tensor())
-            .unwrap_or_else(|| panic!("{name}: no gradient"))
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        let flat: Vec<f64> = var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
-        // Up to 12 spread-out elements per tensor keep the test fast.
-        let n = flat.len();
-        let picks: Vec<usize> = (0..n.min(12)).map(|k| k * n / n.min(12)).collect();
-        let mut nonzero = false;
-        for i in picks {
-            set_elem(&var, &flat, i, flat[i] + eps);
-            let up = scalar(&loss(&model));
-            set_elem(&var, &flat, i, flat[i] - eps);
-            let down = scalar(&loss(&model));
-            set_elem(&var, &flat, i, flat[i]);
-            let fd = (up - down) / (2.0 * eps);
-            nonzero |= fd.abs() > 1e-8;
-            assert!(
-                (fd - g[i]).abs() <= 1e-6 * (1.0 + fd.abs()),
-                "{name}[{i}]: autograd {} vs finite difference {fd}",
-                g[i]
-            );
-        }
-        assert!(nonzero, "{name}: loss does not depend on it");
+        assert_gradient_matches(&name, &var, &grads, picks, || {
+            loss(&model).to_scalar::<f64>().unwrap()
+        });
     }
 }
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use agentrl_rollout::{Generation, Policy, PolicyError, SamplingParams};
+use agentrl_rollout::{Generation, Generations, Policy, PolicyError, SamplingParams};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use reqwest::blocking::{Client, RequestBuilder};
@@ -330,7 +330,7 @@ impl Policy for OpenAiPolicy {
         prompts: &[Vec<u32>],
         params: &SamplingParams,
         rng: &mut ChaCha8Rng,
-    ) -> Result<Vec<Generation>, PolicyError> {
+    ) -> Generations {
         // One seed per prompt, drawn in order, so the same rollout seed
         // samples the same tokens; greedy decoding draws none, as locally.
         let seeds: Vec<Option<u64>> = prompts

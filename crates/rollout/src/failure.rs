@@ -355,21 +355,15 @@ mod tests {
     /// state 99, with 50 steps of budget.
     fn failed(turns: Vec<Turn>) -> Trajectory {
         Trajectory {
-            spec: TaskSpec::new("alfworld", Split::Val, "easy", 0),
-            group: 0,
-            tokens: vec![],
-            loss_mask: vec![],
-            sequence_starts: vec![],
             env_steps: turns.len(),
             turns,
-            success: false,
             env_done: true,
-            truncated: false,
             instructions: "Actions: go to X, take O from X, put O in/on X, answer[text]."
                 .to_string(),
             final_observation: "Nothing happens.".to_string(),
             final_state_key: 99,
             env_max_steps: 50,
+            ..Trajectory::new(TaskSpec::new("alfworld", Split::Val, "easy", 0), 0)
         }
     }
 

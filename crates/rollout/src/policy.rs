@@ -48,6 +48,9 @@ pub struct Generation {
     pub stopped: bool,
 }
 
+/// What [`Policy::generate`] answers: one continuation per prompt.
+pub type Generations = Result<Vec<Generation>, PolicyError>;
+
 /// Generates continuations for a batch of token prompts.
 pub trait Policy {
     /// One continuation per prompt, with the log-prob of every sampled token.
@@ -56,7 +59,35 @@ pub trait Policy {
         prompts: &[Vec<u32>],
         params: &SamplingParams,
         rng: &mut ChaCha8Rng,
-    ) -> Result<Vec<Generation>, PolicyError>;
+    ) -> Generations;
+}
+
+/// A [`Policy`] made of a closure, for wrappers and scripted policies that
+/// need no type of their own (as `tower::service_fn` makes a service).
+pub struct PolicyFn<F>(F);
+
+impl<F> PolicyFn<F>
+where
+    F: FnMut(&[Vec<u32>], &SamplingParams, &mut ChaCha8Rng) -> Generations,
+{
+    /// The policy that answers `generate` by calling `f`.
+    pub fn new(f: F) -> Self {
+        PolicyFn(f)
+    }
+}
+
+impl<F> Policy for PolicyFn<F>
+where
+    F: FnMut(&[Vec<u32>], &SamplingParams, &mut ChaCha8Rng) -> Generations,
+{
+    fn generate(
+        &mut self,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        rng: &mut ChaCha8Rng,
+    ) -> Generations {
+        (self.0)(prompts, params, rng)
+    }
 }
 
 /// A policy failed to generate.

@@ -80,6 +80,27 @@ pub struct Trajectory {
 }
 
 impl Trajectory {
+    /// An episode of `spec` in `group` with nothing played: no tokens or
+    /// turns, not ended, no instructions (a base to set the played fields on).
+    pub fn new(spec: TaskSpec, group: usize) -> Self {
+        Trajectory {
+            spec,
+            group,
+            tokens: Vec::new(),
+            loss_mask: Vec::new(),
+            sequence_starts: Vec::new(),
+            turns: Vec::new(),
+            success: false,
+            env_done: false,
+            truncated: false,
+            env_steps: 0,
+            instructions: String::new(),
+            final_observation: String::new(),
+            final_state_key: 0,
+            env_max_steps: 0,
+        }
+    }
+
     /// Raw environment return, before penalties (StarPO-S filters on this).
     pub fn raw_score(&self) -> f32 {
         self.turns.iter().map(|t| t.env_reward).sum()

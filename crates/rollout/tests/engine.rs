@@ -4,7 +4,7 @@
 use agentrl_env_core::{ActionError, Env, Split, Step, StepError, StepInfo, TaskSpec};
 use agentrl_rollout::{
     expert_demonstrations, play_episodes, run_rollouts, Actor, ChatCodec, CodecError, ExpertActor,
-    Generation, Policy, PolicyActor, PolicyError, RandomActor, ReplyFormat, RolloutConfig,
+    Generation, Policy, PolicyActor, PolicyFn, RandomActor, ReplyFormat, RolloutConfig,
     RolloutError, SamplingParams, Trajectory,
 };
 use rand::SeedableRng;
@@ -129,35 +129,29 @@ fn corridor() -> Box<dyn Env> {
 }
 
 /// Replies from a fixed script, one per call per prompt.
-struct Scripted {
-    replies: Vec<&'static str>,
-    calls: usize,
-}
-
-impl Policy for Scripted {
-    fn generate(
-        &mut self,
-        prompts: &[Vec<u32>],
-        params: &SamplingParams,
-        _rng: &mut ChaCha8Rng,
-    ) -> Result<Vec<Generation>, PolicyError> {
-        let reply = self.replies[self.calls.min(self.replies.len() - 1)];
-        self.calls += 1;
-        Ok(prompts
-            .iter()
-            .map(|_| {
-                let mut tokens = char_ids(reply);
-                tokens.truncate(params.max_new_tokens - 1);
-                tokens.push(IM_END);
-                let logprobs = vec![-0.5; tokens.len()];
-                Generation {
-                    tokens,
-                    logprobs,
-                    stopped: true,
-                }
-            })
-            .collect())
-    }
+fn scripted(replies: &[&'static str]) -> impl Policy {
+    let replies = replies.to_vec();
+    let mut calls = 0;
+    PolicyFn::new(
+        move |prompts: &[Vec<u32>], params: &SamplingParams, _: &mut ChaCha8Rng| {
+            let reply = replies[calls.min(replies.len() - 1)];
+            calls += 1;
+            Ok(prompts
+                .iter()
+                .map(|_| {
+                    let mut tokens = char_ids(reply);
+                    tokens.truncate(params.max_new_tokens - 1);
+                    tokens.push(IM_END);
+                    let logprobs = vec![-0.5; tokens.len()];
+                    Generation {
+                        tokens,
+                        logprobs,
+                        stopped: true,
+                    }
+                })
+                .collect())
+        },
+    )
 }
 
 fn cfg() -> RolloutConfig {
@@ -178,10 +172,7 @@ const WALK: [&str; 2] = [
 
 /// One corridor episode played by a scripted policy replying `replies`.
 fn play(replies: &[&'static str], c: &RolloutConfig) -> Trajectory {
-    let mut policy = Scripted {
-        replies: replies.to_vec(),
-        calls: 0,
-    };
+    let mut policy = scripted(replies);
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     run_rollouts(&mut policy, &CharCodec, vec![corridor()], &[0], c, &mut rng)
         .unwrap()
@@ -323,10 +314,7 @@ impl ChatCodec for UndecodableCodec {
 
 #[test]
 fn a_tokenizer_error_fails_the_rollout_instead_of_playing_empty_text() {
-    let mut policy = Scripted {
-        replies: vec!["<think></think><answer>R</answer>"],
-        calls: 0,
-    };
+    let mut policy = scripted(&["<think></think><answer>R</answer>"]);
     let err = run_rollouts(
         &mut policy,
         &UndecodableCodec,
@@ -422,10 +410,7 @@ fn random_play_is_a_pure_function_of_seed_and_task() {
 
 #[test]
 fn a_models_reply_without_a_conversation_is_an_error() {
-    let mut policy = Scripted {
-        replies: vec![WALK[1]],
-        calls: 0,
-    };
+    let mut policy = scripted(&[WALK[1]]);
     let mut actor = PolicyActor::new(&mut policy, cfg().sampling(IM_END));
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let e = play_episodes(&mut actor, None, &mut [corridor()], &[0], &cfg(), &mut rng);

@@ -185,11 +185,13 @@ fn saved_tokenizers_name_im_end_as_the_end_of_generation() {
         r#"{"_from_model_config": true, "eos_token_id": 5, "temperature": 0.7, "top_p": 0.8, "transformers_version": "4.37.0"}"#,
     )
     .unwrap();
-    let out = tempfile::tempdir().unwrap();
-    ChatTokenizer::load(source.path())
-        .unwrap()
-        .save(out.path())
-        .unwrap();
+    // The tokenizer of `dir`, loaded and saved to a new directory.
+    let resave = |dir: &std::path::Path| {
+        let out = tempfile::tempdir().unwrap();
+        ChatTokenizer::load(dir).unwrap().save(out.path()).unwrap();
+        out
+    };
+    let out = resave(source.path());
     assert_eq!(
         generation_config(out.path()),
         serde_json::json!({
@@ -202,11 +204,7 @@ fn saved_tokenizers_name_im_end_as_the_end_of_generation() {
         })
     );
     // Saved again from what was saved: the same file.
-    let again = tempfile::tempdir().unwrap();
-    ChatTokenizer::load(out.path())
-        .unwrap()
-        .save(again.path())
-        .unwrap();
+    let again = resave(out.path());
     assert_eq!(
         generation_config(again.path()),
         generation_config(out.path())

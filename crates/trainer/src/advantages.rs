@@ -203,20 +203,13 @@ mod tests {
     /// Tokens: 0-1 prompt, 2-3 reply 1 (malformed), 4 observation, 5-6 reply 2.
     fn episode(group: usize, reward: f32) -> Trajectory {
         Trajectory {
-            spec: TaskSpec::new("t", Split::Train, "easy", 0),
-            group,
             tokens: vec![0; 7],
             loss_mask: vec![0, 0, 1, 1, 0, 1, 1],
-            sequence_starts: vec![],
             turns: vec![turn(2, 4, 0.0, true), turn(5, 7, reward, false)],
             success: reward > 0.0,
             env_done: true,
-            truncated: false,
             env_steps: 1,
-            instructions: String::new(),
-            final_observation: String::new(),
-            final_state_key: 0,
-            env_max_steps: 0,
+            ..Trajectory::new(TaskSpec::new("t", Split::Train, "easy", 0), group)
         }
     }
 

@@ -3,7 +3,7 @@
 //! of each dialogue's KV cache between turns.
 
 use agentrl_model::{PolicyModel, SequenceCache};
-use agentrl_rollout::{Generation, Policy, PolicyError, SamplingParams};
+use agentrl_rollout::{Generation, Generations, Policy, PolicyError, SamplingParams};
 use rand_chacha::ChaCha8Rng;
 
 /// The local candle model as a policy.
@@ -69,7 +69,7 @@ impl Policy for LocalPolicy<'_> {
         prompts: &[Vec<u32>],
         params: &SamplingParams,
         rng: &mut ChaCha8Rng,
-    ) -> Result<Vec<Generation>, PolicyError> {
+    ) -> Generations {
         let params = model_params(params);
         let total: usize = prompts.iter().map(Vec::len).sum();
         let gens = match &mut self.caches {

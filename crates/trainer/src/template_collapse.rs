@@ -130,24 +130,16 @@ mod tests {
 
     fn traj(tokens: Vec<u32>, start: usize, end: usize) -> Trajectory {
         Trajectory {
-            spec: TaskSpec::new("bandit", Split::Train, "easy", 0),
-            group: 0,
             loss_mask: vec![0; tokens.len()],
-            sequence_starts: vec![],
             tokens,
             turns: vec![Turn {
                 start,
                 end,
                 ..Turn::default()
             }],
-            success: false,
             env_done: true,
-            truncated: false,
             env_steps: 1,
-            instructions: String::new(),
-            final_observation: String::new(),
-            final_state_key: 0,
-            env_max_steps: 0,
+            ..Trajectory::new(TaskSpec::new("bandit", Split::Train, "easy", 0), 0)
         }
     }
 

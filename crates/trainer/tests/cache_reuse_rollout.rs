@@ -3,7 +3,7 @@
 //! tokens, masks and turns, log-probs equal within float tolerance.
 
 use agentrl_env_core::{Split, TaskSpec};
-use agentrl_rollout::{run_rollouts, Generation, Policy, PolicyError, SamplingParams, Trajectory};
+use agentrl_rollout::{run_rollouts, Generation, Policy, PolicyFn, SamplingParams, Trajectory};
 use agentrl_trainer::{LocalPolicy, PromptTokens, Silent, Trainer};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -24,25 +24,6 @@ const OVERRIDES: &[&str] = &[
     "trainer.total_training_steps=1",
 ];
 
-/// A policy that records every generation it hands out.
-struct Recording<'a> {
-    inner: LocalPolicy<'a>,
-    generations: Vec<Generation>,
-}
-
-impl Policy for Recording<'_> {
-    fn generate(
-        &mut self,
-        prompts: &[Vec<u32>],
-        params: &SamplingParams,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<Vec<Generation>, PolicyError> {
-        let gens = self.inner.generate(prompts, params, rng)?;
-        self.generations.extend(gens.iter().cloned());
-        Ok(gens)
-    }
-}
-
 /// Six multi-turn FrozenLake episodes (2 tasks × 3 samples) by `policy`.
 fn play(t: &Trainer, policy: LocalPolicy<'_>) -> (Vec<Trajectory>, Vec<Generation>, PromptTokens) {
     let mut envs = Vec::new();
@@ -54,13 +35,19 @@ fn play(t: &Trainer, policy: LocalPolicy<'_>) -> (Vec<Trajectory>, Vec<Generatio
             groups.push(g as usize);
         }
     }
-    let mut rec = Recording {
-        inner: policy,
-        generations: vec![],
-    };
+    // Every generation the policy hands out, recorded on the way.
+    let mut inner = policy;
+    let mut generations = Vec::new();
+    let mut recording = PolicyFn::new(
+        |prompts: &[Vec<u32>], params: &SamplingParams, rng: &mut ChaCha8Rng| {
+            let gens = inner.generate(prompts, params, rng)?;
+            generations.extend(gens.iter().cloned());
+            Ok(gens)
+        },
+    );
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let trajs = run_rollouts(
-        &mut rec,
+        &mut recording,
         &t.tokenizer,
         envs,
         &groups,
@@ -68,8 +55,8 @@ fn play(t: &Trainer, policy: LocalPolicy<'_>) -> (Vec<Trajectory>, Vec<Generatio
         &mut rng,
     )
     .unwrap();
-    let used = rec.inner.prompt_tokens();
-    (trajs, rec.generations, used)
+    let used = inner.prompt_tokens();
+    (trajs, generations, used)
 }
 
 #[test]

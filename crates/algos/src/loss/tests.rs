@@ -398,16 +398,18 @@ fn token_weights_scale_each_token_loss_and_its_gradient() {
     let w = t2(&[&[2.0, 0.5, 1.0]]);
     let clip = PpoClip::default();
     let old = lp.as_tensor().detach();
-    let out = ppo_policy_loss_weighted(
-        lp.as_tensor(),
-        &old,
-        &adv,
-        &mask,
-        &clip,
-        LossAgg::TokenMean,
-        Some(&w),
-    )
-    .unwrap();
+    let weighted = |w: Option<&Tensor>| {
+        ppo_policy_loss_weighted(
+            lp.as_tensor(),
+            &old,
+            &adv,
+            &mask,
+            &clip,
+            LossAgg::TokenMean,
+            w,
+        )
+    };
+    let out = weighted(Some(&w)).unwrap();
     close(scalar(&out.loss), -4.0 / 3.0, 1e-5);
     let grad = out.loss.backward().unwrap();
     let g: Vec<f32> = grad
@@ -423,28 +425,10 @@ fn token_weights_scale_each_token_loss_and_its_gradient() {
     // Without weights it is exactly the unweighted loss (same bits).
     let plain =
         ppo_policy_loss(lp.as_tensor(), &old, &adv, &mask, &clip, LossAgg::TokenMean).unwrap();
-    let none = ppo_policy_loss_weighted(
-        lp.as_tensor(),
-        &old,
-        &adv,
-        &mask,
-        &clip,
-        LossAgg::TokenMean,
-        None,
-    )
-    .unwrap();
+    let none = weighted(None).unwrap();
     assert_eq!(scalar(&plain.loss).to_bits(), scalar(&none.loss).to_bits());
     close(scalar(&plain.loss), -2.0 / 3.0, 1e-5);
     // Weights of another shape are an error.
     let short = t2(&[&[1.0, 1.0]]);
-    assert!(ppo_policy_loss_weighted(
-        lp.as_tensor(),
-        &old,
-        &adv,
-        &mask,
-        &clip,
-        LossAgg::TokenMean,
-        Some(&short),
-    )
-    .is_err());
+    assert!(weighted(Some(&short)).is_err());
 }

@@ -1,0 +1,57 @@
+//! The finite-difference check the gradient tests share (f64 parameters).
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+
+/// A tensor's values as f64 on the host, flattened.
+#[allow(dead_code)] // public for the test files that read values themselves
+pub fn values(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// Checks autograd's gradient of `var` in `grads` against the central
+/// difference (ε = 1e-5) of the scalar `f` at the elements `picks(len)`, to a
+/// relative 1e-6, and that `f` depends on `var` at all; `what` names the
+/// tensor in messages. `var` keeps its values.
+pub fn assert_gradient_matches<I: IntoIterator<Item = usize>>(
+    what: &str,
+    var: &Var,
+    grads: &GradStore,
+    picks: impl FnOnce(usize) -> I,
+    f: impl Fn() -> f64,
+) {
+    const EPS: f64 = 1e-5;
+    let grad = values(
+        grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{what}: no gradient")),
+    );
+    let flat = values(var.as_tensor());
+    let set = |i: usize, x: f64| {
+        let mut v = flat.clone();
+        v[i] = x;
+        var.set(&Tensor::from_vec(v, var.dims(), &Device::Cpu).unwrap())
+            .unwrap();
+    };
+    let mut nonzero = false;
+    for i in picks(flat.len()) {
+        set(i, flat[i] + EPS);
+        let up = f();
+        set(i, flat[i] - EPS);
+        let down = f();
+        set(i, flat[i]);
+        let fd = (up - down) / (2.0 * EPS);
+        nonzero |= fd.abs() > 1e-8;
+        assert!(
+            (fd - grad[i]).abs() <= 1e-6 * (1.0 + fd.abs()),
+            "{what}[{i}]: autograd {} vs finite difference {fd}",
+            grad[i]
+        );
+    }
+    assert!(nonzero, "{what}: the scalar does not depend on it");
+}
