@@ -56,6 +56,20 @@ fn post(server: &BackgroundPolicyServer, route: &str, body: &Value) -> (u16, Str
     (resp.status().as_u16(), resp.text().unwrap())
 }
 
+/// The ids `GET /v1/models` lists.
+fn served_ids(server: &BackgroundPolicyServer) -> Vec<String> {
+    let models: Value = reqwest::blocking::get(format!("{}/v1/models", server.base_url()))
+        .unwrap()
+        .json()
+        .unwrap();
+    models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
 /// Greedy tokens and log-probs of `model` (served under that name) after `prompt`.
 fn served_greedy(
     server: &BackgroundPolicyServer,
@@ -121,17 +135,7 @@ fn a_loaded_adapter_serves_under_its_name_beside_the_base() {
     let (status, text) = post(&server, "/v1/load_lora_adapter", &load);
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("'sql' added successfully"), "{text}");
-    let models: Value = reqwest::blocking::get(format!("{}/v1/models", server.base_url()))
-        .unwrap()
-        .json()
-        .unwrap();
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["tiny", "sql"]);
+    assert_eq!(served_ids(&server), ["tiny", "sql"]);
 
     let with_adapter = served_greedy(&server, "sql", &prompt);
     let without = served_greedy(&server, "tiny", &prompt);
@@ -172,11 +176,7 @@ fn a_loaded_adapter_serves_under_its_name_beside_the_base() {
     let (status, text) = post(&server, "/v1/unload_lora_adapter", &unload);
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("'sql' removed successfully"), "{text}");
-    let models: Value = reqwest::blocking::get(format!("{}/v1/models", server.base_url()))
-        .unwrap()
-        .json()
-        .unwrap();
-    assert_eq!(models["data"].as_array().unwrap().len(), 1, "{models}");
+    assert_eq!(served_ids(&server), ["tiny"]);
     let gone = post(
         &server,
         "/v1/completions",
