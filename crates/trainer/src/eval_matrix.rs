@@ -242,7 +242,8 @@ mod tests {
         assert_eq!((f.tasks, f.samples, trajs.len()), (6, 3, 18));
         assert_eq!(f.avg_at_k.mean, 1.0);
         assert_eq!(f.pass_at_k.mean, 1.0);
-        assert_eq!(f.avg_at_k.ci95, Some([1.0, 1.0]));
+        // Every task solved: the exact interval of 6 of 6, [0.025^(1/6), 1].
+        assert_eq!(f.avg_at_k.ci95, Some([0.025f64.powf(1.0 / 6.0), 1.0]));
         assert_eq!((f.failures.episodes, f.failures.failed), (18, 0));
         // Three plays of each task, grouped by task.
         for (i, t) in trajs.iter().enumerate() {
