@@ -732,13 +732,7 @@ impl TrainConfig {
         p.in_range("algorithm.lam", a.lam as f64, 0.0..=1.0);
         p.non_negative("algorithm.gigpo_step_weight", a.gigpo_step_weight as f64);
         p.non_negative("algorithm.kl_coef", a.kl_coef as f64);
-        let cap = a.rollout_is_cap as f64;
-        if !(cap.is_finite() && cap >= 1.0) {
-            p.add(
-                "algorithm.rollout_is_cap",
-                format!("{cap} must be a finite number >= 1"),
-            );
-        }
+        p.at_least("algorithm.rollout_is_cap", a.rollout_is_cap as f64, 1.0);
     }
 
     fn check_actor(&self, p: &mut Problems) {
@@ -814,13 +808,7 @@ impl TrainConfig {
                 format!("{top_p} must be in (0, 1]"),
             );
         }
-        let eps = r.rollout_filter_eps as f64;
-        if !(eps.is_finite() && eps >= 0.0) {
-            p.add(
-                "rollout.rollout_filter_eps",
-                format!("{eps} must be a finite number >= 0"),
-            );
-        }
+        p.non_negative("rollout.rollout_filter_eps", r.rollout_filter_eps as f64);
     }
 
     fn check_trainer(&self, p: &mut Problems) {
@@ -1099,8 +1087,12 @@ impl Problems {
         }
     }
     fn non_negative(&mut self, key: &str, v: f64) {
-        if !(v.is_finite() && v >= 0.0) {
-            self.add(key, format!("{v} must be a finite number >= 0"));
+        self.at_least(key, v, 0.0);
+    }
+    /// `v` must be finite and at least `min`.
+    fn at_least(&mut self, key: &str, v: f64, min: f64) {
+        if !(v.is_finite() && v >= min) {
+            self.add(key, format!("{v} must be a finite number >= {min}"));
         }
     }
     fn in_range(&mut self, key: &str, v: f64, range: std::ops::RangeInclusive<f64>) {
