@@ -224,28 +224,24 @@ pub fn rollout_logprob_rows(
 mod tests {
     use super::*;
     use agentrl_env_core::TaskSpec;
-    use agentrl_rollout::Turn;
+    use agentrl_rollout::{PolicyFn, Turn};
     use rand::SeedableRng;
 
     /// Answers each prompt with its own last token + 1, then token 9,
     /// log-probs −(prompt length) and −0.5.
-    struct Echo;
-    impl Policy for Echo {
-        fn generate(
-            &mut self,
-            prompts: &[Vec<u32>],
-            _: &SamplingParams,
-            _: &mut ChaCha8Rng,
-        ) -> Result<Vec<Generation>, PolicyError> {
-            Ok(prompts
-                .iter()
-                .map(|p| Generation {
-                    tokens: vec![p[p.len() - 1] + 1, 9],
-                    logprobs: vec![-(p.len() as f32), -0.5],
-                    stopped: true,
-                })
-                .collect())
-        }
+    fn echo() -> impl Policy {
+        PolicyFn::new(
+            |prompts: &[Vec<u32>], _: &SamplingParams, _: &mut ChaCha8Rng| {
+                Ok(prompts
+                    .iter()
+                    .map(|p| Generation {
+                        tokens: vec![p[p.len() - 1] + 1, 9],
+                        logprobs: vec![-(p.len() as f32), -0.5],
+                        stopped: true,
+                    })
+                    .collect())
+            },
+        )
     }
 
     fn turn(start: usize, end: usize) -> Turn {
@@ -281,7 +277,7 @@ mod tests {
 
     #[test]
     fn each_reply_gets_the_log_probs_it_was_generated_with() {
-        let mut echo = Echo;
+        let mut echo = echo();
         let mut rec = RecordingPolicy::new(&mut echo);
         let rng = &mut ChaCha8Rng::seed_from_u64(0);
         let p = SamplingParams::greedy(2);
@@ -310,7 +306,7 @@ mod tests {
 
     #[test]
     fn a_reply_nobody_generated_is_an_error() {
-        let mut echo = Echo;
+        let mut echo = echo();
         let mut rec = RecordingPolicy::new(&mut echo);
         rec.generate(
             &[vec![5, 6]],

@@ -880,31 +880,20 @@ impl Trainer {
         let t0 = Instant::now();
         let (envs, groups) = self.step_envs(step, &mut rng)?;
         let rollout = self.step_rollout(step);
+        // The step's rollouts, played by the local model or the server.
+        let play = |policy: &mut dyn Policy| {
+            run_rollouts(policy, &self.tokenizer, envs, &groups, &rollout, &mut rng)
+        };
         let (trajs, rollout_logprobs, policy_model) = match &mut self.remote {
             None => {
                 let mut policy = LocalPolicy::with_cache_reuse(&self.model, rollout.kv_cache_reuse);
-                let trajs = run_rollouts(
-                    &mut policy,
-                    &self.tokenizer,
-                    envs,
-                    &groups,
-                    &rollout,
-                    &mut rng,
-                )?;
-                (trajs, None, None)
+                (play(&mut policy)?, None, None)
             }
             Some(remote) => {
                 // The weights after the previous step's update (`state.step` of them).
                 let server = remote.policy_at(&self.model, self.state.step)?;
                 let mut recording = RecordingPolicy::new(server);
-                let trajs = run_rollouts(
-                    &mut recording,
-                    &self.tokenizer,
-                    envs,
-                    &groups,
-                    &rollout,
-                    &mut rng,
-                )?;
+                let trajs = play(&mut recording)?;
                 let rows = rollout_logprob_rows(&trajs, recording.into_record())?;
                 (trajs, Some(rows), Some(remote.model_name().to_string()))
             }
