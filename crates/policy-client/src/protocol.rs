@@ -58,59 +58,141 @@ impl Stop {
     }
 }
 
-/// `POST /v1/completions`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CompletionRequest {
-    /// The served model's name; optional for `agentrl serve-policy` (one model).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    pub prompt: Option<Prompt>,
-    /// New tokens per choice at most (default: up to the context length).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+/// The fields completions and chat completions share, borrowed from either
+/// request ([`CompletionRequest::sampling`], [`ChatCompletionRequest::sampling`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SamplingFields<'a> {
+    /// New tokens per choice at most.
     pub max_tokens: Option<usize>,
-    /// Default 1; 0 is greedy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// 0 is greedy.
     pub temperature: Option<f64>,
-    /// Default 1 (off).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Nucleus threshold.
     pub top_p: Option<f64>,
-    /// vLLM's extension; 0 or -1 is off.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// 0 or -1 is off.
     pub top_k: Option<i64>,
-    /// Choices per prompt (default 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Choices per prompt.
     pub n: Option<usize>,
-    /// Generation of a choice ends at the first of these strings (excluded
-    /// from the text).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Stop>,
-    /// vLLM's extension: generation ends after any of these token ids (included).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop_token_ids: Option<Vec<u32>>,
-    /// vLLM's extension: do not stop at the model's end-of-sequence tokens
-    /// (`stop_token_ids` still apply).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Stop strings.
+    pub stop: Option<&'a Stop>,
+    /// Stop token ids.
+    pub stop_token_ids: Option<&'a [u32]>,
+    /// Do not stop at the model's end-of-sequence tokens.
     pub ignore_eos: Option<bool>,
-    /// The same seed and request give the same choices.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The request's seed.
     pub seed: Option<u64>,
-    /// Return log-probs: 0 gives each sampled token's own (top alternatives
-    /// are not computed by `agentrl serve-policy`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<u32>,
-    /// vLLM's extension: answer `token_ids` and `prompt_token_ids` per choice.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub return_token_ids: Option<bool>,
-    /// Streaming is not supported: only `false` is accepted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Streaming asked for.
     pub stream: Option<bool>,
-    /// Echoing the prompt is not supported: only `false` is accepted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub echo: Option<bool>,
-    /// An end-user id (OpenAI's abuse monitoring); not used.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
+}
+
+/// Request structs: each has `model`, the fields given (first the input, then what
+/// only this request has), then the sampling fields both requests share;
+/// every field is optional, and left out of the JSON when unset but for the
+/// input; unknown fields are refused. Each also gets `sampling`, the shared
+/// fields as [`SamplingFields`].
+macro_rules! sampling_request {
+    ($(
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $(#[$input_meta:meta])* pub $input:ident: $input_ty:ty,
+            $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)*
+        }
+    )*) => {$(
+        $(#[$meta])*
+        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct $name {
+            /// The served model's name; optional for `agentrl serve-policy` (one model).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub model: Option<String>,
+            $(#[$input_meta])*
+            pub $input: $input_ty,
+            $(
+                $(#[$field_meta])*
+                #[serde(skip_serializing_if = "Option::is_none")]
+                pub $field: $ty,
+            )*
+            /// New tokens per choice at most (default: up to the context length).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub max_tokens: Option<usize>,
+            /// Default 1; 0 is greedy.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub temperature: Option<f64>,
+            /// Default 1 (off).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub top_p: Option<f64>,
+            /// vLLM's extension; 0 or -1 is off.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub top_k: Option<i64>,
+            /// Choices per prompt (default 1).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub n: Option<usize>,
+            /// Generation of a choice ends at the first of these strings
+            /// (excluded from the text).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub stop: Option<Stop>,
+            /// vLLM's extension: generation ends after any of these token ids
+            /// (included).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub stop_token_ids: Option<Vec<u32>>,
+            /// vLLM's extension: do not stop at the model's end-of-sequence
+            /// tokens (`stop_token_ids` still apply).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub ignore_eos: Option<bool>,
+            /// The same seed and request give the same choices.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub seed: Option<u64>,
+            /// vLLM's extension: answer the prompt's and each choice's token ids.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub return_token_ids: Option<bool>,
+            /// Streaming is not supported: only `false` is accepted.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub stream: Option<bool>,
+            /// An end-user id (OpenAI's abuse monitoring); not used.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub user: Option<String>,
+        }
+
+        impl $name {
+            /// The sampling fields, as both requests have them.
+            pub fn sampling(&self) -> SamplingFields<'_> {
+                SamplingFields {
+                    max_tokens: self.max_tokens,
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    n: self.n,
+                    stop: self.stop.as_ref(),
+                    stop_token_ids: self.stop_token_ids.as_deref(),
+                    ignore_eos: self.ignore_eos,
+                    seed: self.seed,
+                    stream: self.stream,
+                }
+            }
+        }
+    )*};
+}
+
+sampling_request! {
+    /// `POST /v1/completions`.
+    pub struct CompletionRequest {
+        pub prompt: Option<Prompt>,
+        /// Return log-probs: 0 gives each sampled token's own (top
+        /// alternatives are not computed by `agentrl serve-policy`).
+        pub logprobs: Option<u32>,
+        /// Echoing the prompt is not supported: only `false` is accepted.
+        pub echo: Option<bool>,
+    }
+
+    /// `POST /v1/chat/completions`.
+    pub struct ChatCompletionRequest {
+        pub messages: Option<Vec<RequestMessage>>,
+        /// OpenAI's newer name for `max_tokens` (give one of them).
+        pub max_completion_tokens: Option<usize>,
+        /// Return each sampled token's log-prob.
+        pub logprobs: Option<bool>,
+        /// Top alternatives per token: only 0 is served.
+        pub top_logprobs: Option<u32>,
+    }
 }
 
 /// Token usage of a request.
@@ -193,49 +275,6 @@ pub struct RequestMessage {
     /// A participant's name; not used by the chat template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-}
-
-/// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChatCompletionRequest {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    pub messages: Option<Vec<RequestMessage>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<usize>,
-    /// OpenAI's newer name for `max_tokens` (give one of them).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_completion_tokens: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_k: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Stop>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop_token_ids: Option<Vec<u32>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ignore_eos: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-    /// Return each sampled token's log-prob.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<bool>,
-    /// Top alternatives per token: only 0 is served.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_logprobs: Option<u32>,
-    /// vLLM's extension: answer `prompt_token_ids` and each choice's `token_ids`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub return_token_ids: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stream: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
 }
 
 /// The assistant's message in a chat answer.

@@ -4,7 +4,8 @@
 
 use agentrl_model::SamplingParams;
 use agentrl_policy_client::protocol::{
-    ChatCompletionRequest, CompletionRequest, MessageContent, Prompt, PromptItem, Stop,
+    ChatCompletionRequest, CompletionRequest, MessageContent, Prompt, PromptItem, SamplingFields,
+    Stop,
 };
 use agentrl_tokenizer::{ChatMessage, ChatTokenizer};
 use rand::SeedableRng;
@@ -64,32 +65,13 @@ impl Plan {
     }
 }
 
-/// The sampling fields completions and chat completions share.
-struct Knobs<'a> {
-    max_tokens: Option<usize>,
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    top_k: Option<i64>,
-    n: Option<usize>,
-    stop: Option<&'a Stop>,
-    stop_token_ids: Option<&'a [u32]>,
-    ignore_eos: Option<bool>,
-    seed: Option<u64>,
-    stream: Option<bool>,
-}
-
 /// A `/v1/completions` request as a plan.
 pub fn completion(
     req: &CompletionRequest,
     tokenizer: &ChatTokenizer,
     limits: &ModelLimits,
 ) -> Result<Plan, ApiError> {
-    if req.echo == Some(true) {
-        return Err(ApiError::invalid(
-            "echo",
-            "echo is not supported: send false or leave it out",
-        ));
-    }
+    refuse_flag("echo", req.echo, "echo")?;
     let logprobs = match req.logprobs {
         None => false,
         Some(0) => true,
@@ -127,21 +109,9 @@ pub fn completion(
         check_prompt(&field, &ids, limits)?;
         prompts.push(ids);
     }
-    let knobs = Knobs {
-        max_tokens: req.max_tokens,
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        n: req.n,
-        stop: req.stop.as_ref(),
-        stop_token_ids: req.stop_token_ids.as_deref(),
-        ignore_eos: req.ignore_eos,
-        seed: req.seed,
-        stream: req.stream,
-    };
     plan(
         prompts,
-        &knobs,
+        &req.sampling(),
         logprobs,
         req.return_token_ids == Some(true),
         limits,
@@ -218,17 +188,9 @@ pub fn chat(
         ApiError::invalid("messages", format!("cannot render the chat template: {e}"))
     })?;
     check_prompt("messages", &ids, limits)?;
-    let knobs = Knobs {
+    let knobs = SamplingFields {
         max_tokens,
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        n: req.n,
-        stop: req.stop.as_ref(),
-        stop_token_ids: req.stop_token_ids.as_deref(),
-        ignore_eos: req.ignore_eos,
-        seed: req.seed,
-        stream: req.stream,
+        ..req.sampling()
     };
     plan(
         vec![ids],
@@ -237,6 +199,18 @@ pub fn chat(
         req.return_token_ids == Some(true),
         limits,
     )
+}
+
+/// A flag the server does not support (`what`) passes only as `false` or
+/// left out.
+fn refuse_flag(field: &str, value: Option<bool>, what: &str) -> Result<(), ApiError> {
+    match value {
+        Some(true) => Err(ApiError::invalid(
+            field,
+            format!("{what} is not supported: send false or leave it out"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A prompt must hold at least one token, ids in the vocabulary, and leave
@@ -270,17 +244,12 @@ fn check_prompt(field: &str, ids: &[u32], limits: &ModelLimits) -> Result<(), Ap
 /// The sampling parameters and the rest of the plan.
 fn plan(
     prompts: Vec<Vec<u32>>,
-    k: &Knobs<'_>,
+    k: &SamplingFields<'_>,
     logprobs: bool,
     return_token_ids: bool,
     limits: &ModelLimits,
 ) -> Result<Plan, ApiError> {
-    if k.stream == Some(true) {
-        return Err(ApiError::invalid(
-            "stream",
-            "streaming is not supported: send false or leave it out",
-        ));
-    }
+    refuse_flag("stream", k.stream, "streaming")?;
     let n = k.n.unwrap_or(1);
     if n == 0 {
         return Err(ApiError::invalid("n", "must be at least 1"));
@@ -394,18 +363,11 @@ mod tests {
         }
     }
 
-    fn knobs() -> Knobs<'static> {
-        Knobs {
-            max_tokens: None,
-            temperature: None,
-            top_p: None,
-            top_k: None,
-            n: None,
-            stop: None,
-            stop_token_ids: None,
-            ignore_eos: None,
+    /// No sampling field set but the seed.
+    fn knobs() -> SamplingFields<'static> {
+        SamplingFields {
             seed: Some(1),
-            stream: None,
+            ..SamplingFields::default()
         }
     }
 
@@ -419,7 +381,7 @@ mod tests {
         assert_eq!(p.params.max_new_tokens, 7);
         assert_eq!(p.params.temperature, 1.0);
         assert_eq!(p.params.stop_tokens, vec![2]);
-        let k = Knobs {
+        let k = SamplingFields {
             ignore_eos: Some(true),
             stop_token_ids: Some(&[9, 9][..]),
             top_k: Some(-1),
@@ -430,56 +392,56 @@ mod tests {
     }
 
     /// The field a plan of one 4-token prompt with `k` is refused for.
-    fn refused(k: Knobs<'_>) -> String {
+    fn refused(k: SamplingFields<'_>) -> String {
         param_of(plan(vec![vec![5; 4]], &k, false, false, &limits()).unwrap_err())
     }
 
     #[test]
     fn each_bad_knob_is_named() {
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 n: Some(0),
                 ..knobs()
             }),
             "n"
         );
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 n: Some(100_000),
                 ..knobs()
             }),
             "n"
         );
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 temperature: Some(-1.0),
                 ..knobs()
             }),
             "temperature"
         );
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 temperature: Some(f64::NAN),
                 ..knobs()
             }),
             "temperature"
         );
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 top_p: Some(0.0),
                 ..knobs()
             }),
             "top_p"
         );
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 top_k: Some(-2),
                 ..knobs()
             }),
             "top_k"
         );
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 max_tokens: Some(0),
                 ..knobs()
             }),
@@ -487,14 +449,14 @@ mod tests {
         );
         // 4 prompt tokens + 7 > a context of 10.
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 max_tokens: Some(7),
                 ..knobs()
             }),
             "max_tokens"
         );
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 stream: Some(true),
                 ..knobs()
             }),
@@ -502,7 +464,7 @@ mod tests {
         );
         let ids = [3, 100];
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 stop_token_ids: Some(&ids),
                 ..knobs()
             }),
@@ -510,7 +472,7 @@ mod tests {
         );
         let stop = Stop::Many(vec!["x".into(), String::new()]);
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 stop: Some(&stop),
                 ..knobs()
             }),
@@ -518,7 +480,7 @@ mod tests {
         );
         let stop = Stop::One(String::new());
         assert_eq!(
-            refused(Knobs {
+            refused(SamplingFields {
                 stop: Some(&stop),
                 ..knobs()
             }),
@@ -543,7 +505,7 @@ mod tests {
     fn choices_get_their_own_streams_of_the_seed() {
         let p = plan(
             vec![vec![1], vec![2]],
-            &Knobs {
+            &SamplingFields {
                 n: Some(2),
                 ..knobs()
             },
