@@ -29,5 +29,5 @@ pub use env::{Env, Step, StepInfo};
 pub use episode::{Episode, Outcome};
 pub use error::{ActionError, EnvError, StepError};
 pub use params::{param_error, param_in_range, parse_params, TaskConfig, MAX_STEPS_PARAM};
-pub use seed::{stable_hash, task_rng, TaskRng};
+pub use seed::{stable_hash, stable_hash_words, task_rng, TaskRng};
 pub use spec::{Split, TaskSpec, SPLIT_STRIDE};

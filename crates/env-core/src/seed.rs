@@ -23,6 +23,14 @@ pub fn stable_hash(parts: &[&[u8]]) -> u64 {
     splitmix64(h)
 }
 
+/// [`stable_hash`] of 64-bit words, each as its little-endian bytes: the
+/// key of a state made of numbers (a layout's hash and a position).
+pub fn stable_hash_words<const N: usize>(words: [u64; N]) -> u64 {
+    let bytes = words.map(u64::to_le_bytes);
+    let parts: [&[u8]; N] = std::array::from_fn(|i| bytes[i].as_slice());
+    stable_hash(&parts)
+}
+
 fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -55,6 +63,15 @@ mod tests {
             stable_hash(&[b"sokoban", b"easy"])
         );
         assert_ne!(stable_hash(&[b"ab", b"c"]), stable_hash(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn words_hash_as_their_little_endian_bytes() {
+        let (a, b) = (0x0123_4567_89ab_cdef_u64, 42u64);
+        assert_eq!(
+            stable_hash_words([a, b]),
+            stable_hash(&[&a.to_le_bytes(), &b.to_le_bytes()])
+        );
     }
 
     #[test]

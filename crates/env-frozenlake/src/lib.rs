@@ -11,9 +11,9 @@ mod parser;
 mod solver;
 
 use agentrl_env_core::{
-    direction_names, param_error, param_in_range, parse_params, stable_hash, task_rng, Env,
-    EnvDescriptor, EnvError, EnvParams, Episode, Outcome, Step, StepError, TaskConfig, TaskSpec,
-    MAX_STEPS_PARAM,
+    direction_names, param_error, param_in_range, parse_params, stable_hash, stable_hash_words,
+    task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome, Step, StepError,
+    TaskConfig, TaskSpec, MAX_STEPS_PARAM,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -307,10 +307,7 @@ impl Env for FrozenLake {
     }
 
     fn state_key(&self) -> u64 {
-        stable_hash(&[
-            &self.map_hash.to_le_bytes(),
-            &(self.pos as u64).to_le_bytes(),
-        ])
+        stable_hash_words([self.map_hash, self.pos as u64])
     }
 
     fn expert_action(&mut self) -> Option<String> {

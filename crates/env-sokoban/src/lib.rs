@@ -11,9 +11,9 @@ mod parser;
 mod solver;
 
 use agentrl_env_core::{
-    direction_names, param_error, param_in_range, parse_params, stable_hash, task_rng, Env,
-    EnvDescriptor, EnvError, EnvParams, Episode, Outcome, Step, StepError, TaskConfig, TaskSpec,
-    MAX_STEPS_PARAM,
+    direction_names, param_error, param_in_range, parse_params, stable_hash, stable_hash_words,
+    task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome, Step, StepError,
+    TaskConfig, TaskSpec, MAX_STEPS_PARAM,
 };
 use serde::Deserialize;
 
@@ -336,10 +336,7 @@ impl Env for Sokoban {
     }
 
     fn state_key(&self) -> u64 {
-        stable_hash(&[
-            &self.room_hash.to_le_bytes(),
-            &self.state.key().to_le_bytes(),
-        ])
+        stable_hash_words([self.room_hash, self.state.key()])
     }
 
     fn expert_action(&mut self) -> Option<String> {
