@@ -214,43 +214,49 @@ mod peak {
         std::hint::black_box(x);
     }
 
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn fma256(iters: usize) -> f32 {
-        use std::arch::x86_64::*;
-        let a = _mm256_set1_ps(0.999_999);
-        let b = _mm256_set1_ps(1e-7);
-        let mut acc = [_mm256_setzero_ps(); CHAINS];
-        for _ in 0..iters {
-            for x in acc.iter_mut() {
-                *x = _mm256_fmadd_ps(*x, a, b);
+    /// `unsafe fn NAME(iters) -> f32`: `iters` rounds of `CHAINS`
+    /// independent FMA chains in one register type (made by `set1` and
+    /// `zero`, chained by `fma`, added by `add`), the chains' sum `total`
+    /// reduced to one number by `sum`.
+    macro_rules! fma_chains {
+        (
+            $(#[$attr:meta])*
+            fn $name:ident($set1:ident, $zero:ident, $fma:ident, $add:ident),
+            |$total:ident| $sum:expr
+        ) => {
+            #[cfg(target_arch = "x86_64")]
+            $(#[$attr])*
+            unsafe fn $name(iters: usize) -> f32 {
+                use std::arch::x86_64::*;
+                let a = $set1(0.999_999);
+                let b = $set1(1e-7);
+                let mut acc = [$zero(); CHAINS];
+                for _ in 0..iters {
+                    for x in acc.iter_mut() {
+                        *x = $fma(*x, a, b);
+                    }
+                }
+                let $total = acc.iter().fold($zero(), |s, x| $add(s, *x));
+                $sum
             }
-        }
-        let mut out = [0f32; 8];
-        let total = acc
-            .iter()
-            .fold(_mm256_setzero_ps(), |s, x| _mm256_add_ps(s, *x));
-        _mm256_storeu_ps(out.as_mut_ptr(), total);
-        out.iter().sum()
+        };
     }
 
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn fma512(iters: usize) -> f32 {
-        use std::arch::x86_64::*;
-        let a = _mm512_set1_ps(0.999_999);
-        let b = _mm512_set1_ps(1e-7);
-        let mut acc = [_mm512_setzero_ps(); CHAINS];
-        for _ in 0..iters {
-            for x in acc.iter_mut() {
-                *x = _mm512_fmadd_ps(*x, a, b);
-            }
+    fma_chains!(
+        #[target_feature(enable = "avx2,fma")]
+        fn fma256(_mm256_set1_ps, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps),
+        |total| {
+            let mut out = [0f32; 8];
+            _mm256_storeu_ps(out.as_mut_ptr(), total);
+            out.iter().sum()
         }
-        let total = acc
-            .iter()
-            .fold(_mm512_setzero_ps(), |s, x| _mm512_add_ps(s, *x));
-        _mm512_reduce_add_ps(total)
-    }
+    );
+
+    fma_chains!(
+        #[target_feature(enable = "avx512f")]
+        fn fma512(_mm512_set1_ps, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps),
+        |total| _mm512_reduce_add_ps(total)
+    );
 }
 
 /// FLOP/s of candle's f32 matmul on an `n`×`n`×`n` product (what a large,
@@ -371,24 +377,20 @@ fn measure_torch(
     args: &BenchModelArgs,
     threads: usize,
 ) -> anyhow::Result<TorchMeasured> {
-    let script_args = [
-        "--shape".to_string(),
-        args.shape.name().to_string(),
-        "--threads".to_string(),
-        threads.to_string(),
-        "--batch".to_string(),
-        args.batch.to_string(),
-        "--seq-len".to_string(),
-        args.seq_len.to_string(),
-        "--prompt-len".to_string(),
-        args.prompt_len.to_string(),
-        "--new-tokens".to_string(),
-        args.new_tokens.to_string(),
-        "--steps".to_string(),
-        args.steps.to_string(),
-        "--sample-runs".to_string(),
-        args.sample_runs.to_string(),
+    let flags = [
+        ("--shape", args.shape.name().to_string()),
+        ("--threads", threads.to_string()),
+        ("--batch", args.batch.to_string()),
+        ("--seq-len", args.seq_len.to_string()),
+        ("--prompt-len", args.prompt_len.to_string()),
+        ("--new-tokens", args.new_tokens.to_string()),
+        ("--steps", args.steps.to_string()),
+        ("--sample-runs", args.sample_runs.to_string()),
     ];
+    let script_args: Vec<String> = flags
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_string(), value])
+        .collect();
     let mut child = Command::new(python)
         .arg("-")
         .args(&script_args)
