@@ -4,23 +4,15 @@
 //! name still gets the base), a name taken twice, a bad directory or an
 //! unknown model are refused, and an unloaded adapter is gone.
 
-use std::path::PathBuf;
-
 use agentrl_model::candle_core::{Device, Tensor};
 use agentrl_model::{LoraConfig, LoraTarget, PolicyModel, SamplingParams};
-use agentrl_policy_server::{BackgroundPolicyServer, PolicyServerConfig, ServedModel};
-use agentrl_tokenizer::ChatTokenizer;
+use agentrl_policy_server::{BackgroundPolicyServer, PolicyServerConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
-fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny")
-}
-
-fn base() -> PolicyModel {
-    PolicyModel::load(&fixture_dir(), false, &Device::Cpu).unwrap()
-}
+mod tiny_server;
+use tiny_server::{fixture_model as base, post_text as post};
 
 /// The fixture with a seeded adapter whose B is not zero, so it changes the outputs.
 fn adapted() -> PolicyModel {
@@ -44,16 +36,6 @@ fn adapted() -> PolicyModel {
         }
     }
     model
-}
-
-/// POST `body` to `route`: the status and the body as text.
-fn post(server: &BackgroundPolicyServer, route: &str, body: &Value) -> (u16, String) {
-    let resp = reqwest::blocking::Client::new()
-        .post(format!("{}{route}", server.base_url()))
-        .json(body)
-        .send()
-        .unwrap();
-    (resp.status().as_u16(), resp.text().unwrap())
 }
 
 /// The ids `GET /v1/models` lists.
@@ -112,16 +94,7 @@ fn a_loaded_adapter_serves_under_its_name_beside_the_base() {
     let dir = tempfile::tempdir().unwrap();
     let adapted = adapted();
     adapted.lora().unwrap().save(dir.path(), None).unwrap();
-    let served = ServedModel {
-        model: base(),
-        tokenizer: ChatTokenizer::load(fixture_dir()).unwrap(),
-    };
-    let config = PolicyServerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        served_model_name: "tiny".into(),
-        ..PolicyServerConfig::default()
-    };
-    let server = BackgroundPolicyServer::start(config, served, 2).unwrap();
+    let server = tiny_server::serve(base(), PolicyServerConfig::default());
     let prompt = [3u32, 17, 42, 8, 99];
 
     let unknown = post(

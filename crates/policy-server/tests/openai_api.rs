@@ -4,39 +4,21 @@
 //! stop strings and stop tokens cut as vLLM cuts, the chat route renders the
 //! checkpoint's template, and every bad request is a 400 naming its field.
 
-use agentrl_model::{PolicyModel, SamplingParams};
+use agentrl_model::SamplingParams;
 use agentrl_policy_client::{OpenAiOptions, OpenAiPolicy};
-use agentrl_policy_server::{BackgroundPolicyServer, PolicyServerConfig, ServedModel};
+use agentrl_policy_server::{BackgroundPolicyServer, PolicyServerConfig};
 use agentrl_rollout::Policy;
 use agentrl_tokenizer::ChatTokenizer;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
-#[path = "../../model/tests/qwen2_tiny/mod.rs"]
-mod qwen2_tiny;
-use qwen2_tiny::{fixture_dir, reference, u32s as ids};
-
-fn model() -> PolicyModel {
-    PolicyModel::load(
-        &fixture_dir(),
-        false,
-        &agentrl_model::candle_core::Device::Cpu,
-    )
-    .unwrap()
-}
+mod tiny_server;
+use tiny_server::qwen2_tiny::{fixture_dir, reference, u32s as ids};
+use tiny_server::{fixture_model as model, post_text};
 
 fn start_with(config: PolicyServerConfig) -> BackgroundPolicyServer {
-    let served = ServedModel {
-        model: model(),
-        tokenizer: ChatTokenizer::load(fixture_dir()).unwrap(),
-    };
-    let config = PolicyServerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        served_model_name: "tiny".into(),
-        ..config
-    };
-    BackgroundPolicyServer::start(config, served, 2).unwrap()
+    tiny_server::serve(model(), config)
 }
 
 fn start() -> BackgroundPolicyServer {
@@ -45,13 +27,8 @@ fn start() -> BackgroundPolicyServer {
 
 /// POST `body` to `route`; the status and the JSON answer.
 fn post(server: &BackgroundPolicyServer, route: &str, body: &Value) -> (u16, Value) {
-    let resp = reqwest::blocking::Client::new()
-        .post(format!("{}{route}", server.base_url()))
-        .json(body)
-        .send()
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().unwrap())
+    let (status, text) = post_text(server, route, body);
+    (status, serde_json::from_str(&text).unwrap())
 }
 
 fn complete(server: &BackgroundPolicyServer, body: Value) -> Value {
