@@ -18,6 +18,8 @@ use serde_json::Value;
 
 mod common;
 use common::{agentrl, agentrl_line, failure_stderr, json_stdout, train, Served};
+#[path = "../../policy-client/tests/loopback/mod.rs"]
+mod loopback;
 
 /// A seconds-long run: an expert warm start on 3×3 FrozenLake and one RL
 /// step, after which greedy play wins 5 of the 12 maps played below with 4
@@ -187,43 +189,31 @@ async fn forward(
 /// Serve `flaky` on loopback from a thread of its own: one request per
 /// connection, every third connection read and dropped unanswered.
 fn start_flaky(flaky: Arc<Flaky>) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
     let app = Router::new()
         .fallback(forward)
         .with_state(Arc::clone(&flaky));
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            loop {
-                let (stream, _) = listener.accept().await.unwrap();
-                if flaky.connections.fetch_add(1, Ordering::SeqCst) % 3 == 2 {
-                    flaky.dropped.fetch_add(1, Ordering::SeqCst);
-                    tokio::spawn(async move {
-                        let mut buf = [0u8; 4096];
-                        let _ = stream.readable().await;
-                        let _ = stream.try_read(&mut buf);
-                        drop(stream);
-                    });
-                    continue;
-                }
-                let service = hyper_util::service::TowerToHyperService::new(app.clone());
+    loopback::spawn(move |listener| async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            if flaky.connections.fetch_add(1, Ordering::SeqCst) % 3 == 2 {
+                flaky.dropped.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .keep_alive(false)
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
+                    let mut buf = [0u8; 4096];
+                    let _ = stream.readable().await;
+                    let _ = stream.try_read(&mut buf);
+                    drop(stream);
                 });
+                continue;
             }
-        });
-    });
-    addr
+            let service = hyper_util::service::TowerToHyperService::new(app.clone());
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .keep_alive(false)
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    })
 }
 
 #[test]

@@ -23,6 +23,8 @@ use serde_json::Value;
 
 mod common;
 use common::{failure_stderr, train, Served, BIN};
+#[path = "../../policy-client/tests/loopback/mod.rs"]
+mod loopback;
 
 /// The warm start: 3×3 FrozenLake, the reply format taught with half expert,
 /// half random moves, so the base has some map reading for the adapter to
@@ -124,22 +126,7 @@ async fn forward(State(s): State<Arc<Seen>>, method: Method, uri: Uri, body: Byt
 
 /// The recording proxy in front of `upstream`, on loopback.
 fn start_proxy(seen: Arc<Seen>) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = Router::new().fallback(forward).with_state(seen);
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    addr
+    loopback::serve(Router::new().fallback(forward).with_state(seen))
 }
 
 fn read_json(path: impl AsRef<Path>) -> Value {

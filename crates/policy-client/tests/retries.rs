@@ -20,6 +20,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
+mod loopback;
+
 /// What the double answers to the n-th completion request (0-based).
 type Script = fn(usize) -> Response;
 
@@ -47,20 +49,7 @@ fn start(script: Script, delay: Duration) -> (SocketAddr, Arc<Double>) {
         )
         .route("/v1/completions", post(completion))
         .with_state(Arc::clone(&double));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    (addr, double)
+    (loopback::serve(app), double)
 }
 
 async fn completion(State(d): State<Arc<Double>>, Json(req): Json<Value>) -> Response {
