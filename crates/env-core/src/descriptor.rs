@@ -47,11 +47,4 @@ impl EnvDescriptor {
     }
 }
 
-impl std::fmt::Debug for EnvDescriptor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EnvDescriptor")
-            .field("name", &self.name)
-            .field("difficulties", &self.difficulties)
-            .finish()
-    }
-}
+crate::debug_fields!(EnvDescriptor { name, difficulties });

@@ -11,6 +11,7 @@
 
 pub mod action;
 mod cache;
+mod debug_fields;
 mod descriptor;
 pub mod direction;
 mod env;

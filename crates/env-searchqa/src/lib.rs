@@ -179,14 +179,7 @@ pub struct SearchQaEnv {
     last_obs: String,
 }
 
-impl std::fmt::Debug for SearchQaEnv {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SearchQaEnv")
-            .field("spec", &self.spec)
-            .field("question", &self.question)
-            .finish()
-    }
-}
+agentrl_env_core::debug_fields!(SearchQaEnv { spec, question });
 
 impl SearchQaEnv {
     /// Create the env for a spec (see the crate docs for parameters).

@@ -218,15 +218,7 @@ pub struct WebShopEnv {
     last_reward: Option<reward::RewardBreakdown>,
 }
 
-impl std::fmt::Debug for WebShopEnv {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WebShopEnv")
-            .field("spec", &self.spec)
-            .field("goal", &self.goal)
-            .field("page", &self.page)
-            .finish()
-    }
-}
+agentrl_env_core::debug_fields!(WebShopEnv { spec, goal, page });
 
 impl WebShopEnv {
     /// Create the env for a spec (see the crate docs for parameters).

@@ -154,14 +154,7 @@ pub struct SearchIndex {
     analyzer: Mutex<TextAnalyzer>,
 }
 
-impl std::fmt::Debug for SearchIndex {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SearchIndex")
-            .field("hash", &self.hash)
-            .field("num_docs", &self.num_docs)
-            .finish()
-    }
-}
+agentrl_env_core::debug_fields!(SearchIndex { hash, num_docs });
 
 struct Fields {
     title: Field,
