@@ -320,23 +320,20 @@ pub(crate) fn new_output_dir(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn owned(overrides: &[&str]) -> Vec<String> {
-        overrides.iter().map(|s| s.to_string()).collect()
-    }
+    use crate::commands::owned_strings;
 
     #[test]
     fn arms_differ_only_in_the_echo_trap_knobs_and_both_load() {
         for quick in [true, false] {
             for arm in &ARMS {
-                let mut a = owned(study_overrides(quick));
-                a.extend(owned(arm.overrides));
+                let mut a = owned_strings(study_overrides(quick));
+                a.extend(owned_strings(arm.overrides));
                 let cfg = load_config(&a).unwrap();
                 assert_eq!(cfg.env.name, "frozenlake");
             }
         }
-        let vanilla = load_config(&owned(ARMS[0].overrides)).unwrap();
-        let starpo = load_config(&owned(ARMS[1].overrides)).unwrap();
+        let vanilla = load_config(&owned_strings(ARMS[0].overrides)).unwrap();
+        let starpo = load_config(&owned_strings(ARMS[1].overrides)).unwrap();
         assert_eq!(vanilla.rollout.rollout_filter_ratio, 1.0);
         assert!(vanilla.actor.use_kl_loss);
         assert_eq!(vanilla.actor.clip_ratio_low, vanilla.actor.clip_ratio_high);
@@ -344,7 +341,7 @@ mod tests {
         assert!(!starpo.actor.use_kl_loss);
         assert!(starpo.actor.clip_ratio_high > starpo.actor.clip_ratio_low);
         assert_eq!(vanilla.trainer.seed, starpo.trainer.seed);
-        let cfg = load_config(&owned(study_overrides(true))).unwrap();
+        let cfg = load_config(&owned_strings(study_overrides(true))).unwrap();
         assert_eq!(
             cfg.algorithm.adv_estimator,
             agentrl_algos::AdvEstimator::Grpo

@@ -329,14 +329,11 @@ pub fn matrix_text(r: &MatrixReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn envs(names: &[&str]) -> Vec<String> {
-        names.iter().map(|s| s.to_string()).collect()
-    }
+    use crate::commands::owned_strings;
 
     #[test]
     fn params_go_to_the_named_env_or_every_env_that_has_the_key() {
-        let e = envs(&["frozenlake", "sokoban"]);
+        let e = owned_strings(&["frozenlake", "sokoban"]);
         let p = scoped_params(
             &["frozenlake.is_slippery=false".into(), "max_steps=20".into()],
             &e,
@@ -346,7 +343,7 @@ mod tests {
         assert_eq!(p["frozenlake"]["max_steps"], 20);
         assert_eq!(p["sokoban"]["max_steps"], 20);
         assert!(!p["sokoban"].contains_key("is_slippery"));
-        let err = scoped_params(&["slip=0.1".into()], &envs(&["sokoban"]))
+        let err = scoped_params(&["slip=0.1".into()], &owned_strings(&["sokoban"]))
             .unwrap_err()
             .to_string();
         assert!(err.contains("--param slip"), "{err}");

@@ -568,7 +568,7 @@ mod tests {
 
     fn args(quick: bool, extra: &[&str]) -> GeneralisationArgs {
         GeneralisationArgs {
-            args: extra.iter().map(|s| s.to_string()).collect(),
+            args: crate::commands::owned_strings(extra),
             quick,
             tasks: None,
             k: None,
