@@ -55,6 +55,13 @@ fn load_error(dir: &Path) -> ModelError {
     PolicyModel::load(dir, false, &Device::Cpu).unwrap_err()
 }
 
+/// The error of loading `dir`, checked to name `what` (a tensor or a file).
+fn load_error_naming(dir: &Path, what: &str) -> ModelError {
+    let err = load_error(dir);
+    assert!(err.to_string().contains(what), "{err}");
+    err
+}
+
 fn llama_config() -> ModelConfig {
     let mut c = ModelConfig::new_qwen2(50, 16, 2, 4, 2, 40);
     c.model_type = "llama".to_string();
@@ -216,9 +223,8 @@ fn missing_tensor_error_names_the_tensor() {
     tensors.remove(name);
     let dir = tempfile::tempdir().unwrap();
     write_checkpoint(dir.path(), &tensors);
-    let err = load_error(dir.path());
+    let err = load_error_naming(dir.path(), name);
     assert!(matches!(err, ModelError::MissingTensor { .. }), "{err:?}");
-    assert!(err.to_string().contains(name), "{err}");
 }
 
 #[test]
@@ -230,9 +236,8 @@ fn corrupt_file_error_names_the_file() {
         &bytes[..bytes.len() / 2],
     )
     .unwrap();
-    let err = load_error(dir.path());
+    let err = load_error_naming(dir.path(), "model.safetensors");
     assert!(matches!(err, ModelError::CorruptFile { .. }), "{err:?}");
-    assert!(err.to_string().contains("model.safetensors"), "{err}");
 }
 
 #[test]
@@ -244,15 +249,13 @@ fn bad_config_json_error_names_the_file() {
         r#"{"vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 3, "num_key_value_heads": 2}"#,
     ] {
         std::fs::write(dir.path().join("config.json"), bad).unwrap();
-        let err = load_error(dir.path());
+        let err = load_error_naming(dir.path(), "config.json");
         assert!(matches!(err, ModelError::Config { .. }), "{err:?}");
-        assert!(err.to_string().contains("config.json"), "{err}");
     }
 }
 
 #[test]
 fn missing_weights_file_error_names_the_file() {
     let dir = dir_with_fixture("config.json");
-    let err = load_error(dir.path());
-    assert!(err.to_string().contains("model.safetensors"), "{err}");
+    load_error_naming(dir.path(), "model.safetensors");
 }
