@@ -649,7 +649,7 @@ impl PolicyModel {
         params: &SamplingParams,
         rng: SamplingRng<'_>,
     ) -> Result<Vec<Generation>, ModelError> {
-        params.validate()?;
+        crate::sampling::validate(params)?;
         self.check_ids(contexts)?;
         if caches.len() != contexts.len() {
             return Err(ModelError::InvalidInput(format!(

@@ -1,63 +1,16 @@
-//! Sampling parameters, results and the per-row token choice (host side).
+//! The per-row token choice (host side), with the sampling parameters and
+//! results of [`agentrl_sampling`].
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::ModelError;
 
-/// How to sample continuations.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// Most tokens generated per sequence (the stop token counts).
-    pub max_new_tokens: usize,
-    /// Softmax temperature; 0 means greedy (argmax, lowest id on ties).
-    pub temperature: f64,
-    /// Nucleus sampling: keep the smallest set of most likely tokens whose
-    /// probability (after temperature and top-k) reaches `top_p`; 1 = off.
-    pub top_p: f64,
-    /// Keep only the `top_k` most likely tokens; 0 = off.
-    pub top_k: usize,
-    /// Generation of a sequence ends after it emits any of these ids.
-    pub stop_tokens: Vec<u32>,
-}
+pub use agentrl_sampling::{Generation, SamplingParams};
 
-impl Default for SamplingParams {
-    fn default() -> Self {
-        Self {
-            max_new_tokens: 64,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            stop_tokens: Vec::new(),
-        }
-    }
-}
-
-impl SamplingParams {
-    /// Greedy decoding of up to `max_new_tokens`.
-    pub fn greedy(max_new_tokens: usize) -> Self {
-        Self {
-            max_new_tokens,
-            temperature: 0.0,
-            ..Self::default()
-        }
-    }
-
-    pub(crate) fn validate(&self) -> Result<(), ModelError> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(ModelError::InvalidInput(format!(
-                "temperature must be finite and >= 0, got {}",
-                self.temperature
-            )));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(ModelError::InvalidInput(format!(
-                "top_p must be in (0, 1], got {}",
-                self.top_p
-            )));
-        }
-        Ok(())
-    }
+/// Checks that `params` can be sampled with (see [`SamplingParams::validate`]).
+pub(crate) fn validate(params: &SamplingParams) -> Result<(), ModelError> {
+    params.validate().map_err(ModelError::InvalidInput)
 }
 
 /// Where a batch's sampling draws come from.
@@ -78,19 +31,6 @@ impl SamplingRng<'_> {
             SamplingRng::PerSequence(rngs) => &mut rngs[i],
         }
     }
-}
-
-/// One generated continuation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Generation {
-    /// New token ids, including the stop token when one was generated.
-    pub tokens: Vec<u32>,
-    /// Per new token: its log-probability under the model's own,
-    /// untempered distribution (log-softmax of the raw logits, temperature 1,
-    /// no top-k/top-p truncation) — the policy log-prob RL needs.
-    pub logprobs: Vec<f32>,
-    /// True when the sequence ended on a stop token (false: ran out of `max_new_tokens`).
-    pub stopped: bool,
 }
 
 /// Picks the next token from one row of raw logits; returns it with its

@@ -4,7 +4,7 @@
 //! stop strings and stop tokens cut as vLLM cuts, the chat route renders the
 //! checkpoint's template, and every bad request is a 400 naming its field.
 
-use agentrl_model::SamplingParams;
+use agentrl_model::{Generation, SamplingParams};
 use agentrl_policy_client::{OpenAiOptions, OpenAiPolicy};
 use agentrl_policy_server::{BackgroundPolicyServer, PolicyServerConfig};
 use agentrl_rollout::Policy;
@@ -430,7 +430,7 @@ fn openai_policy_generates_what_the_local_model_generates() {
     let prompts = vec![chat[..20].to_vec(), chat.clone(), chat[5..50].to_vec()];
     let mut remote = OpenAiPolicy::connect(OpenAiOptions::new(server.base_url())).unwrap();
     assert_eq!(remote.model(), "tiny");
-    let greedy = agentrl_rollout::SamplingParams {
+    let greedy = SamplingParams {
         max_new_tokens: 12,
         temperature: 0.0,
         top_p: 1.0,
@@ -440,17 +440,7 @@ fn openai_policy_generates_what_the_local_model_generates() {
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let served = remote.generate(&prompts, &greedy, &mut rng).unwrap();
     let local = model()
-        .generate(
-            &prompts,
-            &SamplingParams {
-                max_new_tokens: 12,
-                temperature: 0.0,
-                top_p: 1.0,
-                top_k: 0,
-                stop_tokens: vec![2],
-            },
-            &mut ChaCha8Rng::seed_from_u64(0),
-        )
+        .generate(&prompts, &greedy, &mut ChaCha8Rng::seed_from_u64(0))
         .unwrap();
     for (s, l) in served.iter().zip(&local) {
         assert_eq!((&s.tokens, s.stopped), (&l.tokens, l.stopped));
@@ -459,7 +449,7 @@ fn openai_policy_generates_what_the_local_model_generates() {
         }
     }
     // Sampled: the rollout's seed decides the tokens, through the wire.
-    let sampled = agentrl_rollout::SamplingParams {
+    let sampled = SamplingParams {
         temperature: 1.0,
         ..greedy
     };
@@ -470,9 +460,8 @@ fn openai_policy_generates_what_the_local_model_generates() {
     };
     // Batches may be shaped differently from run to run: the draws are
     // the same, the log-probs equal up to the GEMMs' float rounding.
-    let tokens = |g: &[agentrl_rollout::Generation]| -> Vec<Vec<u32>> {
-        g.iter().map(|x| x.tokens.clone()).collect()
-    };
+    let tokens =
+        |g: &[Generation]| -> Vec<Vec<u32>> { g.iter().map(|x| x.tokens.clone()).collect() };
     let (a, b, c) = (run(1), run(1), run(2));
     assert_eq!(tokens(&a), tokens(&b));
     for (x, y) in a

@@ -1,9 +1,9 @@
-//! The local candle model as a rollout [`Policy`]: the adapter between the
-//! rollout's plain-data sampling types and the model's own, and the keeper
-//! of each dialogue's KV cache between turns.
+//! The local candle model as a rollout [`Policy`] (both speak the
+//! plain-data sampling types of `agentrl-sampling`), and the keeper of each
+//! dialogue's KV cache between turns.
 
 use agentrl_model::{PolicyModel, SequenceCache};
-use agentrl_rollout::{Generation, Generations, Policy, PolicyError, SamplingParams};
+use agentrl_rollout::{Generations, Policy, PolicyError, SamplingParams};
 use rand_chacha::ChaCha8Rng;
 
 /// The local candle model as a policy.
@@ -70,12 +70,11 @@ impl Policy for LocalPolicy<'_> {
         params: &SamplingParams,
         rng: &mut ChaCha8Rng,
     ) -> Generations {
-        let params = model_params(params);
         let total: usize = prompts.iter().map(Vec::len).sum();
-        let gens = match &mut self.caches {
+        let generated = match &mut self.caches {
             None => {
                 self.encoded += total;
-                self.model.generate(prompts, &params, rng)
+                self.model.generate(prompts, params, rng)
             }
             Some(pool) => {
                 let mut caches =
@@ -89,13 +88,12 @@ impl Policy for LocalPolicy<'_> {
                 self.encoded += total - reused;
                 let gens = self
                     .model
-                    .generate_cached(&mut caches, prompts, &params, rng);
+                    .generate_cached(&mut caches, prompts, params, rng);
                 *pool = caches;
                 gens
             }
-        }
-        .map_err(|e| PolicyError(e.to_string()))?;
-        Ok(gens.into_iter().map(rollout_generation).collect())
+        };
+        generated.map_err(|e| PolicyError(e.to_string()))
     }
 }
 
@@ -137,64 +135,4 @@ fn pick_caches(
             }
         })
         .collect()
-}
-
-/// The rollout's sampling parameters as the model's.
-fn model_params(p: &SamplingParams) -> agentrl_model::SamplingParams {
-    agentrl_model::SamplingParams {
-        max_new_tokens: p.max_new_tokens,
-        temperature: p.temperature,
-        top_p: p.top_p,
-        top_k: p.top_k,
-        stop_tokens: p.stop_tokens.clone(),
-    }
-}
-
-/// The model's generation as the rollout's.
-fn rollout_generation(g: agentrl_model::Generation) -> Generation {
-    Generation {
-        tokens: g.tokens,
-        logprobs: g.logprobs,
-        stopped: g.stopped,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sampling_params_convert_field_for_field() {
-        let p = SamplingParams {
-            max_new_tokens: 7,
-            temperature: 0.5,
-            top_p: 0.9,
-            top_k: 3,
-            stop_tokens: vec![2, 5],
-        };
-        let m = model_params(&p);
-        assert_eq!(
-            (
-                m.max_new_tokens,
-                m.temperature,
-                m.top_p,
-                m.top_k,
-                m.stop_tokens
-            ),
-            (7, 0.5, 0.9, 3, vec![2, 5])
-        );
-        let g = rollout_generation(agentrl_model::Generation {
-            tokens: vec![4, 2],
-            logprobs: vec![-0.25, -1.5],
-            stopped: true,
-        });
-        assert_eq!(
-            g,
-            Generation {
-                tokens: vec![4, 2],
-                logprobs: vec![-0.25, -1.5],
-                stopped: true,
-            }
-        );
-    }
 }
