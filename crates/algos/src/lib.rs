@@ -71,9 +71,8 @@ pub use advantage::{
 pub use error::{AlgoError, Result};
 pub use filter::{snr_groups, top_std_groups, GroupFilterResult};
 pub use loss::{
-    aggregate, entropy_bonus, entropy_from_logits, kl_penalty, ppo_policy_loss,
-    ppo_policy_loss_weighted, ragged_to_tensor, value_loss, KlKind, LossAgg, PolicyLoss, PpoClip,
-    ValueLoss,
+    aggregate, entropy_bonus, entropy_from_logits, kl_penalty, ppo_policy_loss, ragged_to_tensor,
+    value_loss, KlKind, LossAgg, PolicyLoss, PpoClip, ValueLoss,
 };
 pub use rollout_is::{truncated_is_weights, RolloutIsStats};
 pub use stats::{explained_variance, masked_mean, masked_whiten, unbiased_std};

@@ -184,28 +184,16 @@ pub struct PolicyLoss {
 /// exploded at `c · |A|`, so one stale sample cannot dominate the batch.
 /// `old_logprobs` and `advantages` are treated as constants (detached).
 ///
-/// # Errors
-/// Shape mismatches, invalid clip parameters, tensor errors.
-pub fn ppo_policy_loss(
-    logprobs: &Tensor,
-    old_logprobs: &Tensor,
-    advantages: &Tensor,
-    mask: &Tensor,
-    clip: &PpoClip,
-    agg: LossAgg,
-) -> Result<PolicyLoss> {
-    ppo_policy_loss_weighted(logprobs, old_logprobs, advantages, mask, clip, agg, None)
-}
-
-/// [`ppo_policy_loss`] with each token's loss multiplied by a constant
-/// weight before aggregation, `ℓ_t ← w_t · ℓ_t` (verl's truncated
-/// importance sampling of rollouts generated elsewhere: the weights of
-/// [`crate::truncated_is_weights`]). `None` is exactly [`ppo_policy_loss`].
-/// The diagnostics are those of the unweighted terms.
+/// `token_weights`, when given, multiply each token's loss by a constant
+/// weight before aggregation, `ℓ_t ← w_t · ℓ_t` (verl's truncated importance
+/// sampling of rollouts generated elsewhere: the weights of
+/// [`crate::truncated_is_weights`]); the diagnostics are those of the
+/// unweighted terms. `None` weighs every token 1.
 ///
 /// # Errors
-/// As [`ppo_policy_loss`], and weights of another shape.
-pub fn ppo_policy_loss_weighted(
+/// Shape mismatches (weights included), invalid clip parameters, tensor
+/// errors.
+pub fn ppo_policy_loss(
     logprobs: &Tensor,
     old_logprobs: &Tensor,
     advantages: &Tensor,

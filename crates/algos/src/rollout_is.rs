@@ -16,7 +16,7 @@
 //! `π_old` is the trainer's policy before the update (the local model's
 //! score of the sampled tokens), `π_rollout` the server's log-prob of the
 //! token it sampled. The weight multiplies each token's PPO loss (see
-//! [`crate::ppo_policy_loss_weighted`]); it is a constant (no gradient).
+//! [`crate::ppo_policy_loss`]); it is a constant (no gradient).
 
 use serde::{Deserialize, Serialize};
 

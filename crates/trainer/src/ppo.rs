@@ -159,7 +159,7 @@ fn minibatch_loss(
         None => out.logprobs.detach(),
     };
     let weights = is_weights.map(&tensor).transpose()?;
-    let policy = algos::ppo_policy_loss_weighted(
+    let policy = algos::ppo_policy_loss(
         &out.logprobs,
         &old,
         &tensor(&targets.advantages)?,

@@ -53,6 +53,17 @@ fn aggregation_of_empty_mask_is_zero_not_nan() {
     }
 }
 
+/// The unweighted token-mean PPO loss, the setting of most tests below.
+fn token_mean_ppo(
+    lp: &Tensor,
+    old: &Tensor,
+    adv: &Tensor,
+    mask: &Tensor,
+    clip: &PpoClip,
+) -> PolicyLoss {
+    ppo_policy_loss(lp, old, adv, mask, clip, LossAgg::TokenMean, None).unwrap()
+}
+
 #[test]
 fn ppo_loss_at_ratio_one_is_minus_mean_advantage() {
     // logπ = logπ_old → r = 1 everywhere, nothing clipped, loss = −mean(A)
@@ -60,15 +71,7 @@ fn ppo_loss_at_ratio_one_is_minus_mean_advantage() {
     let lp = t2(&[&[-1.0, -2.0, -0.5], &[-0.1, -3.0, -1.0]]);
     let adv = t2(&[&[1.0, -2.0, 3.0], &[0.5, 9.0, 0.0]]);
     let mask = t2(&[&[1.0, 1.0, 1.0], &[1.0, 0.0, 1.0]]);
-    let out = ppo_policy_loss(
-        &lp,
-        &lp,
-        &adv,
-        &mask,
-        &PpoClip::default(),
-        LossAgg::TokenMean,
-    )
-    .unwrap();
+    let out = token_mean_ppo(&lp, &lp, &adv, &mask, &PpoClip::default());
     close(scalar(&out.loss), -0.5, 1e-6);
     assert_eq!(out.clip_fraction, 0.0);
     assert_eq!(out.clip_fraction_lower, 0.0);
@@ -95,7 +98,7 @@ fn ppo_clip_fraction_with_asymmetric_clip() {
         clip_ratio_high: 0.28,
         clip_ratio_c: Some(3.0),
     };
-    let out = ppo_policy_loss(&lp, &old, &adv, &mask, &clip, LossAgg::TokenMean).unwrap();
+    let out = token_mean_ppo(&lp, &old, &adv, &mask, &clip);
     close(scalar(&out.loss), -0.706, 1e-5);
     close(out.clip_fraction, 0.4, 1e-6);
     close(out.clip_fraction_lower, 0.0, 1e-6);
@@ -105,7 +108,7 @@ fn ppo_clip_fraction_with_asymmetric_clip() {
         clip_ratio_high: 0.2,
         ..clip
     };
-    let out = ppo_policy_loss(&lp, &old, &adv, &mask, &sym, LossAgg::TokenMean).unwrap();
+    let out = token_mean_ppo(&lp, &old, &adv, &mask, &sym);
     close(out.clip_fraction, 0.6, 1e-6);
 }
 
@@ -124,7 +127,7 @@ fn ppo_dual_clip_caps_negative_advantage_loss() {
     let adv = t2(&[&[-1.0, -1.0, 1.0]]);
     let mask = t2(&[&[1.0; 3]]);
     let clip = PpoClip::default();
-    let out = ppo_policy_loss(&lp, &old, &adv, &mask, &clip, LossAgg::TokenMean).unwrap();
+    let out = token_mean_ppo(&lp, &old, &adv, &mask, &clip);
     close(scalar(&out.loss), 1.24, 1e-5);
     close(out.clip_fraction_lower, 1.0 / 3.0, 1e-6);
     close(out.clip_fraction, 1.0 / 3.0, 1e-6);
@@ -132,7 +135,7 @@ fn ppo_dual_clip_caps_negative_advantage_loss() {
         clip_ratio_c: None,
         ..clip
     };
-    let out = ppo_policy_loss(&lp, &old, &adv, &mask, &no_dual, LossAgg::TokenMean).unwrap();
+    let out = token_mean_ppo(&lp, &old, &adv, &mask, &no_dual);
     close(scalar(&out.loss), 1.906667, 1e-5);
     assert_eq!(out.clip_fraction_lower, 0.0);
 }
@@ -144,7 +147,7 @@ fn ppo_rejects_dual_clip_bound_at_most_one() {
         clip_ratio_c: Some(1.0),
         ..PpoClip::default()
     };
-    assert!(ppo_policy_loss(&x, &x, &x, &x, &clip, LossAgg::TokenMean).is_err());
+    assert!(ppo_policy_loss(&x, &x, &x, &x, &clip, LossAgg::TokenMean, None).is_err());
 }
 
 #[test]
@@ -156,15 +159,7 @@ fn ppo_loss_gradient_flows_to_logprobs_only_where_unclipped() {
     let old = t2(&[&[0.0; 3]]);
     let adv = t2(&[&[2.0, 1.0, 5.0]]);
     let mask = t2(&[&[1.0, 1.0, 0.0]]);
-    let out = ppo_policy_loss(
-        lp.as_tensor(),
-        &old,
-        &adv,
-        &mask,
-        &PpoClip::default(),
-        LossAgg::TokenMean,
-    )
-    .unwrap();
+    let out = token_mean_ppo(lp.as_tensor(), &old, &adv, &mask, &PpoClip::default());
     let grads = out.loss.backward().unwrap();
     let g = grads.get(lp.as_tensor()).unwrap().to_vec2::<f32>().unwrap();
     // token-mean over 2 policy tokens: −2 / 2 = −1
@@ -334,7 +329,8 @@ fn loss_gradients_match_finite_differences() {
         Tensor::from_vec(vec![1.0f64, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0], shape, &dev).unwrap();
     let clip = PpoClip::default();
     let total = |x: &Tensor| -> Tensor {
-        let pl = ppo_policy_loss(x, &old, &adv, &mask, &clip, LossAgg::SeqMeanTokenMean).unwrap();
+        let pl =
+            ppo_policy_loss(x, &old, &adv, &mask, &clip, LossAgg::SeqMeanTokenMean, None).unwrap();
         let k3 = aggregate(
             &kl_penalty(x, &refl, KlKind::LowVarKl).unwrap(),
             &mask,
@@ -399,7 +395,7 @@ fn token_weights_scale_each_token_loss_and_its_gradient() {
     let clip = PpoClip::default();
     let old = lp.as_tensor().detach();
     let weighted = |w: Option<&Tensor>| {
-        ppo_policy_loss_weighted(
+        ppo_policy_loss(
             lp.as_tensor(),
             &old,
             &adv,
@@ -422,11 +418,10 @@ fn token_weights_scale_each_token_loss_and_its_gradient() {
     for (got, want) in g.iter().zip([-2.0 / 3.0, 1.0 / 3.0, -1.0]) {
         close(*got, want, 1e-5);
     }
-    // Without weights it is exactly the unweighted loss (same bits).
-    let plain =
-        ppo_policy_loss(lp.as_tensor(), &old, &adv, &mask, &clip, LossAgg::TokenMean).unwrap();
-    let none = weighted(None).unwrap();
-    assert_eq!(scalar(&plain.loss).to_bits(), scalar(&none.loss).to_bits());
+    // Without weights it is exactly the loss of weights 1 (same bits).
+    let plain = weighted(None).unwrap();
+    let ones = weighted(Some(&t2(&[&[1.0, 1.0, 1.0]]))).unwrap();
+    assert_eq!(scalar(&plain.loss).to_bits(), scalar(&ones.loss).to_bits());
     close(scalar(&plain.loss), -2.0 / 3.0, 1e-5);
     // Weights of another shape are an error.
     let short = t2(&[&[1.0, 1.0]]);
