@@ -5,7 +5,7 @@ use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, ModelConfig, PolicyModel
 use candle_core::{DType, Device, Tensor, Var};
 
 mod finite_difference;
-use finite_difference::assert_gradient_matches;
+use finite_difference::{assert_gradient_matches, var_names};
 
 fn tiny_config(model_type: &str, tied: bool) -> ModelConfig {
     let mut c = ModelConfig::new_qwen2(13, 8, 2, 2, 1, 12);
@@ -151,12 +151,7 @@ fn fused_training_path_equals_the_composite_ops() {
             close(a, b, "values");
         }
         assert_eq!(fused.2.is_some(), value_head);
-        let names: Vec<String> = model
-            .named_vars()
-            .unwrap()
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
+        let names = var_names(model.named_vars().unwrap());
         for ((a, b), name) in fused.3.iter().zip(&composite.3).zip(&names) {
             close(a, b, name);
         }

@@ -1,4 +1,5 @@
-//! The finite-difference check the gradient tests share (f64 parameters).
+//! The finite-difference check the gradient tests share (f64 parameters),
+//! and the parameter reads around it.
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
@@ -12,6 +13,11 @@ pub fn values(t: &Tensor) -> Vec<f64> {
         .unwrap()
         .to_vec1()
         .unwrap()
+}
+
+/// The names of named parameters (`named_vars`, `trainable_named_vars`), in order.
+pub fn var_names(vars: Vec<(String, Var)>) -> Vec<String> {
+    vars.into_iter().map(|(name, _)| name).collect()
 }
 
 /// Checks autograd's gradient of `var` in `grads` against the central
