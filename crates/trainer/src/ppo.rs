@@ -46,6 +46,42 @@ pub struct StepLr {
     pub critic: f64,
 }
 
+/// The running reference of [`actor.grad_spike_factor`]: an exponential
+/// mean of the (clipped) gradient norms of earlier mini-batches. Kept in the
+/// checkpoint's trainer state so that a resumed run clips as the first did.
+///
+/// [`actor.grad_spike_factor`]: crate::config::ActorSection::grad_spike_factor
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpikeGuard {
+    /// Mean norm so far; `None` before the first update.
+    pub reference: Option<f64>,
+}
+
+impl SpikeGuard {
+    /// Weight of the newest norm in the running mean (≈ the last 10 updates).
+    pub const NEW_WEIGHT: f64 = 0.1;
+
+    /// The norm to clip this mini-batch's gradient to: `grad_clip`, or
+    /// `factor ×` the reference when that is lower (`factor` 0 = off).
+    pub fn limit(&self, grad_clip: f64, factor: f64) -> f64 {
+        match (factor > 0.0, self.reference) {
+            (true, Some(r)) => grad_clip.min(factor * r),
+            _ => grad_clip,
+        }
+    }
+
+    /// Count an update whose gradient norm after clipping was `clipped`
+    /// (nothing when the guard is off, so its state stays empty).
+    pub fn observe(&mut self, clipped: f64, factor: f64) {
+        if factor > 0.0 {
+            self.reference = Some(match self.reference {
+                Some(r) => (1.0 - Self::NEW_WEIGHT) * r + Self::NEW_WEIGHT * clipped,
+                None => clipped,
+            });
+        }
+    }
+}
+
 /// Figures of one update, per mini-batch or (from [`UpdateTotals::mean`])
 /// averaged over all of them. Written to `metrics.jsonl` with the step's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -60,6 +96,10 @@ pub struct UpdateStats {
     pub clip_fraction: f64,
     /// Gradient norm before clipping.
     pub grad_norm: f64,
+    /// Share of mini-batches whose gradient [`SpikeGuard`] clipped below
+    /// `grad_clip`.
+    #[serde(default)]
+    pub spike_clipped: f64,
     pub pg_loss: f64,
     /// The value loss term (0 without a critic).
     pub value_loss: f64,
@@ -82,6 +122,7 @@ impl UpdateTotals {
         t.approx_kl += s.approx_kl;
         t.clip_fraction += s.clip_fraction;
         t.grad_norm += s.grad_norm;
+        t.spike_clipped += s.spike_clipped;
         t.pg_loss += s.pg_loss;
         t.value_loss += s.value_loss;
     }
@@ -99,6 +140,7 @@ impl UpdateTotals {
             approx_kl: s.approx_kl / n,
             clip_fraction: s.clip_fraction / n,
             grad_norm: s.grad_norm / n,
+            spike_clipped: s.spike_clipped / n,
             pg_loss: s.pg_loss / n,
             value_loss: s.value_loss / n,
         }
@@ -109,6 +151,8 @@ impl UpdateTotals {
 /// shuffled by `rng`; one optimizer step per mini-batch. `is_weights`: per
 /// trajectory, the truncated importance weight of each token (shifted
 /// frame) multiplying its policy loss, for rollouts a server generated.
+/// `guard` clips gradient spikes (`actor.grad_spike_factor`).
+#[allow(clippy::too_many_arguments)]
 pub fn ppo_update(
     model: &PolicyModel,
     opts: &mut Optimizers,
@@ -117,7 +161,9 @@ pub fn ppo_update(
     is_weights: Option<&[Vec<f32>]>,
     cfg: &TrainConfig,
     rng: &mut ChaCha8Rng,
+    guard: &mut SpikeGuard,
 ) -> Result<UpdateStats, TrainError> {
+    let (grad_clip, factor) = (cfg.actor.grad_clip, cfg.actor.grad_spike_factor);
     let vars = model.trainable_vars()?;
     let mut order: Vec<usize> = (0..batch.trajs.len()).collect();
     let mut totals = UpdateTotals::default();
@@ -126,7 +172,12 @@ pub fn ppo_update(
         for chunk in order.chunks(cfg.actor.ppo_mini_batch_size.max(1)) {
             let (loss, mut stats) = minibatch_loss(model, batch, targets, is_weights, cfg, chunk)?;
             let mut grads = loss.backward()?;
-            stats.grad_norm = clip_grad_norm(&mut grads, &vars, cfg.actor.grad_clip)?;
+            let limit = guard.limit(grad_clip, factor);
+            stats.grad_norm = clip_grad_norm(&mut grads, &vars, limit)?;
+            if stats.grad_norm > limit && limit < grad_clip {
+                stats.spike_clipped = 1.0;
+            }
+            guard.observe(stats.grad_norm.min(limit), factor);
             opts.step(&grads)?;
             totals.add(&stats);
         }
@@ -251,5 +302,37 @@ mod tests {
             (m.entropy, m.grad_norm, m.value_loss, m.pg_loss, m.kl),
             (2.0, 1.0, 2.0, -0.5, 0.0)
         );
+    }
+
+    #[test]
+    fn the_spike_guard_is_inert_when_off() {
+        let mut g = SpikeGuard::default();
+        g.observe(0.1, 0.0);
+        assert_eq!(g.reference, None);
+        assert_eq!(g.limit(1.0, 0.0), 1.0);
+        let g = SpikeGuard {
+            reference: Some(0.1),
+        };
+        assert_eq!(g.limit(1.0, 0.0), 1.0);
+    }
+
+    #[test]
+    fn the_spike_guard_clips_to_a_multiple_of_the_running_mean() {
+        let (clip, factor) = (1.0, 3.0);
+        let mut g = SpikeGuard::default();
+        // No history yet: only grad_clip applies; the first norm starts the mean.
+        assert_eq!(g.limit(clip, factor), 1.0);
+        g.observe(0.1, factor);
+        assert_eq!(g.reference, Some(0.1));
+        assert!((g.limit(clip, factor) - 0.3).abs() < 1e-12);
+        // 0.9 · 0.1 + 0.1 · 0.2 = 0.11 → limit 0.33.
+        g.observe(0.2, factor);
+        assert!((g.reference.unwrap() - 0.11).abs() < 1e-12);
+        assert!((g.limit(clip, factor) - 0.33).abs() < 1e-12);
+        // grad_clip still caps a large reference.
+        let big = SpikeGuard {
+            reference: Some(0.5),
+        };
+        assert_eq!(big.limit(clip, factor), 1.0);
     }
 }

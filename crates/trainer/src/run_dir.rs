@@ -53,6 +53,9 @@ pub struct TrainerState {
     /// Validation before RL of each task source, with a mixture.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub before_per_env: std::collections::BTreeMap<String, EvalStats>,
+    /// The gradient-spike guard's running norm (`actor.grad_spike_factor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_norm_reference: Option<f64>,
 }
 
 /// The run's best validation so far (`checkpoints/best/` holds its weights
