@@ -280,10 +280,12 @@ pub struct ActorSection {
     /// Its second moments remember the (much larger) SFT gradients, which
     /// shrinks RL's effective step size by that ratio.
     pub keep_sft_optimizer: bool,
-    /// Clip each mini-batch's gradient to this multiple of the running mean
-    /// of the earlier (clipped) gradient norms, below `grad_clip` (0 = off).
-    /// Every collapse seen so far followed one AdamW step on a gradient 3–7×
-    /// the recent norms; this bounds such a step without skipping the data.
+    /// Skip the optimizer step of a mini-batch whose gradient norm exceeds
+    /// this multiple of the running mean of the applied ones (0 = off).
+    /// Every collapse seen so far followed one AdamW step on a gradient
+    /// 3–7× the recent norms; Adam's per-weight normalisation makes such a
+    /// step large on exactly the weights that rarely move, whatever the
+    /// global clip, so the step is skipped rather than scaled.
     pub grad_spike_factor: f64,
 }
 

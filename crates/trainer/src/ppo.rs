@@ -47,13 +47,14 @@ pub struct StepLr {
 }
 
 /// The running reference of [`actor.grad_spike_factor`]: an exponential
-/// mean of the (clipped) gradient norms of earlier mini-batches. Kept in the
-/// checkpoint's trainer state so that a resumed run clips as the first did.
+/// mean of the gradient norms (after `grad_clip`) of the mini-batches applied
+/// so far. Kept in the checkpoint's trainer state so that a resumed run
+/// judges spikes as the first did.
 ///
 /// [`actor.grad_spike_factor`]: crate::config::ActorSection::grad_spike_factor
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct SpikeGuard {
-    /// Mean norm so far; `None` before the first update.
+    /// Mean norm so far; `None` before the first applied update.
     pub reference: Option<f64>,
 }
 
@@ -61,22 +62,23 @@ impl SpikeGuard {
     /// Weight of the newest norm in the running mean (≈ the last 10 updates).
     pub const NEW_WEIGHT: f64 = 0.1;
 
-    /// The norm to clip this mini-batch's gradient to: `grad_clip`, or
-    /// `factor ×` the reference when that is lower (`factor` 0 = off).
-    pub fn limit(&self, grad_clip: f64, factor: f64) -> f64 {
-        match (factor > 0.0, self.reference) {
-            (true, Some(r)) => grad_clip.min(factor * r),
-            _ => grad_clip,
+    /// Whether a mini-batch whose gradient norm is `norm` is a spike to skip:
+    /// above `factor ×` the reference (`factor` 0 = off; never before the
+    /// first update).
+    pub fn is_spike(&self, norm: f64, factor: f64) -> bool {
+        match self.reference {
+            Some(r) if factor > 0.0 => norm > factor * r,
+            _ => false,
         }
     }
 
-    /// Count an update whose gradient norm after clipping was `clipped`
-    /// (nothing when the guard is off, so its state stays empty).
-    pub fn observe(&mut self, clipped: f64, factor: f64) {
+    /// Count an applied update whose gradient norm after clipping was
+    /// `norm` (nothing when the guard is off, so its state stays empty).
+    pub fn observe(&mut self, norm: f64, factor: f64) {
         if factor > 0.0 {
             self.reference = Some(match self.reference {
-                Some(r) => (1.0 - Self::NEW_WEIGHT) * r + Self::NEW_WEIGHT * clipped,
-                None => clipped,
+                Some(r) => (1.0 - Self::NEW_WEIGHT) * r + Self::NEW_WEIGHT * norm,
+                None => norm,
             });
         }
     }
@@ -96,10 +98,9 @@ pub struct UpdateStats {
     pub clip_fraction: f64,
     /// Gradient norm before clipping.
     pub grad_norm: f64,
-    /// Share of mini-batches whose gradient [`SpikeGuard`] clipped below
-    /// `grad_clip`.
+    /// Share of mini-batches [`SpikeGuard`] skipped as gradient spikes.
     #[serde(default)]
-    pub spike_clipped: f64,
+    pub spike_skipped: f64,
     pub pg_loss: f64,
     /// The value loss term (0 without a critic).
     pub value_loss: f64,
@@ -122,7 +123,7 @@ impl UpdateTotals {
         t.approx_kl += s.approx_kl;
         t.clip_fraction += s.clip_fraction;
         t.grad_norm += s.grad_norm;
-        t.spike_clipped += s.spike_clipped;
+        t.spike_skipped += s.spike_skipped;
         t.pg_loss += s.pg_loss;
         t.value_loss += s.value_loss;
     }
@@ -140,7 +141,7 @@ impl UpdateTotals {
             approx_kl: s.approx_kl / n,
             clip_fraction: s.clip_fraction / n,
             grad_norm: s.grad_norm / n,
-            spike_clipped: s.spike_clipped / n,
+            spike_skipped: s.spike_skipped / n,
             pg_loss: s.pg_loss / n,
             value_loss: s.value_loss / n,
         }
@@ -151,7 +152,7 @@ impl UpdateTotals {
 /// shuffled by `rng`; one optimizer step per mini-batch. `is_weights`: per
 /// trajectory, the truncated importance weight of each token (shifted
 /// frame) multiplying its policy loss, for rollouts a server generated.
-/// `guard` clips gradient spikes (`actor.grad_spike_factor`).
+/// `guard` skips gradient spikes (`actor.grad_spike_factor`).
 #[allow(clippy::too_many_arguments)]
 pub fn ppo_update(
     model: &PolicyModel,
@@ -172,13 +173,13 @@ pub fn ppo_update(
         for chunk in order.chunks(cfg.actor.ppo_mini_batch_size.max(1)) {
             let (loss, mut stats) = minibatch_loss(model, batch, targets, is_weights, cfg, chunk)?;
             let mut grads = loss.backward()?;
-            let limit = guard.limit(grad_clip, factor);
-            stats.grad_norm = clip_grad_norm(&mut grads, &vars, limit)?;
-            if stats.grad_norm > limit && limit < grad_clip {
-                stats.spike_clipped = 1.0;
+            stats.grad_norm = clip_grad_norm(&mut grads, &vars, grad_clip)?;
+            if guard.is_spike(stats.grad_norm, factor) {
+                stats.spike_skipped = 1.0;
+            } else {
+                guard.observe(stats.grad_norm.min(grad_clip), factor);
+                opts.step(&grads)?;
             }
-            guard.observe(stats.grad_norm.min(limit), factor);
-            opts.step(&grads)?;
             totals.add(&stats);
         }
     }
@@ -309,30 +310,26 @@ mod tests {
         let mut g = SpikeGuard::default();
         g.observe(0.1, 0.0);
         assert_eq!(g.reference, None);
-        assert_eq!(g.limit(1.0, 0.0), 1.0);
         let g = SpikeGuard {
             reference: Some(0.1),
         };
-        assert_eq!(g.limit(1.0, 0.0), 1.0);
+        assert!(!g.is_spike(100.0, 0.0));
     }
 
     #[test]
-    fn the_spike_guard_clips_to_a_multiple_of_the_running_mean() {
-        let (clip, factor) = (1.0, 3.0);
+    fn the_spike_guard_skips_norms_above_a_multiple_of_the_running_mean() {
+        let factor = 3.0;
         let mut g = SpikeGuard::default();
-        // No history yet: only grad_clip applies; the first norm starts the mean.
-        assert_eq!(g.limit(clip, factor), 1.0);
+        // No history yet: nothing is a spike; the first norm starts the mean.
+        assert!(!g.is_spike(100.0, factor));
         g.observe(0.1, factor);
         assert_eq!(g.reference, Some(0.1));
-        assert!((g.limit(clip, factor) - 0.3).abs() < 1e-12);
-        // 0.9 · 0.1 + 0.1 · 0.2 = 0.11 → limit 0.33.
+        assert!(g.is_spike(0.31, factor));
+        assert!(!g.is_spike(0.29, factor));
+        // 0.9 · 0.1 + 0.1 · 0.2 = 0.11 → spikes are above 0.33.
         g.observe(0.2, factor);
         assert!((g.reference.unwrap() - 0.11).abs() < 1e-12);
-        assert!((g.limit(clip, factor) - 0.33).abs() < 1e-12);
-        // grad_clip still caps a large reference.
-        let big = SpikeGuard {
-            reference: Some(0.5),
-        };
-        assert_eq!(big.limit(clip, factor), 1.0);
+        assert!(g.is_spike(0.34, factor));
+        assert!(!g.is_spike(0.32, factor));
     }
 }
