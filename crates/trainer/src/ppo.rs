@@ -48,7 +48,7 @@ pub struct StepLr {
 
 /// The running reference of [`actor.grad_spike_factor`]: an exponential
 /// mean of the gradient norms (after `grad_clip`) of the mini-batches applied
-/// so far. Kept in the checkpoint's trainer state so that a resumed run
+/// so far. It lives in the checkpoint's trainer state so that a resumed run
 /// judges spikes as the first did.
 ///
 /// [`actor.grad_spike_factor`]: crate::config::ActorSection::grad_spike_factor
@@ -70,6 +70,12 @@ impl SpikeGuard {
             Some(r) if factor > 0.0 => norm > factor * r,
             _ => false,
         }
+    }
+
+    /// True until the guard has counted an update (always when it is off):
+    /// the trainer state then leaves it out.
+    pub fn is_unused(&self) -> bool {
+        self.reference.is_none()
     }
 
     /// Count an applied update whose gradient norm after clipping was
@@ -310,6 +316,7 @@ mod tests {
         let mut g = SpikeGuard::default();
         g.observe(0.1, 0.0);
         assert_eq!(g.reference, None);
+        assert!(g.is_unused());
         let g = SpikeGuard {
             reference: Some(0.1),
         };
@@ -324,6 +331,7 @@ mod tests {
         assert!(!g.is_spike(100.0, factor));
         g.observe(0.1, factor);
         assert_eq!(g.reference, Some(0.1));
+        assert!(!g.is_unused());
         assert!(g.is_spike(0.31, factor));
         assert!(!g.is_spike(0.29, factor));
         // 0.9 · 0.1 + 0.1 · 0.2 = 0.11 → spikes are above 0.33.

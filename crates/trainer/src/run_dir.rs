@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::evaluate::EvalStats;
+use crate::ppo::SpikeGuard;
 
 /// Progress that a checkpoint carries besides weights and optimizer state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -54,8 +55,8 @@ pub struct TrainerState {
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub before_per_env: std::collections::BTreeMap<String, EvalStats>,
     /// The gradient-spike guard's running norm (`actor.grad_spike_factor`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub grad_norm_reference: Option<f64>,
+    #[serde(default, skip_serializing_if = "SpikeGuard::is_unused")]
+    pub spike_guard: SpikeGuard,
 }
 
 /// The run's best validation so far (`checkpoints/best/` holds its weights

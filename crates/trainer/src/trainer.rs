@@ -37,7 +37,7 @@ use crate::config::{SftSection, TrainConfig};
 use crate::evaluate::{evaluate, EnvMaker, EvalPlan, EvalStats};
 use crate::local_policy::LocalPolicy;
 use crate::mixture::{groups_per_source, task_sources, TaskSource};
-use crate::ppo::{ppo_update, split_value_head, Optimizers, SpikeGuard, StepLr, UpdateStats};
+use crate::ppo::{ppo_update, split_value_head, Optimizers, StepLr, UpdateStats};
 use crate::remote_generation::{rollout_logprob_rows, RecordingPolicy, RemoteGeneration};
 use crate::run_dir::{BestCheckpoint, RunDir, TrainerState};
 use crate::schedule::max_turns_at;
@@ -1051,9 +1051,6 @@ impl Trainer {
         self.opts.set_lr(lr);
         let mut rng = step_rng(c.trainer.seed, step, "minibatch");
         let weights = correction.as_ref().map(|(w, _)| w.as_slice());
-        let mut guard = SpikeGuard {
-            reference: self.state.grad_norm_reference,
-        };
         let stats = ppo_update(
             &self.model,
             &mut self.opts,
@@ -1062,9 +1059,8 @@ impl Trainer {
             weights,
             c,
             &mut rng,
-            &mut guard,
+            &mut self.state.spike_guard,
         )?;
-        self.state.grad_norm_reference = guard.reference;
         Ok((stats, is_stats))
     }
 }
