@@ -285,7 +285,9 @@ pub struct ActorSection {
     /// Every collapse seen so far followed one AdamW step on a gradient
     /// 3–7× the recent norms; Adam's per-weight normalisation makes such a
     /// step large on exactly the weights that rarely move, whatever the
-    /// global clip, so the step is skipped rather than scaled.
+    /// global clip, so the step is skipped rather than scaled. A skip
+    /// counts in the mean as the threshold, so a lasting rise in the norms
+    /// passes after a few skips.
     pub grad_spike_factor: f64,
 }
 

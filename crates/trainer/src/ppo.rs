@@ -78,6 +78,17 @@ impl SpikeGuard {
         self.reference.is_none()
     }
 
+    /// Count a skipped spike as the threshold itself (at most `grad_clip`,
+    /// as applied norms are): the mean then follows a lasting rise in the
+    /// norms, each skip lifting it by `1 + NEW_WEIGHT · (factor − 1)`,
+    /// rather than skipping every later update. Without this a run whose
+    /// norms grow as its rewards start to vary froze for good.
+    pub fn observe_spike(&mut self, factor: f64, grad_clip: f64) {
+        if let Some(r) = self.reference {
+            self.observe((factor * r).min(grad_clip), factor);
+        }
+    }
+
     /// Count an applied update whose gradient norm after clipping was
     /// `norm` (nothing when the guard is off, so its state stays empty).
     pub fn observe(&mut self, norm: f64, factor: f64) {
@@ -182,6 +193,7 @@ pub fn ppo_update(
             stats.grad_norm = clip_grad_norm(&mut grads, &vars, grad_clip)?;
             if guard.is_spike(stats.grad_norm, factor) {
                 stats.spike_skipped = 1.0;
+                guard.observe_spike(factor, grad_clip);
             } else {
                 guard.observe(stats.grad_norm.min(grad_clip), factor);
                 opts.step(&grads)?;
@@ -339,5 +351,38 @@ mod tests {
         assert!((g.reference.unwrap() - 0.11).abs() < 1e-12);
         assert!(g.is_spike(0.34, factor));
         assert!(!g.is_spike(0.32, factor));
+    }
+
+    #[test]
+    fn a_lasting_rise_in_the_norms_is_skipped_only_a_few_times() {
+        let (factor, clip) = (3.0, 1.0);
+        let mut g = SpikeGuard {
+            reference: Some(0.1),
+        };
+        // A skip counts as the threshold: 0.9 · 0.1 + 0.1 · 0.3 = 0.12.
+        g.observe_spike(factor, clip);
+        assert!((g.reference.unwrap() - 0.12).abs() < 1e-12);
+        // Norms that stay at 0.7 (7× the old mean) are applied again once
+        // the mean has risen past 0.7 / 3: 0.1 · 1.2^k > 0.2334 at k = 5.
+        let mut g = SpikeGuard {
+            reference: Some(0.1),
+        };
+        let mut skips = 0;
+        while g.is_spike(0.7, factor) {
+            g.observe_spike(factor, clip);
+            skips += 1;
+            assert!(skips < 100, "the guard never lets the new norms through");
+        }
+        assert_eq!(skips, 5);
+        // The threshold counted is clipped like applied norms are.
+        let mut g = SpikeGuard {
+            reference: Some(0.5),
+        };
+        g.observe_spike(factor, clip);
+        assert!((g.reference.unwrap() - (0.45 + 0.1)).abs() < 1e-12);
+        // Off or before any update: nothing to follow.
+        let mut g = SpikeGuard::default();
+        g.observe_spike(factor, clip);
+        assert!(g.is_unused());
     }
 }
