@@ -17,29 +17,18 @@ use axum::Router;
 use serde_json::Value;
 
 mod common;
-use common::{agentrl, agentrl_line, failure_stderr, json_stdout, train, Served};
+use common::{
+    agentrl, agentrl_line, failure_stderr, json_stdout, tiny_frozenlake_config, train, Served,
+};
 #[path = "../../policy-client/tests/loopback/mod.rs"]
 mod loopback;
 
 /// A seconds-long run: an expert warm start on 3×3 FrozenLake and one RL
 /// step, after which greedy play wins 5 of the 12 maps played below with 4
-/// distinct move sequences: the comparison sees wins and losses.
-const CONFIG: &str = r#"
-name = "policy-test"
-[env]
-name = "frozenlake"
-difficulty = "easy"
-[env.params]
-is_slippery = false
-size = 3
-[model]
-vocab_size = 400
-hidden_size = 64
-num_hidden_layers = 1
-num_attention_heads = 4
-num_key_value_heads = 2
-intermediate_size = 128
-[sft]
+/// distinct move sequences: the comparison sees wins and losses. Its
+/// `[sft]`, `[rollout]` and `[trainer]`; the env and model are
+/// [`tiny_frozenlake_config`]'s.
+const RUN_SECTIONS: &str = r#"[sft]
 demos = 48
 epochs = 8
 lr = 1e-2
@@ -69,7 +58,11 @@ fn run_dir() -> &'static Path {
         }
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("config.toml");
-        std::fs::write(&config, CONFIG).unwrap();
+        std::fs::write(
+            &config,
+            tiny_frozenlake_config("policy-test", 400, RUN_SECTIONS),
+        )
+        .unwrap();
         let run = dir.join("run");
         train(config.to_str().unwrap(), &[], &run);
         run

@@ -22,7 +22,7 @@ use axum::Router;
 use serde_json::Value;
 
 mod common;
-use common::{failure_stderr, train, Served, BIN};
+use common::{failure_stderr, tiny_frozenlake_config, train, Served, BIN};
 #[path = "../../policy-client/tests/loopback/mod.rs"]
 mod loopback;
 
@@ -31,23 +31,9 @@ mod loopback;
 /// sharpen and still rarely reaches the goal (about 15% sampled at 0.5, 0%
 /// greedy). A format-only base (all random moves) leaves a rank-8 adapter on
 /// this one-layer model nothing to build on: it moves +1 to +8 points in 20
-/// steps where full fine-tuning gains 25.
-const BASE: &str = r#"
-name = "base"
-[env]
-name = "frozenlake"
-difficulty = "easy"
-[env.params]
-is_slippery = false
-size = 3
-[model]
-vocab_size = 512
-hidden_size = 64
-num_hidden_layers = 1
-num_attention_heads = 4
-num_key_value_heads = 2
-intermediate_size = 128
-[sft]
+/// steps where full fine-tuning gains 25. Its `[sft]`, `[rollout]` and
+/// `[trainer]`; the env and model are [`tiny_frozenlake_config`]'s.
+const BASE_SECTIONS: &str = r#"[sft]
 demos = 128
 epochs = 4
 lr = 3e-3
@@ -156,7 +142,11 @@ fn before_after(run: &Path) -> (f64, f64, f64) {
 fn rl_through_serve_policy_hot_loads_each_adapter_and_learns_like_local_generation() {
     let dir = tempfile::tempdir().unwrap();
     let base_config = dir.path().join("base.toml");
-    std::fs::write(&base_config, BASE).unwrap();
+    std::fs::write(
+        &base_config,
+        tiny_frozenlake_config("base", 512, BASE_SECTIONS),
+    )
+    .unwrap();
     let base_run = dir.path().join("base");
     train(base_config.to_str().unwrap(), &[], &base_run);
     let base: PathBuf = base_run.join("checkpoints/step-0");

@@ -36,6 +36,16 @@ pub struct SequenceLogprobs {
 /// Per-token log-probs `[B, T-1]`, entropies `[B, T-1]` and values `[B, T]`.
 type Outputs = (Tensor, Tensor, Option<Tensor>);
 
+/// Ragged sequences with the dims of their right-padded batch `[B, T]`.
+#[derive(Clone, Copy)]
+struct Ragged<'a> {
+    seqs: &'a [Vec<u32>],
+    /// The number of sequences.
+    b: usize,
+    /// The longest sequence's length.
+    t: usize,
+}
+
 /// The policy: a Qwen2/Llama transformer whose parameters live in `varmap`
 /// under their Hugging Face names, plus an optional scalar value head.
 pub struct PolicyModel {
@@ -497,10 +507,11 @@ impl PolicyModel {
         }
         let mask = Tensor::from_vec(mask, (b, t - 1), &self.device)?.to_dtype(self.dtype)?;
         let model = self.training_model()?;
+        let batch = Ragged { seqs, b, t };
         let (logprobs, entropy, values) = if self.fused_training && model.supports_fused() {
-            self.fused_outputs(&model, seqs, t)?
+            self.fused_outputs(&model, batch)?
         } else {
-            self.composite_outputs(&model, seqs, t)?
+            self.composite_outputs(&model, batch)?
         };
         Ok(SequenceLogprobs {
             logprobs,
@@ -512,13 +523,8 @@ impl PolicyModel {
 
     /// Log-probs, entropies `[B, T-1]` and values `[B, T]` of the fused path:
     /// packed tokens through the fused layer ops, scattered back to the padded layout.
-    fn fused_outputs(
-        &self,
-        model: &Model,
-        seqs: &[Vec<u32>],
-        t: usize,
-    ) -> Result<Outputs, ModelError> {
-        let b = seqs.len();
+    fn fused_outputs(&self, model: &Model, batch: Ragged<'_>) -> Result<Outputs, ModelError> {
+        let Ragged { seqs, b, t } = batch;
         let (out, hn, packing) = model.fused_logprobs(seqs)?;
         // grad: get (narrow + squeeze) passes the gradient to its plane.
         let (logprobs, entropy) = (out.get(0)?, out.get(1)?);
@@ -544,13 +550,8 @@ impl PolicyModel {
     }
 
     /// The same outputs from candle's composite ops on a right-padded batch.
-    fn composite_outputs(
-        &self,
-        model: &Model,
-        seqs: &[Vec<u32>],
-        t: usize,
-    ) -> Result<Outputs, ModelError> {
-        let b = seqs.len();
+    fn composite_outputs(&self, model: &Model, batch: Ragged<'_>) -> Result<Outputs, ModelError> {
+        let Ragged { seqs, b, t } = batch;
         let mut ids = vec![0u32; b * t];
         for (i, s) in seqs.iter().enumerate() {
             ids[i * t..i * t + s.len()].copy_from_slice(s);

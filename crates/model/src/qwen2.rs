@@ -366,6 +366,19 @@ impl LayerKvCache {
     }
 }
 
+/// What a layer's attention attends over besides its input `[B, T, d]`: the
+/// rotary tables of the input's positions, the first `pads[b]` keys of batch
+/// element b being left padding no query sees (empty = no padding), and the
+/// layer's KV cache to append to and attend over (none: only the input's keys).
+pub struct AttentionScope<'a> {
+    /// The rotary tables for the input's positions.
+    pub rope: &'a RopeTables,
+    /// Left padding per batch element, in keys; empty = none.
+    pub pads: &'a [usize],
+    /// The layer's cache of earlier keys and values.
+    pub cache: Option<&'a mut LayerKvCache>,
+}
+
 /// Grouped-query self-attention with optional q/k/v biases.
 #[derive(Debug, Clone)]
 pub struct Attention {
@@ -430,13 +443,8 @@ impl Attention {
     /// sees keys `..= i + S - T`), of which the first `pads[b]` of batch
     /// element b are left padding no query sees (empty = no padding).
     /// Returns `[B, T, d]`.
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        rope: &RopeTables,
-        pads: &[usize],
-        cache: Option<&mut LayerKvCache>,
-    ) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, scope: AttentionScope<'_>) -> Result<Tensor> {
+        let AttentionScope { rope, pads, cache } = scope;
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
         let rep = nh / nkv;
@@ -545,17 +553,9 @@ impl DecoderLayer {
     }
 
     /// `x: [B, T, d]` → `[B, T, d]`.
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        rope: &RopeTables,
-        pads: &[usize],
-        cache: Option<&mut LayerKvCache>,
-    ) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, scope: AttentionScope<'_>) -> Result<Tensor> {
         // grad: residual adds pass the gradient to both branches.
-        let h = (x + self
-            .attn
-            .forward(&self.input_ln.forward(x)?, rope, pads, cache)?)?;
+        let h = (x + self.attn.forward(&self.input_ln.forward(x)?, scope)?)?;
         &h + self.mlp.forward(&self.post_ln.forward(&h)?)?
     }
 }
@@ -703,20 +703,16 @@ impl Model {
             .embed
             .index_select(&ids.flatten_all()?, 0)?
             .reshape((b, t, ()))?;
-        match caches {
-            Some(caches) => {
-                if caches.len() != self.layers.len() {
-                    candle_core::bail!("expected {} layer caches", self.layers.len())
-                }
-                for (layer, c) in self.layers.iter().zip(caches.iter_mut()) {
-                    h = layer.forward(&h, rope, pads, Some(c))?;
-                }
+        let mut layer_caches = match caches {
+            Some(caches) if caches.len() != self.layers.len() => {
+                candle_core::bail!("expected {} layer caches", self.layers.len())
             }
-            None => {
-                for layer in &self.layers {
-                    h = layer.forward(&h, rope, pads, None)?;
-                }
-            }
+            Some(caches) => Some(caches.iter_mut()),
+            None => None,
+        };
+        for layer in &self.layers {
+            let cache = layer_caches.as_mut().and_then(Iterator::next);
+            h = layer.forward(&h, AttentionScope { rope, pads, cache })?;
         }
         self.norm.forward(&h)
     }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use agentrl_rollout::{Generation, Generations, Policy, PolicyError, SamplingParams};
+use agentrl_rollout::{Generation, Generations, Policy, PolicyError, PromptBatch, SamplingParams};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use reqwest::blocking::{Client, RequestBuilder};
@@ -325,12 +325,8 @@ impl OpenAiPolicy {
 }
 
 impl Policy for OpenAiPolicy {
-    fn generate(
-        &mut self,
-        prompts: &[Vec<u32>],
-        params: &SamplingParams,
-        rng: &mut ChaCha8Rng,
-    ) -> Generations {
+    fn generate_batch(&mut self, batch: PromptBatch<'_>, rng: &mut ChaCha8Rng) -> Generations {
+        let PromptBatch { prompts, params } = batch;
         // One seed per prompt, drawn in order, so the same rollout seed
         // samples the same tokens; greedy decoding draws none, as locally.
         let seeds: Vec<Option<u64>> = prompts

@@ -13,16 +13,16 @@ use std::sync::{Arc, Mutex};
 use agentrl_connections::Hardening;
 use agentrl_model::Generation;
 use agentrl_policy_client::protocol::{
-    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
-    ModelCard, ModelList,
+    ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
 };
 use agentrl_tokenizer::{ChatTokenizer, TokenizerError};
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::answer::{self, Choice};
 use crate::batcher::{GenerateError, Generator};
@@ -72,8 +72,14 @@ pub(crate) fn router(state: Shared, hardening: Hardening) -> Router {
     let routes = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
+        .route(
+            "/v1/completions",
+            generation_route(plan::completion, answer::completion_response),
+        )
+        .route(
+            "/v1/chat/completions",
+            generation_route(plan::chat, answer::chat_response),
+        )
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
         .fallback(not_found)
@@ -196,32 +202,41 @@ async fn unload_lora_adapter(
     ))
 }
 
-async fn completions(
-    State(st): State<Shared>,
-    OpenAiJson(req): OpenAiJson<CompletionRequest>,
-) -> Result<Json<CompletionResponse>, ApiError> {
-    answer_request(
-        st,
-        req.model.clone(),
-        req,
-        plan::completion,
-        answer::completion_response,
-    )
-    .await
+/// A generation request's `model`: the served model, a loaded LoRA
+/// adapter, or none (the served model).
+trait NamesModel {
+    fn model(&self) -> Option<String>;
 }
 
-async fn chat_completions(
-    State(st): State<Shared>,
-    OpenAiJson(req): OpenAiJson<ChatCompletionRequest>,
-) -> Result<Json<ChatCompletionResponse>, ApiError> {
-    answer_request(
-        st,
-        req.model.clone(),
-        req,
-        plan::chat,
-        answer::chat_response,
+impl NamesModel for CompletionRequest {
+    fn model(&self) -> Option<String> {
+        self.model.clone()
+    }
+}
+
+impl NamesModel for ChatCompletionRequest {
+    fn model(&self) -> Option<String> {
+        self.model.clone()
+    }
+}
+
+/// A generation route (`/v1/completions`, `/v1/chat/completions`): the body
+/// read as `Req` ([`OpenAiJson`]) and answered by [`answer_request`] with
+/// `plan_of` and `answer_of`.
+fn generation_route<Req, Resp>(
+    plan_of: Planner<Req>,
+    answer_of: Answerer<Resp>,
+) -> MethodRouter<Shared>
+where
+    Req: DeserializeOwned + NamesModel + Send + 'static,
+    Resp: Serialize + Send + 'static,
+{
+    post(
+        move |State(st): State<Shared>, OpenAiJson(req): OpenAiJson<Req>| async move {
+            let model = req.model();
+            answer_request(st, model, req, plan_of, answer_of).await
+        },
     )
-    .await
 }
 
 /// Checks a request's body into a [`Plan`] (tokenizing).

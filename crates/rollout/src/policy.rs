@@ -14,15 +14,31 @@ pub use agentrl_sampling::{Generation, SamplingParams};
 /// What [`Policy::generate`] answers: one continuation per prompt.
 pub type Generations = Result<Vec<Generation>, PolicyError>;
 
+/// A batch of token prompts to continue, every continuation sampled with the
+/// same params.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptBatch<'a> {
+    /// The prompts, in order: one continuation each.
+    pub prompts: &'a [Vec<u32>],
+    /// How each continuation is sampled.
+    pub params: &'a SamplingParams,
+}
+
 /// Generates continuations for a batch of token prompts.
 pub trait Policy {
-    /// One continuation per prompt, with the log-prob of every sampled token.
+    /// One continuation per prompt of `batch`, with the log-prob of every
+    /// sampled token.
+    fn generate_batch(&mut self, batch: PromptBatch<'_>, rng: &mut ChaCha8Rng) -> Generations;
+
+    /// [`Policy::generate_batch`] of `prompts`, each sampled with `params`.
     fn generate(
         &mut self,
         prompts: &[Vec<u32>],
         params: &SamplingParams,
         rng: &mut ChaCha8Rng,
-    ) -> Generations;
+    ) -> Generations {
+        self.generate_batch(PromptBatch { prompts, params }, rng)
+    }
 }
 
 /// A [`Policy`] made of a closure, for wrappers and scripted policies that
@@ -43,13 +59,8 @@ impl<F> Policy for PolicyFn<F>
 where
     F: FnMut(&[Vec<u32>], &SamplingParams, &mut ChaCha8Rng) -> Generations,
 {
-    fn generate(
-        &mut self,
-        prompts: &[Vec<u32>],
-        params: &SamplingParams,
-        rng: &mut ChaCha8Rng,
-    ) -> Generations {
-        (self.0)(prompts, params, rng)
+    fn generate_batch(&mut self, batch: PromptBatch<'_>, rng: &mut ChaCha8Rng) -> Generations {
+        (self.0)(batch.prompts, batch.params, rng)
     }
 }
 

@@ -90,9 +90,15 @@ fn env_session_routes() -> Router<Shared> {
         .route("/step", post(agentgym::step))
         .route("/step_batch", post(step_batch))
         .route("/close", post(agentgym::close))
-        .route("/observation", get(agentgym::observation))
-        .route("/available_actions", get(agentgym::available_actions))
-        .route("/instruction_text", get(agentgym::instruction_text))
+        .route("/observation", agentgym::read_route(agentgym::observation))
+        .route(
+            "/available_actions",
+            agentgym::read_route(agentgym::available_actions),
+        )
+        .route(
+            "/instruction_text",
+            agentgym::read_route(agentgym::instruction_text),
+        )
         .route("/instructions", read_route(|env| env.instructions()))
         .route("/expert_action", get(expert_action))
 }
@@ -460,7 +466,7 @@ pub(crate) async fn reset_typed(
     let session = st.session(req.id, path, req.env.as_deref())?;
     let seed = pick_seed(req.seed, req.data_idx)?;
     let split = parse_split(req.split.as_deref())?;
-    let (spec, observation, status) = reset_to(st, &session, |spec| {
+    let reset = reset_to(st, &session, |spec| {
         if let Some(seed) = seed {
             spec.seed = seed;
         }
@@ -472,15 +478,29 @@ pub(crate) async fn reset_typed(
         }
     })
     .await?;
-    Ok(SessionResponse {
-        id: req.id,
-        env: session.env_name.to_string(),
-        spec,
-        observation,
-        instructions: None,
-        reward: 0.0,
-        status,
-    })
+    Ok(reset.into_response_body(req.id, session.env_name.to_string()))
+}
+
+/// A session just reset: its task, first observation and status.
+pub(crate) struct ResetSession {
+    pub spec: TaskSpec,
+    pub observation: String,
+    pub status: SessionStatus,
+}
+
+impl ResetSession {
+    /// The answer to the reset of session `id` of `env`.
+    pub(crate) fn into_response_body(self, id: SessionId, env: String) -> SessionResponse {
+        SessionResponse {
+            id,
+            env,
+            spec: self.spec,
+            observation: self.observation,
+            instructions: None,
+            reward: 0.0,
+            status: self.status,
+        }
+    }
 }
 
 /// Reset `session` to its current task changed by `change`: the env's own
@@ -489,7 +509,7 @@ pub(crate) async fn reset_to(
     st: &AppState,
     session: &Arc<Session>,
     change: impl FnOnce(&mut TaskSpec),
-) -> Result<(TaskSpec, String, SessionStatus), ApiError> {
+) -> Result<ResetSession, ApiError> {
     let desc = st.resolve_env(Some(session.env_name), None)?.clone();
     let params = session.params.clone();
     let mut guard = Arc::clone(&session.state).lock_owned().await;
@@ -517,7 +537,11 @@ pub(crate) async fn reset_to(
     let status = guard.status();
     drop(guard);
     st.sessions.touch(session);
-    Ok((spec, observation, status))
+    Ok(ResetSession {
+        spec,
+        observation,
+        status,
+    })
 }
 
 // ---------------------------------------------------------------- step

@@ -3,7 +3,7 @@
 //! dialogue's KV cache between turns.
 
 use agentrl_model::{PolicyModel, SequenceCache};
-use agentrl_rollout::{Generations, Policy, PolicyError, SamplingParams};
+use agentrl_rollout::{Generations, Policy, PolicyError, PromptBatch};
 use rand_chacha::ChaCha8Rng;
 
 /// The local candle model as a policy.
@@ -64,12 +64,8 @@ impl<'a> LocalPolicy<'a> {
 }
 
 impl Policy for LocalPolicy<'_> {
-    fn generate(
-        &mut self,
-        prompts: &[Vec<u32>],
-        params: &SamplingParams,
-        rng: &mut ChaCha8Rng,
-    ) -> Generations {
+    fn generate_batch(&mut self, batch: PromptBatch<'_>, rng: &mut ChaCha8Rng) -> Generations {
+        let PromptBatch { prompts, params } = batch;
         let total: usize = prompts.iter().map(Vec::len).sum();
         let generated = match &mut self.caches {
             None => {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use agentrl_model::PolicyModel;
 use agentrl_policy_client::OpenAiPolicy;
-use agentrl_rollout::{Generation, Policy, PolicyError, SamplingParams, Trajectory};
+use agentrl_rollout::{Generation, Policy, PolicyError, PromptBatch, Trajectory};
 use rand_chacha::ChaCha8Rng;
 
 use crate::policy_section::PolicySection;
@@ -142,12 +142,12 @@ impl<'a> RecordingPolicy<'a> {
 }
 
 impl Policy for RecordingPolicy<'_> {
-    fn generate(
+    fn generate_batch(
         &mut self,
-        prompts: &[Vec<u32>],
-        params: &SamplingParams,
+        batch: PromptBatch<'_>,
         rng: &mut ChaCha8Rng,
     ) -> Result<Vec<Generation>, PolicyError> {
+        let PromptBatch { prompts, params } = batch;
         let gens = self.inner.generate(prompts, params, rng)?;
         for (prompt, g) in prompts.iter().zip(&gens) {
             self.seen
@@ -224,7 +224,7 @@ pub fn rollout_logprob_rows(
 mod tests {
     use super::*;
     use agentrl_env_core::TaskSpec;
-    use agentrl_rollout::{PolicyFn, Turn};
+    use agentrl_rollout::{PolicyFn, SamplingParams, Turn};
     use rand::SeedableRng;
 
     /// Answers each prompt with its own last token + 1, then token 9,

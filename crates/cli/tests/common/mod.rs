@@ -11,6 +11,31 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_agentrl");
 /// start from, overriding what they test.
 pub const SMOKE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/smoke.toml");
 
+/// The TOML of a tiny 3×3 FrozenLake run (non-slippery maps, a one-layer
+/// model with a `vocab_size`-token vocabulary) named `name`, followed by
+/// `sections` (its `[sft]`, `[rollout]`, `[trainer]`, …): the run the
+/// served-policy tests train their checkpoints with.
+pub fn tiny_frozenlake_config(name: &str, vocab_size: usize, sections: &str) -> String {
+    format!(
+        r#"
+name = "{name}"
+[env]
+name = "frozenlake"
+difficulty = "easy"
+[env.params]
+is_slippery = false
+size = 3
+[model]
+vocab_size = {vocab_size}
+hidden_size = 64
+num_hidden_layers = 1
+num_attention_heads = 4
+num_key_value_heads = 2
+intermediate_size = 128
+{sections}"#
+    )
+}
+
 /// Run `agentrl ARGS` to the end.
 pub fn agentrl(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().unwrap()

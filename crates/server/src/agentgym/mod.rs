@@ -32,9 +32,10 @@ use std::sync::Arc;
 
 use agentrl_env_core::{Step, StepError, TaskSpec};
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::{FromRequest, FromRequestParts, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::routing::{get, MethodRouter};
 use axum::Json;
 use serde_json::{json, Value};
 
@@ -205,6 +206,31 @@ fn instruction_line(observation: &str) -> String {
 
 // ---------------------------------------------------------------- requests
 
+/// What the AgentGym POST routes take: the app state, the `{env}` path
+/// segment and the raw body, extracted in that order (as axum extracts a
+/// handler's `State`, [`EnvSegment`] and `Bytes` arguments).
+pub(crate) struct EnvPost {
+    st: Shared,
+    path: Option<String>,
+    bytes: Bytes,
+}
+
+impl FromRequest<Shared> for EnvPost {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, st: &Shared) -> Result<Self, Response> {
+        let (mut parts, body) = req.into_parts();
+        let EnvSegment(path) = EnvSegment::from_request_parts(&mut parts, st)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let bytes = Bytes::from_request(Request::from_parts(parts, body), st)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let st = Arc::clone(st);
+        Ok(Self { st, path, bytes })
+    }
+}
+
 /// The request body as JSON; `Null` when there is none.
 fn body_json(bytes: &Bytes) -> Result<Value, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -296,34 +322,38 @@ struct Call {
     id: SessionId,
 }
 
-/// The opening `reset` and `step` share: route the env, read the body, and
-/// hand a typed session's request to `typed_route` (answered as the
-/// top-level route answers it). `Err` is an answer already made: the typed
-/// one, a 422, an unknown id.
-async fn open_call<Req, Answer>(
+/// What `reset` and `step` share: route the env, read the body, and hand a
+/// typed session's request to `typed_route` (answered as the top-level
+/// route answers it), an AgentGym session's to `agentgym_route`; a 422 or an
+/// unknown id is answered here.
+async fn session_call<Req, Answer>(
     st: &AppState,
-    path: &Option<String>,
+    path: Option<&str>,
     bytes: &Bytes,
-    typed_route: impl AsyncFnOnce(Req) -> Result<Answer, ApiError>,
-) -> Result<Result<Call, Response>, ApiError>
+    typed_route: impl AsyncFnOnce(&AppState, Option<&str>, Req) -> Result<Answer, ApiError>,
+    agentgym_route: impl AsyncFnOnce(&AppState, Call) -> Result<Response, ApiError>,
+) -> Result<Response, ApiError>
 where
     Req: serde::de::DeserializeOwned,
     Answer: serde::Serialize,
 {
-    let desc = route_env(st, path.as_deref())?;
+    let desc = route_env(st, path)?;
     let flavor = Flavor::of(desc.name);
     let body = body_json(bytes)?;
-    Ok(match target(st, flavor, desc.name, body.clone()) {
-        Target::Done(r) => Err(r),
-        Target::Typed(body) => Err(Json(typed_route(typed(body)?).await?).into_response()),
-        Target::AgentGym(session, id) => Ok(Call {
-            desc,
-            flavor,
-            body,
-            session,
-            id,
-        }),
-    })
+    match target(st, flavor, desc.name, body.clone()) {
+        Target::Done(r) => Ok(r),
+        Target::Typed(body) => Ok(Json(typed_route(st, path, typed(body)?).await?).into_response()),
+        Target::AgentGym(session, id) => {
+            let call = Call {
+                desc,
+                flavor,
+                body,
+                session,
+                id,
+            };
+            agentgym_route(st, call).await
+        }
+    }
 }
 
 /// The GET routes' session: `?id=` or `?env_idx=` per env.
@@ -348,11 +378,7 @@ fn query_target(
 // ---------------------------------------------------------------- create
 
 /// `POST /{env}/create`.
-pub(crate) async fn create(
-    State(st): State<Shared>,
-    EnvSegment(path): EnvSegment,
-    bytes: Bytes,
-) -> Result<Response, ApiError> {
+pub(crate) async fn create(EnvPost { st, path, bytes }: EnvPost) -> Result<Response, ApiError> {
     let desc = route_env(&st, path.as_deref())?;
     let body = body_json(&bytes)?;
     let speaks_agentrl = AGENTRL_CREATE_FIELDS.iter().any(|k| body.get(k).is_some());
@@ -422,16 +448,12 @@ pub(crate) async fn create(
 // ---------------------------------------------------------------- reset
 
 /// `POST /{env}/reset`.
-pub(crate) async fn reset(
-    State(st): State<Shared>,
-    EnvSegment(path): EnvSegment,
-    bytes: Bytes,
-) -> Result<Response, ApiError> {
-    let typed_route = async |req| reset_typed(&st, path.as_deref(), req).await;
-    let call = match open_call(&st, &path, &bytes, typed_route).await? {
-        Ok(call) => call,
-        Err(answered) => return Ok(answered),
-    };
+pub(crate) async fn reset(EnvPost { st, path, bytes }: EnvPost) -> Result<Response, ApiError> {
+    session_call(&st, path.as_deref(), &bytes, reset_typed, agentgym_reset).await
+}
+
+/// `reset` of an AgentGym session.
+async fn agentgym_reset(st: &AppState, call: Call) -> Result<Response, ApiError> {
     let Call {
         desc,
         flavor,
@@ -508,7 +530,7 @@ pub(crate) async fn reset(
             Err(OutOfRange) => return Ok(error_200("list index out of range")),
         },
     };
-    let reset = reset_to(&st, &session, |spec| {
+    let reset = reset_to(st, &session, |spec| {
         if let Some(t) = task {
             spec.split = t.split;
             spec.difficulty = t.difficulty;
@@ -516,7 +538,7 @@ pub(crate) async fn reset(
         }
     })
     .await;
-    let (spec, observation, status) = match reset {
+    let reset = match reset {
         Ok(r) => r,
         Err(e) if flavor == Flavor::SearchQa || flavor == Flavor::WebShop => {
             return Ok(internal(&e.body.error))
@@ -526,57 +548,38 @@ pub(crate) async fn reset(
     let guard = session.state.lock().await;
     Ok(match flavor {
         Flavor::TextCraft => ok(json!({
-            "id": id, "observation": observation, "done": false, "reward": 0,
+            "id": id, "observation": reset.observation, "done": false, "reward": 0,
         })),
         Flavor::BabyAi => ok(json!({
-            "observation": babyai_observation(&observation, &guard),
+            "observation": babyai_observation(&reset.observation, &guard),
             "reward": 0, "score": 0, "deleted": false, "done": false,
         })),
         Flavor::AlfWorld => ok(json!({
             "id": id,
-            "observation": observation,
+            "observation": reset.observation,
             "available_actions": guard.env.available_actions(),
-            "task_type": format!("{}/{}", spec.difficulty, spec),
+            "task_type": format!("{}/{}", reset.spec.difficulty, reset.spec),
         })),
-        Flavor::WebShop => ok(json!([observation, null])),
-        Flavor::SearchQa => ok(json!(searchqa_prompt(&observation))),
-        Flavor::Generic => ok(json!({
-            "id": id,
-            "env": spec.env,
-            "spec": spec,
-            "observation": observation,
-            "reward": 0.0,
-            "done": status.done,
-            "success": status.success,
-            "score": status.score,
-            "steps": status.steps,
-            "invalid_actions": status.invalid_actions,
-            "max_steps": status.max_steps,
-            "state_key": status.state_key,
-        })),
+        Flavor::WebShop => ok(json!([reset.observation, null])),
+        Flavor::SearchQa => ok(json!(searchqa_prompt(&reset.observation))),
+        // The typed API's reset answer.
+        Flavor::Generic => {
+            let env = reset.spec.env.clone();
+            ok(json!(reset.into_response_body(id, env)))
+        }
     })
 }
 
 // ---------------------------------------------------------------- step
 
 /// `POST /{env}/step`.
-pub(crate) async fn step(
-    State(st): State<Shared>,
-    EnvSegment(path): EnvSegment,
-    bytes: Bytes,
-) -> Result<Response, ApiError> {
-    let typed_route = async |req| step_one(&st, path.as_deref(), req).await;
-    let call = match open_call(&st, &path, &bytes, typed_route).await? {
-        Ok(call) => call,
-        Err(answered) => return Ok(answered),
-    };
-    let Call {
-        flavor,
-        body,
-        session,
-        id,
-        ..
-    } = call;
+pub(crate) async fn step(EnvPost { st, path, bytes }: EnvPost) -> Result<Response, ApiError> {
+    session_call(&st, path.as_deref(), &bytes, step_one, agentgym_step).await
+}
+
+/// `step` of an AgentGym session.
+async fn agentgym_step(st: &AppState, call: Call) -> Result<Response, ApiError> {
+    let (flavor, body, session, id) = (call.flavor, call.body, call.session, call.id);
     let Some(action) = body.get("action").and_then(Value::as_str) else {
         return Ok(match body.get("action") {
             None | Some(Value::Null) => missing(&["body", "action"], &body),
@@ -726,11 +729,7 @@ fn after_done(flavor: Flavor, id: SessionId, state: &SessionState) -> Response {
 
 /// `POST /{env}/close`: `true` when it closed a session, `false` when the
 /// id names none (AgentGym's answer to a second close).
-pub(crate) async fn close(
-    State(st): State<Shared>,
-    EnvSegment(path): EnvSegment,
-    bytes: Bytes,
-) -> Result<Response, ApiError> {
+pub(crate) async fn close(EnvPost { st, path, bytes }: EnvPost) -> Result<Response, ApiError> {
     let desc = route_env(&st, path.as_deref())?;
     let flavor = Flavor::of(desc.name);
     let body = body_json(&bytes)?;
@@ -749,13 +748,21 @@ pub(crate) async fn close(
 
 // ---------------------------------------------------------------- GET routes
 
+/// A GET route of `/{env}/`: the session the query names answered by
+/// `answer` (see [`read`]).
+pub(crate) fn read_route(answer: fn(Flavor, &SessionState) -> Value) -> MethodRouter<Shared> {
+    get(
+        move |State(st): State<Shared>,
+              EnvSegment(path): EnvSegment,
+              Query(query): Query<HashMap<String, String>>| async move {
+            read(&st, path.as_deref(), &query, answer).await
+        },
+    )
+}
+
 /// `GET /{env}/observation?id=` (`?env_idx=` for WebShop and SearchQA).
-pub(crate) async fn observation(
-    State(st): State<Shared>,
-    EnvSegment(path): EnvSegment,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
-    read(&st, path.as_deref(), &query, |flavor, state| match flavor {
+pub(crate) fn observation(flavor: Flavor, state: &SessionState) -> Value {
+    match flavor {
         Flavor::BabyAi => json!({
             "observation": babyai_observation(&state.env.observation(), state),
             "reward": 0,
@@ -767,36 +774,21 @@ pub(crate) async fn observation(
             json!(searchqa_prompt(&state.first_observation))
         }
         _ => json!(state.env.observation()),
-    })
-    .await
+    }
 }
 
 /// `GET /{env}/available_actions`: a list (WebShop: `{has_search_bar, clickables}`).
-pub(crate) async fn available_actions(
-    State(st): State<Shared>,
-    EnvSegment(path): EnvSegment,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
-    read(&st, path.as_deref(), &query, |flavor, state| {
-        let actions = state.env.available_actions();
-        match flavor {
-            Flavor::WebShop => webshop_available(&actions),
-            _ => json!(actions),
-        }
-    })
-    .await
+pub(crate) fn available_actions(flavor: Flavor, state: &SessionState) -> Value {
+    let actions = state.env.available_actions();
+    match flavor {
+        Flavor::WebShop => webshop_available(&actions),
+        _ => json!(actions),
+    }
 }
 
 /// `GET /{env}/instruction_text` (WebShop's): the `Instruction: …` line.
-pub(crate) async fn instruction_text(
-    State(st): State<Shared>,
-    EnvSegment(path): EnvSegment,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Response, ApiError> {
-    read(&st, path.as_deref(), &query, |_, state| {
-        json!(instruction_line(&state.first_observation))
-    })
-    .await
+pub(crate) fn instruction_text(_: Flavor, state: &SessionState) -> Value {
+    json!(instruction_line(&state.first_observation))
 }
 
 /// A GET route: typed sessions get the top-level answer (`?id=`, a bare
