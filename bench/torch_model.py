@@ -1,7 +1,8 @@
 """PyTorch + transformers side of `agentrl bench model`.
 
 Runs the same workload as the Rust benchmark on Hugging Face's own
-Qwen2ForCausalLM (built from a config, random weights, float32, CPU) and
+Qwen2ForCausalLM (built from a config, random weights; float32 on the CPU by
+default, `--device cuda` and `--dtype bfloat16` for a GPU) and
 prints one JSON line with its figures. `agentrl bench model` feeds this file
 to the interpreter on stdin (`python - ARGS`); it can also be run by hand:
 
@@ -15,9 +16,12 @@ Workload (the defaults are the Rust side's):
   truncation), exactly N new tokens (no end-of-sequence token).
 
 Fairness: the same thread count (torch.set_num_threads, and one inter-op
-thread), the same dtype (float32), the same shape and token counts, one
-untimed warm-up step/run before the timed ones, the fastest attention
-transformers offers on CPU (sdpa). Never needed by tests or CI.
+thread), the same dtype, the same shape and token counts, one untimed
+warm-up step/run before the timed ones, the fastest attention transformers
+offers without extra packages (sdpa). On a GPU: full-precision float32
+matmuls (no TF32, as candle's default), AdamW's default (foreach)
+implementation, and torch.cuda.synchronize() before each clock reading.
+Never needed by tests or CI.
 """
 
 import argparse
@@ -29,7 +33,11 @@ SHAPES = {
     # vocab, hidden, layers, heads, kv heads, ffn
     "small": (512, 256, 4, 4, 2, 688),
     "medium": (512, 512, 8, 8, 2, 1376),
+    "qwen2.5-0.5b": (151936, 896, 24, 14, 2, 4864),
 }
+
+# rope theta per shape (Qwen2.5's own for its shape).
+ROPE_THETA = {"small": 10000.0, "medium": 10000.0, "qwen2.5-0.5b": 1000000.0}
 
 
 def parse_args(argv):
@@ -43,6 +51,8 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--sample-runs", type=int, default=2)
     p.add_argument("--max-positions", type=int, default=1024)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     return p.parse_args(argv)
 
 
@@ -69,19 +79,28 @@ def main(argv):
         num_key_value_heads=kv,
         max_position_embeddings=args.max_positions,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
+        rope_theta=ROPE_THETA[args.shape],
         rms_norm_eps=1e-6,
         use_cache=True,
         attn_implementation="sdpa",
     )
-    model = Qwen2ForCausalLM(cfg).to(torch.float32)
+    dev = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    model = Qwen2ForCausalLM(cfg).to(device=dev, dtype=dtype)
     params = sum(p.numel() for p in model.parameters())
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
     # ---- train: fwd + bwd + clip + AdamW, as the Rust side.
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     gen = torch.Generator().manual_seed(0)
-    batch = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen)
+    batch = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen).to(dev)
 
     def train_step():
         out = model(input_ids=batch, labels=batch)
@@ -91,14 +110,16 @@ def main(argv):
         opt.zero_grad(set_to_none=True)
 
     train_step()
+    sync()
     t0 = time.perf_counter()
     for _ in range(args.steps):
         train_step()
+    sync()
     train_s = (time.perf_counter() - t0) / args.steps
 
     # ---- sample: KV-cache generation, temperature 1, exactly N new tokens.
     model.eval()
-    prompts = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=gen)
+    prompts = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=gen).to(dev)
     mask = torch.ones_like(prompts)
 
     def sample():
@@ -119,8 +140,10 @@ def main(argv):
         return (out.shape[1] - args.prompt_len) * out.shape[0]
 
     sample()
+    sync()
     t0 = time.perf_counter()
     new_tokens = sum(sample() for _ in range(args.sample_runs))
+    sync()
     sample_s = time.perf_counter() - t0
 
     print(
@@ -129,6 +152,8 @@ def main(argv):
                 "torch_version": torch.__version__,
                 "transformers_version": transformers.__version__,
                 "threads": torch.get_num_threads(),
+                "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
+                "dtype": args.dtype,
                 "parameters": params,
                 "train_step_s": train_s,
                 "train_tokens_per_s": args.batch * args.seq_len / train_s,

@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod decode;
 pub mod error;
+mod graph_decode;
 mod head;
 mod host;
 mod kernels;

@@ -63,6 +63,9 @@ pub struct PolicyModel {
     with_value_head: bool,
     /// Whether [`PolicyModel::sequence_logprobs`] may use the fused layer ops.
     fused_training: bool,
+    /// Whether generation runs through candle's graph ops even where the
+    /// host decoder could (it always does off the CPU).
+    graph_decode: bool,
     /// The LoRA adapter, when one is attached: then only it (and a value
     /// head) is trained, and every forward sees `W + s·B·A`.
     lora: Option<LoraAdapter>,
@@ -183,6 +186,7 @@ impl PolicyModel {
             dtype,
             with_value_head,
             fused_training: true,
+            graph_decode: false,
             lora: None,
         })
     }
@@ -311,6 +315,7 @@ impl PolicyModel {
             dtype: self.dtype,
             with_value_head: self.with_value_head,
             fused_training: self.fused_training,
+            graph_decode: self.graph_decode,
             lora: Some(adapter),
         })
     }
@@ -440,6 +445,14 @@ impl PolicyModel {
     /// fused path is tested against; used anyway on other devices/dtypes).
     pub fn set_fused_training(&mut self, on: bool) {
         self.fused_training = on;
+    }
+
+    /// Generates through candle's graph ops on the model's device (left-padded
+    /// batch, per-layer KV caches, the logits brought to the host per step)
+    /// instead of the host decoder. Off the CPU this path is always taken; on the CPU it is what the host decoder
+    /// is tested against. It keeps no KV cache between calls.
+    pub fn set_graph_decode(&mut self, on: bool) {
+        self.graph_decode = on;
     }
 
     /// The graph-building transformer (for callers that need hidden states);
@@ -674,7 +687,23 @@ impl PolicyModel {
             )));
         }
         let model = self.inference_model()?;
+        if self.graph_decode || !Self::host_decodes(&model) {
+            return crate::graph_decode::generate(
+                &model,
+                &self.config,
+                caches,
+                contexts,
+                params,
+                rng,
+            );
+        }
         crate::decode::generate(&model, &self.config, caches, contexts, params, rng)
+    }
+
+    /// Whether the host decoder serves `model`: weights on the CPU (off it,
+    /// every weight would be copied to the host per call).
+    fn host_decodes(model: &Model) -> bool {
+        model.device().is_cpu()
     }
 }
 

@@ -739,6 +739,16 @@ impl Model {
         self.logits(&h)
     }
 
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The weights' dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     /// Number of decoder layers.
     pub fn num_layers(&self) -> usize {
         self.layers.len()

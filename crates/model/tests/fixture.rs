@@ -1,13 +1,16 @@
 //! The model against transformers' own outputs for the qwen2-tiny fixture
-//! (tests/data/qwen2-tiny, copied from /work/shared/fixtures).
+//! (tests/data/qwen2-tiny, copied from /work/shared/fixtures), on the device
+//! `AGENTRL_TEST_DEVICE` names (CPU by default; see `device/mod.rs`).
 
 use agentrl_model::{PolicyModel, SamplingParams};
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
+mod device;
 mod qwen2_tiny;
+use device::test_device;
 use qwen2_tiny::{f64s, fixture_dir, reference, u32s};
 
 /// The reference, the model, and the reference's token ids under `key`.
@@ -26,7 +29,7 @@ fn host_f64(t: &Tensor) -> Vec<f64> {
 }
 
 fn load() -> PolicyModel {
-    PolicyModel::load(&fixture_dir(), false, &Device::Cpu).unwrap()
+    PolicyModel::load(&fixture_dir(), false, &test_device()).unwrap()
 }
 
 fn assert_close(ours: &[f64], theirs: &[f64], tol: f64, what: &str) {
@@ -40,7 +43,7 @@ fn assert_close(ours: &[f64], theirs: &[f64], tol: f64, what: &str) {
 }
 
 fn logits_of(model: &PolicyModel, ids: &[u32]) -> Vec<Vec<f64>> {
-    let input = Tensor::new(ids, &Device::Cpu)
+    let input = Tensor::new(ids, &model.device)
         .unwrap()
         .unsqueeze(0)
         .unwrap();
@@ -98,7 +101,7 @@ fn rope_theta_accepted_from_either_config_key_alone() {
         let mut c = cfg.clone();
         c.as_object_mut().unwrap().remove(drop);
         std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
-        let model = PolicyModel::load(dir.path(), false, &Device::Cpu).unwrap();
+        let model = PolicyModel::load(dir.path(), false, &test_device()).unwrap();
         let logits = logits_of(&model, &ids);
         assert_close(&logits[ids.len() - 1], &want, 1e-4, drop);
     }

@@ -2,13 +2,14 @@
 //! its model-FLOPs utilisation, and — when a Python with torch and
 //! transformers is at hand — the same workload on Hugging Face's
 //! Qwen2ForCausalLM in the same invocation (`bench/torch_model.py`), with
-//! the ratios.
+//! the ratios. On the CPU by default; `--device cuda` (a build with the
+//! `cuda` feature) runs both sides on GPU 0.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use agentrl_model::candle_core::{self, Device, Tensor};
+use agentrl_model::candle_core::{self, DType, Device, Tensor};
 use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, ModelConfig, PolicyModel, SamplingParams};
 use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
@@ -25,6 +26,45 @@ pub enum Shape {
     Small,
     /// vocab 512, d 512, 8 layers, 8/2 heads, ffn 1376 (≈ 22.4M parameters, tied embeddings).
     Medium,
+    /// Qwen2.5-0.5B's shape: vocab 151936, d 896, 24 layers, 14/2 heads,
+    /// ffn 4864, rope θ 1e6, tied embeddings (≈ 494M parameters), random weights.
+    #[value(name = "qwen2.5-0.5b")]
+    Qwen25Half,
+}
+
+/// Where the benchmark runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchDevice {
+    /// The CPU, with candle's thread count.
+    Cpu,
+    /// CUDA device 0 (needs a build with the `cuda` feature).
+    Cuda,
+}
+
+/// The weights' dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchDtype {
+    /// 32-bit floats (full-precision GEMMs on both sides: no TF32).
+    F32,
+    /// bfloat16 (`--device cuda` only).
+    Bf16,
+}
+
+impl BenchDtype {
+    fn candle(self) -> candle_core::DType {
+        match self {
+            BenchDtype::F32 => candle_core::DType::F32,
+            BenchDtype::Bf16 => candle_core::DType::BF16,
+        }
+    }
+
+    /// The name PyTorch's script takes.
+    fn torch(self) -> &'static str {
+        match self {
+            BenchDtype::F32 => "float32",
+            BenchDtype::Bf16 => "bfloat16",
+        }
+    }
 }
 
 impl Shape {
@@ -32,6 +72,7 @@ impl Shape {
         match self {
             Shape::Small => "small",
             Shape::Medium => "medium",
+            Shape::Qwen25Half => "qwen2.5-0.5b",
         }
     }
 
@@ -39,6 +80,14 @@ impl Shape {
         let mut c = match self {
             Shape::Small => ModelConfig::new_qwen2(512, 256, 4, 4, 2, 688),
             Shape::Medium => ModelConfig::new_qwen2(512, 512, 8, 8, 2, 1376),
+            Shape::Qwen25Half => {
+                let mut c = ModelConfig::new_qwen2(151_936, 896, 24, 14, 2, 4864);
+                c.rope_theta = Some(1_000_000.0);
+                if let Some(p) = c.rope_parameters.as_mut() {
+                    p.rope_theta = Some(1_000_000.0);
+                }
+                c
+            }
         };
         c.max_position_embeddings = 1024;
         c
@@ -50,6 +99,12 @@ pub struct BenchModelArgs {
     /// Model shape.
     #[arg(long, value_enum, default_value_t = Shape::Small)]
     shape: Shape,
+    /// Where both sides run.
+    #[arg(long, value_enum, default_value_t = BenchDevice::Cpu)]
+    device: BenchDevice,
+    /// The weights' dtype on both sides.
+    #[arg(long, value_enum, default_value_t = BenchDtype::F32)]
+    dtype: BenchDtype,
     /// Timed training steps (fwd + bwd + clip + AdamW), after one warm-up step.
     #[arg(long, default_value_t = 3)]
     steps: usize,
@@ -261,15 +316,18 @@ mod peak {
 
 /// FLOP/s of candle's f32 matmul on an `n`×`n`×`n` product (what a large,
 /// well-shaped GEMM reaches here; printed beside the FMA peak).
-fn large_matmul_flops(n: usize) -> anyhow::Result<f64> {
-    let a = Tensor::ones((n, n), candle_core::DType::F32, &Device::Cpu)?;
-    let b = Tensor::ones((n, n), candle_core::DType::F32, &Device::Cpu)?;
+fn large_matmul_flops(n: usize, dtype: DType, dev: &Device) -> anyhow::Result<f64> {
+    // Random (not constant) operands: a GPU's clock and power depend on the data.
+    let a = Tensor::randn(0f32, 1.0, (n, n), dev)?.to_dtype(dtype)?;
+    let b = Tensor::randn(0f32, 1.0, (n, n), dev)?.to_dtype(dtype)?;
+    let reps = if dev.is_cpu() { 3 } else { 20 };
     a.matmul(&b)?;
-    let reps = 3;
+    dev.synchronize()?;
     let t0 = Instant::now();
     for _ in 0..reps {
         a.matmul(&b)?;
     }
+    dev.synchronize()?;
     Ok(reps as f64 * 2.0 * (n * n * n) as f64 / t0.elapsed().as_secs_f64())
 }
 
@@ -304,13 +362,19 @@ fn measure_agentrl(args: &BenchModelArgs, model: &PolicyModel) -> anyhow::Result
     let batch = random_seqs(&mut rng, args.batch, args.seq_len, vocab);
     let mut train_step = || -> anyhow::Result<()> {
         let out = model.sequence_logprobs(&batch)?;
-        let n = out.mask.sum_all()?.to_scalar::<f32>()? as f64;
+        let n = out
+            .mask
+            .to_dtype(DType::F32)?
+            .sum_all()?
+            .to_scalar::<f32>()? as f64;
         let loss = (&out.logprobs * &out.mask)?
             .sum_all()?
             .affine(-1.0 / n, 0.0)?;
         let mut grads = loss.backward()?;
         clip_grad_norm(&mut grads, &vars, 1.0)?;
         opt.step(&grads)?;
+        // A GPU runs the step asynchronously: the clock stops when it is done.
+        model.device.synchronize()?;
         Ok(())
     };
     train_step()?;
@@ -380,6 +444,16 @@ fn measure_torch(
     let flags = [
         ("--shape", args.shape.name().to_string()),
         ("--threads", threads.to_string()),
+        (
+            "--device",
+            if args.device == BenchDevice::Cuda {
+                "cuda"
+            } else {
+                "cpu"
+            }
+            .to_string(),
+        ),
+        ("--dtype", args.dtype.torch().to_string()),
         ("--batch", args.batch.to_string()),
         ("--seq-len", args.seq_len.to_string()),
         ("--prompt-len", args.prompt_len.to_string()),
@@ -452,13 +526,39 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         "sequences must fit {} positions",
         cfg.max_position_embeddings
     );
+    let on_gpu = args.device == BenchDevice::Cuda;
+    anyhow::ensure!(
+        on_gpu || args.dtype == BenchDtype::F32,
+        "--dtype bf16 needs --device cuda (the CPU kernels are f32)"
+    );
+    let dev = match args.device {
+        BenchDevice::Cpu => Device::Cpu,
+        BenchDevice::Cuda => Device::new_cuda(0).context(
+            "--device cuda: no CUDA device 0 (build with `--features agentrl-model/cuda`)",
+        )?,
+    };
+    let dtype = args.dtype.candle();
     let threads = candle_core::utils::get_num_threads();
     let load_start = load_average();
-    let peak_start = peak::fma_flops(threads, 0.5);
-    let gemm = large_matmul_flops(1024)?;
-    let model =
-        PolicyModel::new_random(&cfg, false, 0, &Device::Cpu).context("building the model")?;
+    // The MFU denominator: on the CPU the FMA peak of candle's threads; on a
+    // GPU the rate of a large square GEMM in the benchmark's dtype (what
+    // cuBLAS reaches on this card, not the datasheet's figure).
+    let peak_start = if on_gpu {
+        0.0
+    } else {
+        peak::fma_flops(threads, 0.5)
+    };
+    let gemm = if on_gpu {
+        large_matmul_flops(8192, dtype, &dev)?
+    } else {
+        large_matmul_flops(1024, dtype, &dev)?
+    };
+    let model = PolicyModel::new_random_with_dtype(&cfg, false, 0, dtype, &dev)
+        .context("building the model")?;
+    let parameters = model.num_parameters()?;
     let ours = measure_agentrl(&args, &model)?;
+    // The PyTorch side needs the GPU's memory next.
+    drop(model);
     let python = torch_python(&args);
     let torch = match &python {
         Some(p) => Some(measure_torch(p, &args, threads)?),
@@ -466,7 +566,11 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     };
     let load_end = load_average();
     // Measured again at the end; the better of the two is the peak.
-    let peak = peak_start.max(peak::fma_flops(threads, 0.5));
+    let peak = if on_gpu {
+        gemm.max(large_matmul_flops(8192, dtype, &dev)?)
+    } else {
+        peak_start.max(peak::fma_flops(threads, 0.5))
+    };
 
     let flops = FlopModel::of(&cfg);
     let train_flop_s = ours.train_tok_s * flops.train_token(args.seq_len as f64);
@@ -482,7 +586,9 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             "shape": args.shape.name(),
             "config": {"vocab": cfg.vocab_size, "d": cfg.hidden_size, "layers": cfg.num_hidden_layers,
                        "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads(), "ffn": cfg.intermediate_size},
-            "parameters": model.num_parameters()?,
+            "parameters": parameters,
+            "device": if on_gpu { "cuda" } else { "cpu" },
+            "dtype": args.dtype.torch(),
             "threads": threads,
             "load_average_1m_start": load_start,
             "load_average_1m_end": load_end,
@@ -506,7 +612,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "model {}: vocab {} d {} layers {} heads {}/{} kv ffn {} ({} parameters), f32 CPU, {} threads",
+        "model {}: vocab {} d {} layers {} heads {}/{} kv ffn {} ({} parameters), {} {}",
         args.shape.name(),
         cfg.vocab_size,
         cfg.hidden_size,
@@ -514,16 +620,30 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         cfg.num_attention_heads,
         cfg.num_kv_heads(),
         cfg.intermediate_size,
-        model.num_parameters()?,
-        threads,
+        parameters,
+        args.dtype.torch(),
+        if on_gpu {
+            "CUDA device 0".to_string()
+        } else {
+            format!("CPU, {threads} threads")
+        },
     );
     println!("load average (1 min): {load_start} at the start, {load_end} at the end");
-    println!(
-        "peak {:.1} GFLOP/s ({threads} threads of FMA chains, best 20 ms window at start and end; \
-         the MFU denominator); a 1024³ f32 matmul reaches {:.1} GFLOP/s",
-        peak / 1e9,
-        gemm / 1e9
-    );
+    if on_gpu {
+        println!(
+            "peak {:.1} TFLOP/s: an 8192³ {} matmul on this GPU, the better of start and end \
+             (the MFU denominator)",
+            peak / 1e12,
+            args.dtype.torch()
+        );
+    } else {
+        println!(
+            "peak {:.1} GFLOP/s ({threads} threads of FMA chains, best 20 ms window at start and end; \
+             the MFU denominator); a 1024³ f32 matmul reaches {:.1} GFLOP/s",
+            peak / 1e9,
+            gemm / 1e9
+        );
+    }
     let ratio = |a: f64, b: Option<f64>| match b {
         Some(b) => format!("{:>8.2}x", a / b),
         None => format!("{:>9}", "-"),
@@ -560,7 +680,12 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         100.0 * sample_mfu
     );
     match (&torch, &python) {
-        (Some(t), Some(p)) => println!("PyTorch reference: {} via `{p}` (bench/torch_model.py, same threads, f32)", t.version),
+        (Some(t), Some(p)) => println!(
+            "PyTorch reference: {} via `{p}` (bench/torch_model.py, same {}, {})",
+            t.version,
+            if on_gpu { "GPU" } else { "threads" },
+            args.dtype.torch()
+        ),
         _ => println!(
             "PyTorch reference: not measured ({}; pass --python PATH to a Python with torch and transformers)",
             if args.no_torch { "--no-torch" } else { "python3 does not import torch and transformers" }

@@ -1,0 +1,112 @@
+//! Generation through candle's tensor ops, for a model whose weights live
+//! off the CPU (a CUDA device).
+//!
+//! The host decoder ([`crate::decode`]) reads f32 weights in place on the
+//! CPU; on a GPU that would copy every weight to the host per call and run
+//! the arithmetic there. This path keeps the arithmetic on the model's
+//! device: the contexts are left-padded into one batch, prefilled into
+//! preallocated per-layer KV caches ([`LayerKvCache`]), then decoded one
+//! token per step. Only each step's last-position logits `[B, V]` come to
+//! the host, where [`sample_row`] picks the token, so the draws, the
+//! untempered log-probs and the stop rule are those of the host decoder.
+//!
+//! Finished sequences stay in the batch (their rows are computed and
+//! ignored): a fixed-shape batch keeps the caches contiguous, and a GPU's
+//! cost per step barely depends on B. Per-sequence caches are not kept
+//! between calls here: each call encodes its contexts whole and leaves the
+//! callers' [`SequenceCache`]s empty, which their contract allows (a cache
+//! serves only positions it holds).
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::decode::SequenceCache;
+use crate::qwen2::{LayerKvCache, Model};
+use crate::sampling::{sample_row, Generation, SamplingParams, SamplingRng};
+use crate::{ModelConfig, ModelError};
+
+/// Samples a continuation of each `contexts[i]` on the model's device; see
+/// [`crate::PolicyModel::generate_cached`] for the contract. The caller has
+/// validated ids, lengths and parameters.
+pub(crate) fn generate(
+    model: &Model,
+    cfg: &ModelConfig,
+    caches: &mut [SequenceCache],
+    contexts: &[Vec<u32>],
+    params: &SamplingParams,
+    mut rng: SamplingRng<'_>,
+) -> Result<Vec<Generation>, ModelError> {
+    for c in caches.iter_mut() {
+        c.clear();
+    }
+    let mut gens: Vec<Generation> = contexts
+        .iter()
+        .map(|_| Generation {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            stopped: false,
+        })
+        .collect();
+    if params.max_new_tokens == 0 || contexts.is_empty() {
+        return Ok(gens);
+    }
+    let dev = model.device().clone();
+    let b = contexts.len();
+    let longest = contexts.iter().map(Vec::len).max().unwrap_or(0);
+    let pads: Vec<usize> = contexts.iter().map(|c| longest - c.len()).collect();
+    // The last sampled token is never fed back.
+    let capacity = longest + params.max_new_tokens - 1;
+    let mut kv = (0..model.num_layers())
+        .map(|_| LayerKvCache::new(cfg, b, capacity, model.dtype(), &dev))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+
+    // Prefill: left-padded ids; a pad's position is 0 (no query sees it).
+    let mut ids = Vec::with_capacity(b * longest);
+    let mut positions = Vec::with_capacity(b * longest);
+    for (ctx, &pad) in contexts.iter().zip(&pads) {
+        ids.extend(std::iter::repeat_n(0u32, pad).chain(ctx.iter().copied()));
+        positions.extend((0..longest).map(|j| j.saturating_sub(pad) as u32));
+    }
+    let mut step_ids = Tensor::from_vec(ids, (b, longest), &dev)?;
+    let mut step_positions = Tensor::from_vec(positions, (b, longest), &dev)?;
+    let mut active: Vec<usize> = (0..b).collect();
+    let mut last: Vec<u32> = contexts.iter().map(|c| c[c.len() - 1]).collect();
+    loop {
+        let rope = model.rotary().tables_for(&step_positions)?;
+        let h = model.forward_hidden(&step_ids, &rope, &pads, Some(&mut kv))?;
+        let t = h.dim(1)?;
+        let logits = model
+            .logits(&h.narrow(1, t - 1, 1)?)?
+            .squeeze(1)?
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let vocab = logits.len() / b;
+        let mut still = Vec::with_capacity(active.len());
+        for &i in &active {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let (tok, lp) = sample_row(row, params, rng.for_sequence(i))?;
+            let g = &mut gens[i];
+            g.tokens.push(tok);
+            g.logprobs.push(lp);
+            last[i] = tok;
+            if params.stop_tokens.contains(&tok) {
+                g.stopped = true;
+            } else if g.tokens.len() < params.max_new_tokens {
+                still.push(i);
+            }
+        }
+        active = still;
+        if active.is_empty() {
+            return Ok(gens);
+        }
+        // Every row steps (finished ones on their last token, ignored).
+        let pos: Vec<u32> = contexts
+            .iter()
+            .zip(&gens)
+            .map(|(c, g)| (c.len() + g.tokens.len() - 1) as u32)
+            .collect();
+        step_ids = Tensor::from_vec(last.clone(), (b, 1), &dev)?;
+        step_positions = Tensor::from_vec(pos, (b, 1), &dev)?;
+    }
+}
