@@ -347,6 +347,9 @@ fn load_average() -> String {
 /// The candle side's figures.
 struct Measured {
     train_step_s: f64,
+    /// One extra step, synchronised after each phase: forward (with the
+    /// loss), backward, gradient clipping, AdamW, in seconds.
+    train_phases_s: [f64; 4],
     train_tok_s: f64,
     sample_s: f64,
     sample_tok_s: f64,
@@ -360,7 +363,17 @@ fn measure_agentrl(args: &BenchModelArgs, model: &PolicyModel) -> anyhow::Result
     let vars = model.trainable_vars()?;
     let mut opt = AdamW::new(vars.clone(), AdamWConfig::default())?;
     let batch = random_seqs(&mut rng, args.batch, args.seq_len, vocab);
-    let mut train_step = || -> anyhow::Result<()> {
+    // `phases`: synchronise and record the clock after each phase.
+    let mut train_step = |mut phases: Option<&mut [f64; 4]>| -> anyhow::Result<()> {
+        let mut t = Instant::now();
+        let mut mark = |i: usize| -> anyhow::Result<()> {
+            if let Some(p) = phases.as_deref_mut() {
+                model.device.synchronize()?;
+                p[i] = t.elapsed().as_secs_f64();
+                t = Instant::now();
+            }
+            Ok(())
+        };
         let out = model.sequence_logprobs(&batch)?;
         let n = out
             .mask
@@ -370,19 +383,25 @@ fn measure_agentrl(args: &BenchModelArgs, model: &PolicyModel) -> anyhow::Result
         let loss = (&out.logprobs * &out.mask)?
             .sum_all()?
             .affine(-1.0 / n, 0.0)?;
+        mark(0)?;
         let mut grads = loss.backward()?;
+        mark(1)?;
         clip_grad_norm(&mut grads, &vars, 1.0)?;
+        mark(2)?;
         opt.step(&grads)?;
+        mark(3)?;
         // A GPU runs the step asynchronously: the clock stops when it is done.
         model.device.synchronize()?;
         Ok(())
     };
-    train_step()?;
+    train_step(None)?;
     let t0 = Instant::now();
     for _ in 0..args.steps {
-        train_step()?;
+        train_step(None)?;
     }
     let train_step_s = t0.elapsed().as_secs_f64() / args.steps as f64;
+    let mut train_phases_s = [0.0; 4];
+    train_step(Some(&mut train_phases_s))?;
 
     // Sampling: temperature 1, no truncation, no stop token: every run makes
     // batch × new_tokens tokens.
@@ -404,6 +423,7 @@ fn measure_agentrl(args: &BenchModelArgs, model: &PolicyModel) -> anyhow::Result
     let sample_s = t0.elapsed().as_secs_f64() / args.sample_runs as f64;
     Ok(Measured {
         train_step_s,
+        train_phases_s,
         train_tok_s: (args.batch * args.seq_len) as f64 / train_step_s,
         sample_s,
         sample_tok_s: new_tokens as f64 / (sample_s * args.sample_runs as f64),
@@ -596,6 +616,8 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             "large_matmul_flops": gemm,
             "train_tokens_per_s": ours.train_tok_s,
             "train_step_s": ours.train_step_s,
+            "train_phases_s": {"forward": ours.train_phases_s[0], "backward": ours.train_phases_s[1],
+                               "clip": ours.train_phases_s[2], "adamw": ours.train_phases_s[3]},
             "sample_tokens_per_s": ours.sample_tok_s,
             "mfu": mfu,
             "sample_mfu": sample_mfu,
@@ -678,6 +700,12 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         "{:<34}{:>11.1}%",
         "sampling MFU (prefill + decode)",
         100.0 * sample_mfu
+    );
+    let [fwd, bwd, clip, adamw] = ours.train_phases_s.map(|s| s * 1e3);
+    println!(
+        "agentrl train step {:.1} ms; one more, synchronised per phase: forward+loss {fwd:.1} ms, \
+         backward {bwd:.1} ms, clip {clip:.1} ms, AdamW {adamw:.1} ms",
+        ours.train_step_s * 1e3
     );
     match (&torch, &python) {
         (Some(t), Some(p)) => println!(
