@@ -348,10 +348,21 @@ pub fn clip_grad_norm(
     max_norm: f64,
 ) -> Result<f64, ModelError> {
     let mut sq = 0f64;
+    // Off the CPU the per-parameter sums stay on the device and are read
+    // back once: a read per parameter would wait for the device each time.
+    let mut on_device = Vec::new();
     for var in vars {
         if let Some(g) = grads.get(var.as_tensor()) {
-            sq += sum_of_squares(g)?;
+            match host_sum_of_squares(g)? {
+                Some(s) => sq += s,
+                None => on_device.push(device_sum_of_squares(g)?),
+            }
         }
+    }
+    if !on_device.is_empty() {
+        sq += Tensor::stack(&on_device, 0)?
+            .sum_all()?
+            .to_scalar::<f64>()?;
     }
     let norm = sq.sqrt();
     let coef = max_norm / (norm + 1e-6);
@@ -366,18 +377,32 @@ pub fn clip_grad_norm(
     Ok(norm)
 }
 
-/// Σ g² in f64: one host pass on the CPU (f32/f64), candle ops elsewhere.
-fn sum_of_squares(g: &Tensor) -> candle_core::Result<f64> {
+/// Σ g² in f64 by one host pass, for f32/f64 gradients on the CPU; `None`
+/// for the others (see [`device_sum_of_squares`]).
+fn host_sum_of_squares(g: &Tensor) -> candle_core::Result<Option<f64>> {
     fn host<T: Real>(g: &Tensor) -> candle_core::Result<f64> {
         with_slices::<T, _>(&[g], "gradient", |v| {
             v[0].iter().map(|&x| x.to_f64() * x.to_f64()).sum::<f64>()
         })
     }
     match (g.device().is_cpu(), g.dtype()) {
-        (true, DType::F32) => host::<f32>(g),
-        (true, DType::F64) => host::<f64>(g),
-        _ => g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>(),
+        (true, DType::F32) => host::<f32>(g).map(Some),
+        (true, DType::F64) => host::<f64>(g).map(Some),
+        _ => Ok(None),
     }
+}
+
+/// Σ g² as a 0-d f64 tensor on `g`'s device, summed row by row first: a
+/// whole-tensor sum is one reduction block on a GPU, which for the
+/// embedding's 136M entries took most of a clipping step.
+fn device_sum_of_squares(g: &Tensor) -> candle_core::Result<Tensor> {
+    let cols = g.dims().last().copied().unwrap_or(1).max(1);
+    let rows = g.elem_count() / cols;
+    g.to_dtype(DType::F64)?
+        .reshape((rows, cols))?
+        .sqr()?
+        .sum(1)?
+        .sum_all()
 }
 
 /// `g · coef` as a new tensor: one host pass on the CPU (f32/f64).

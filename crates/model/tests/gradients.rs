@@ -323,3 +323,31 @@ fn clip_grad_norm_returns_pre_clip_norm_and_scales_to_max() {
     let ga2: Vec<f32> = grads.get(a.as_tensor()).unwrap().to_vec1().unwrap();
     assert_eq!(ga, ga2);
 }
+
+#[test]
+fn clip_grad_norm_of_gradients_off_the_host_path_sums_every_entry() {
+    // bf16 gradients take the device path (row sums, one read-back) even on the CPU.
+    let dev = Device::Cpu;
+    let bf = |v: &[f32], shape: &[usize]| {
+        let t = Tensor::from_vec(v.to_vec(), shape, &dev).unwrap();
+        Var::from_tensor(&t.to_dtype(candle_core::DType::BF16).unwrap()).unwrap()
+    };
+    let a = bf(&[0.0, 2.0, 0.0, 1.0, 2.0, 0.0], &[2, 3]);
+    let b = bf(&[4.0], &[1]);
+    let l = (a.as_tensor().sqr().unwrap().sum_all().unwrap()
+        + b.as_tensor().sqr().unwrap().sum_all().unwrap())
+    .unwrap()
+    .affine(0.5, 0.0)
+    .unwrap();
+    let mut grads = l.backward().unwrap();
+    let norm = clip_grad_norm(&mut grads, &[a.clone(), b.clone()], 1.0).unwrap();
+    // √(2² + 1² + 2² + 4²) = 5.
+    assert!((norm - 5.0).abs() < 1e-6, "{norm}");
+    let gb = grads.get(b.as_tensor()).unwrap();
+    let gb: Vec<f32> = gb
+        .to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert!((gb[0] - 0.8).abs() < 1e-2, "{gb:?}");
+}
