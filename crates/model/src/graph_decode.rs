@@ -7,7 +7,7 @@
 //! device: the contexts are left-padded into one batch, prefilled into
 //! preallocated per-layer KV caches ([`LayerKvCache`]), then decoded one
 //! token per step. Only each step's last-position logits `[B, V]` come to
-//! the host, where [`sample_row`] picks the token, so the draws, the
+//! the host, where [`sample_rows`] picks the tokens, so the draws, the
 //! untempered log-probs and the stop rule are those of the host decoder.
 //!
 //! Finished sequences stay in the batch (their rows are computed and
@@ -21,7 +21,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::decode::SequenceCache;
 use crate::qwen2::{LayerKvCache, Model};
-use crate::sampling::{sample_row, Generation, SamplingParams, SamplingRng};
+use crate::sampling::{sample_rows, Generation, SamplingParams, SamplingRng};
 use crate::{ModelConfig, ModelError};
 
 /// Samples a continuation of each `contexts[i]` on the model's device; see
@@ -82,10 +82,11 @@ pub(crate) fn generate(
             .flatten_all()?
             .to_vec1::<f32>()?;
         let vocab = logits.len() / b;
+        // A real vocabulary (Qwen2.5's 151,936) makes the token choice a
+        // host pass per row worth spreading over the cores.
+        let picks = sample_rows(&logits, vocab, &active, params, &mut rng)?;
         let mut still = Vec::with_capacity(active.len());
-        for &i in &active {
-            let row = &logits[i * vocab..(i + 1) * vocab];
-            let (tok, lp) = sample_row(row, params, rng.for_sequence(i))?;
+        for (&i, (tok, lp)) in active.iter().zip(picks) {
             let g = &mut gens[i];
             g.tokens.push(tok);
             g.logprobs.push(lp);

@@ -42,12 +42,53 @@ pub(crate) fn sample_row(
     params: &SamplingParams,
     rng: &mut ChaCha8Rng,
 ) -> Result<(u32, f32), ModelError> {
+    check_finite(logits)?;
+    let u = (params.temperature != 0.0).then(|| rng.random::<f64>());
+    Ok(sample_row_drawn(logits, params, u))
+}
+
+/// [`sample_row`] for the rows `seqs` of `logits` (`[B, vocab]`, row i
+/// belonging to sequence i) at once: each row's one uniform draw is taken
+/// first, in the order of `seqs`, from that sequence's stream (the draws
+/// [`sample_row`] row after row would make), then the rows, each a pass over
+/// the vocabulary, are scored in parallel.
+pub(crate) fn sample_rows(
+    logits: &[f32],
+    vocab: usize,
+    seqs: &[usize],
+    params: &SamplingParams,
+    rng: &mut SamplingRng<'_>,
+) -> Result<Vec<(u32, f32)>, ModelError> {
+    use rayon::prelude::*;
+    let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+    for &i in seqs {
+        check_finite(row(i))?;
+    }
+    let draws: Vec<Option<f64>> = seqs
+        .iter()
+        .map(|&i| (params.temperature != 0.0).then(|| rng.for_sequence(i).random::<f64>()))
+        .collect();
+    Ok(seqs
+        .par_iter()
+        .zip(&draws)
+        .map(|(&i, &u)| sample_row_drawn(row(i), params, u))
+        .collect())
+}
+
+/// A NaN or infinite logit, as the error that names it.
+fn check_finite(logits: &[f32]) -> Result<(), ModelError> {
     if let Some(i) = logits.iter().position(|x| !x.is_finite()) {
         return Err(ModelError::NonFiniteLogits {
             token: i,
             value: logits[i],
         });
     }
+    Ok(())
+}
+
+/// [`sample_row`] of finite logits with its uniform draw `u` in [0, 1)
+/// already made (`None` at temperature 0, which draws nothing).
+fn sample_row_drawn(logits: &[f32], params: &SamplingParams, u: Option<f64>) -> (u32, f32) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let lse = max as f64
         + logits
@@ -55,13 +96,12 @@ pub(crate) fn sample_row(
             .map(|&x| ((x - max) as f64).exp())
             .sum::<f64>()
             .ln();
-    let token = if params.temperature == 0.0 {
-        argmax(logits)
-    } else {
-        sample_tempered(logits, params, rng)
+    let token = match u {
+        Some(u) if params.temperature != 0.0 => sample_tempered(logits, params, u),
+        _ => argmax(logits),
     };
     let lp = (logits[token] as f64 - lse) as f32;
-    Ok((token as u32, lp))
+    (token as u32, lp)
 }
 
 /// Index of the largest logit (the lowest index among equal maxima).
@@ -79,7 +119,7 @@ fn argmax(logits: &[f32]) -> usize {
 /// the top-p nucleus. Neither restriction sorts the whole vocabulary: top-k
 /// is a linear-time selection, and the nucleus sorts a growing head of the
 /// candidates only until it holds `top_p` of the mass.
-fn sample_tempered(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> usize {
+fn sample_tempered(logits: &[f32], params: &SamplingParams, u: f64) -> usize {
     let inv_t = 1.0 / params.temperature;
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     if params.top_k > 0 && params.top_k < idx.len() {
@@ -103,7 +143,7 @@ fn sample_tempered(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng
         (idx, weights) = nucleus(&idx, &weights, params.top_p);
     }
     let total: f64 = weights.iter().sum();
-    let mut u = rng.random::<f64>() * total;
+    let mut u = u * total;
     for (n, w) in weights.iter().enumerate() {
         if u < *w {
             return idx[n];
@@ -149,6 +189,56 @@ fn nucleus(idx: &[usize], weights: &[f64], top_p: f64) -> (Vec<usize>, Vec<f64>)
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn rows_sampled_together_equal_rows_sampled_one_by_one() {
+        let vocab = 300;
+        let logits: Vec<f32> = (0..5 * vocab)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) >> 20) as f32 / 400.0)
+            .collect();
+        let seqs = [0, 2, 3, 4];
+        for params in [
+            SamplingParams::default(),
+            SamplingParams::greedy(1),
+            SamplingParams {
+                top_k: 7,
+                top_p: 0.5,
+                temperature: 0.7,
+                ..SamplingParams::default()
+            },
+        ] {
+            let mut one = ChaCha8Rng::seed_from_u64(3);
+            let want: Vec<(u32, f32)> = seqs
+                .iter()
+                .map(|&i| {
+                    sample_row(&logits[i * vocab..(i + 1) * vocab], &params, &mut one).unwrap()
+                })
+                .collect();
+            let mut all = ChaCha8Rng::seed_from_u64(3);
+            let got = sample_rows(
+                &logits,
+                vocab,
+                &seqs,
+                &params,
+                &mut SamplingRng::Shared(&mut all),
+            )
+            .unwrap();
+            assert_eq!(got, want, "{params:?}");
+            // Both consumed the same draws.
+            assert_eq!(one.random::<u64>(), all.random::<u64>());
+        }
+        let mut bad = logits.clone();
+        bad[2 * vocab + 5] = f32::NAN;
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let err = sample_rows(
+            &bad,
+            vocab,
+            &seqs,
+            &SamplingParams::default(),
+            &mut SamplingRng::Shared(&mut rng),
+        );
+        assert!(err.is_err());
+    }
 
     #[test]
     fn greedy_picks_lowest_id_among_ties() {
