@@ -357,6 +357,40 @@ pub struct TrainerSection {
     pub val_greedy: bool,
     /// Trajectories per step written to trajectories.jsonl.
     pub log_trajectories: usize,
+    /// Where the policy trains and samples: `cpu`, or `cuda` (GPU 0; a build
+    /// with the `cuda` feature). Rollouts, rewards and checkpoints stay on the host.
+    #[serde(skip_serializing_if = "TrainDevice::is_cpu")]
+    pub device: TrainDevice,
+}
+
+/// The device of `trainer.device`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainDevice {
+    /// The CPU (deterministic: same seed and config, same trajectories).
+    #[default]
+    Cpu,
+    /// CUDA device 0 (float rounding differs from the CPU's).
+    Cuda,
+}
+
+impl TrainDevice {
+    fn is_cpu(&self) -> bool {
+        *self == TrainDevice::Cpu
+    }
+
+    /// The candle device; a clear error when this build or machine has no CUDA.
+    pub fn open(self) -> Result<candle_core::Device, ConfigError> {
+        match self {
+            TrainDevice::Cpu => Ok(candle_core::Device::Cpu),
+            TrainDevice::Cuda => candle_core::Device::new_cuda(0).map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "trainer.device = \"cuda\": no CUDA device 0 ({e}); build with \
+                     `--features agentrl-model/cuda` on a machine with a GPU"
+                ))
+            }),
+        }
+    }
 }
 
 impl Default for TrainerSection {
@@ -370,6 +404,7 @@ impl Default for TrainerSection {
             val_temperature: 0.0,
             val_greedy: true,
             log_trajectories: 2,
+            device: TrainDevice::Cpu,
         }
     }
 }
@@ -1204,6 +1239,25 @@ mod tests {
     fn smoke_config_parses() {
         let cfg = TrainConfig::from_toml(SMOKE_CONFIG, &[]).unwrap();
         assert_eq!(cfg.env.name, "bandit");
+    }
+
+    #[test]
+    fn trainer_device_parses_defaults_to_cpu_and_names_a_missing_gpu() {
+        let c = TrainConfig::load(None, &[]).unwrap();
+        assert_eq!(c.trainer.device, TrainDevice::Cpu);
+        assert!(
+            !c.to_toml().unwrap().contains("device"),
+            "cpu is not written"
+        );
+        let c = TrainConfig::load(None, &["trainer.device=cuda".to_string()]).unwrap();
+        assert_eq!(c.trainer.device, TrainDevice::Cuda);
+        assert!(c.to_toml().unwrap().contains("device = \"cuda\""));
+        let e = TrainConfig::load(None, &["trainer.device=tpu".to_string()]).unwrap_err();
+        assert!(e.to_string().contains("tpu"), "{e}");
+        // Without the cuda feature (CI) or a GPU, opening it says what to do.
+        if let Err(e) = TrainDevice::Cuda.open() {
+            assert!(e.to_string().contains("trainer.device"), "{e}");
+        }
     }
 
     #[test]

@@ -265,7 +265,7 @@ impl Trainer {
         cfg.validate_for_new_run()?;
         let run = RunDir::create(run_path)?.watch_in_tensorboard()?;
         run.write_config(&cfg.to_toml()?)?;
-        let device = Device::Cpu;
+        let device = cfg.trainer.device.open()?;
         let make = env_maker(&cfg)?;
         let remote = remote_generation(&cfg, &run.path)?;
         progress.message("creating tokenizer and model");
@@ -334,7 +334,7 @@ impl Trainer {
         let cfg_for_make = cfg.clone();
         let ckpt = run.latest_checkpoint()?;
         let remote = remote_generation(&cfg, &run.path)?;
-        let device = Device::Cpu;
+        let device = cfg.trainer.device.open()?;
         let tokenizer =
             ChatTokenizer::load(&ckpt).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
         let model = PolicyModel::load(&ckpt, uses_critic(&cfg), &device)?;
