@@ -623,7 +623,9 @@ impl PolicyModel {
     /// those of [`PolicyModel::generate`] on the same contexts (up to float
     /// rounding: the cached keys were computed in other chunks), and with the
     /// same `rng` the same draws are made. A cache holds keys of the weights
-    /// it was filled with: clear it after an optimizer step.
+    /// it was filled with: clear it after an optimizer step. Off the CPU
+    /// (the graph decoder) the caches are left empty: every call encodes its
+    /// contexts whole.
     pub fn generate_cached(
         &self,
         caches: &mut [SequenceCache],
