@@ -105,3 +105,25 @@ fn a_model_with_nan_weights_is_an_error_not_empty_text() {
         );
     }
 }
+
+#[test]
+fn device_cuda_either_runs_or_names_the_missing_build_or_gpu() {
+    let out = generate(
+        &fixture_dir(),
+        "--prompt hi --temperature 0 --max-new-tokens 3 --json --device cuda",
+        &[],
+    );
+    if !out.status.success() {
+        // CI: no cuda feature, no GPU.
+        let err = failure_stderr(&out);
+        assert!(err.contains("--device cuda"), "{err}");
+    } else {
+        // A cuda build on a GPU: the same greedy tokens as the CPU.
+        let cpu = generate(
+            &fixture_dir(),
+            "--prompt hi --temperature 0 --max-new-tokens 3 --json",
+            &[],
+        );
+        assert_eq!(json_stdout(&out)["new_ids"], json_stdout(&cpu)["new_ids"]);
+    }
+}

@@ -18,10 +18,10 @@ use agentrl_trainer::evaluate::EnvMaker;
 use agentrl_trainer::remote_env::remote_maker;
 use agentrl_trainer::{evaluate, EvalPlan, LocalPolicy, PolicySettings};
 use anyhow::Context;
-use candle_core::Device;
 use serde::Serialize;
 
 use super::play::{make_spec, parse_params};
+use crate::commands::device::DeviceArg;
 
 mod matrix;
 
@@ -110,6 +110,10 @@ pub struct EvalArgs {
     /// Sampling temperature of a model policy (0 = greedy).
     #[arg(long, default_value_t = 0.0)]
     temperature: f64,
+    /// Where a model policy's weights run (`cuda`: GPU 0, a build with the
+    /// `cuda` feature); the environments stay on the host.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu, conflicts_with = "policy_endpoint")]
+    device: DeviceArg,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -309,7 +313,7 @@ fn evaluate_policy(
                     Box::new(remote)
                 }
                 None => {
-                    model = PolicyModel::load(&policy.checkpoint, false, &Device::Cpu)?;
+                    model = PolicyModel::load(&policy.checkpoint, false, &args.device.open()?)?;
                     Box::new(LocalPolicy::with_cache_reuse(
                         &model,
                         rollout.kv_cache_reuse,

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use agentrl_model::{PolicyModel, SamplingParams};
 use agentrl_tokenizer::{ChatMessage, ChatTokenizer};
 use anyhow::{bail, Context};
-use candle_core::Device;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+
+use crate::commands::device::DeviceArg;
 
 /// Arguments of `agentrl generate`.
 #[derive(clap::Args)]
@@ -51,6 +52,9 @@ pub struct GenerateArgs {
     /// compare with another implementation (scripts/peft_check.py).
     #[arg(long)]
     logits: Option<PathBuf>,
+    /// Where the model runs (`cuda`: GPU 0, a build with the `cuda` feature).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
 }
 
 /// Reads the chat messages of `--chat`.
@@ -101,7 +105,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let prompt_ids = tokenizer
         .encode_chat(&messages, true)
         .context("rendering the chat template")?;
-    let model = PolicyModel::load(&args.model, false, &Device::Cpu)
+    let model = PolicyModel::load(&args.model, false, &args.device.open()?)
         .with_context(|| format!("loading the model in {}", args.model.display()))?;
 
     if let Some(path) = &args.logits {
@@ -142,7 +146,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
 
 /// Writes `{"ids", "logits"}` of the prompt (no autograd graph).
 fn write_prompt_logits(model: &PolicyModel, ids: &[u32], path: &Path) -> anyhow::Result<()> {
-    let input = candle_core::Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
+    let input = candle_core::Tensor::new(ids, &model.device)?.unsqueeze(0)?;
     let logits: Vec<Vec<f32>> = model
         .forward_no_grad(&input)
         .context("computing the prompt's logits")?

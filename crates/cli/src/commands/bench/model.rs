@@ -12,6 +12,8 @@ use std::time::Instant;
 use agentrl_model::candle_core::{self, DType, Device, Tensor};
 use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, ModelConfig, PolicyModel, SamplingParams};
 use anyhow::{bail, Context};
+
+use crate::commands::device::DeviceArg;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -30,15 +32,6 @@ pub enum Shape {
     /// ffn 4864, rope θ 1e6, tied embeddings (≈ 494M parameters), random weights.
     #[value(name = "qwen2.5-0.5b")]
     Qwen25Half,
-}
-
-/// Where the benchmark runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BenchDevice {
-    /// The CPU, with candle's thread count.
-    Cpu,
-    /// CUDA device 0 (needs a build with the `cuda` feature).
-    Cuda,
 }
 
 /// The weights' dtype.
@@ -100,8 +93,8 @@ pub struct BenchModelArgs {
     #[arg(long, value_enum, default_value_t = Shape::Small)]
     shape: Shape,
     /// Where both sides run.
-    #[arg(long, value_enum, default_value_t = BenchDevice::Cpu)]
-    device: BenchDevice,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
     /// The weights' dtype on both sides.
     #[arg(long, value_enum, default_value_t = BenchDtype::F32)]
     dtype: BenchDtype,
@@ -466,7 +459,7 @@ fn measure_torch(
         ("--threads", threads.to_string()),
         (
             "--device",
-            if args.device == BenchDevice::Cuda {
+            if args.device == DeviceArg::Cuda {
                 "cuda"
             } else {
                 "cpu"
@@ -546,17 +539,12 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         "sequences must fit {} positions",
         cfg.max_position_embeddings
     );
-    let on_gpu = args.device == BenchDevice::Cuda;
+    let on_gpu = args.device == DeviceArg::Cuda;
     anyhow::ensure!(
         on_gpu || args.dtype == BenchDtype::F32,
         "--dtype bf16 needs --device cuda (the CPU kernels are f32)"
     );
-    let dev = match args.device {
-        BenchDevice::Cpu => Device::Cpu,
-        BenchDevice::Cuda => Device::new_cuda(0).context(
-            "--device cuda: no CUDA device 0 (build with `--features agentrl-model/cuda`)",
-        )?,
-    };
+    let dev = args.device.open()?;
     let dtype = args.dtype.candle();
     let threads = candle_core::utils::get_num_threads();
     let load_start = load_average();
