@@ -19,7 +19,9 @@ use crate::kernels::{
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::{has_avx2, simd};
 use crate::qwen2::Model;
-use crate::sampling::{sample_row, Generation, SamplingParams, SamplingRng};
+use crate::sampling::{
+    empty_generations, push_token, sample_row, Generation, SamplingParams, SamplingRng,
+};
 use crate::{ModelConfig, ModelError};
 
 /// The key/value cache of one sequence, kept between `generate` calls so a
@@ -600,14 +602,7 @@ pub(crate) fn generate(
             "cache {i} was made for a model of another shape"
         )));
     }
-    let mut gens: Vec<Generation> = contexts
-        .iter()
-        .map(|_| Generation {
-            tokens: Vec::new(),
-            logprobs: Vec::new(),
-            stopped: false,
-        })
-        .collect();
+    let mut gens = empty_generations(contexts.len());
     let starts: Vec<usize> = caches
         .iter_mut()
         .zip(contexts)
@@ -646,13 +641,8 @@ pub(crate) fn generate(
             for (j, &i) in active.iter().enumerate() {
                 let logits = &scratch.logits[j * vocab..(j + 1) * vocab];
                 let (tok, lp) = sample_row(logits, params, rng.for_sequence(i))?;
-                let g = &mut gens[i];
-                g.tokens.push(tok);
-                g.logprobs.push(lp);
                 caches[i].tokens.push(tok);
-                if params.stop_tokens.contains(&tok) {
-                    g.stopped = true;
-                } else if g.tokens.len() < params.max_new_tokens {
+                if push_token(&mut gens[i], tok, lp, params) {
                     still.push(i);
                 }
             }

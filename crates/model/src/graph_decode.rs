@@ -21,7 +21,9 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::decode::SequenceCache;
 use crate::qwen2::{LayerKvCache, Model};
-use crate::sampling::{sample_rows, Generation, SamplingParams, SamplingRng};
+use crate::sampling::{
+    empty_generations, push_token, sample_rows, Generation, SamplingParams, SamplingRng,
+};
 use crate::{ModelConfig, ModelError};
 
 /// Samples a continuation of each `contexts[i]` on the model's device; see
@@ -38,14 +40,7 @@ pub(crate) fn generate(
     for c in caches.iter_mut() {
         c.clear();
     }
-    let mut gens: Vec<Generation> = contexts
-        .iter()
-        .map(|_| Generation {
-            tokens: Vec::new(),
-            logprobs: Vec::new(),
-            stopped: false,
-        })
-        .collect();
+    let mut gens = empty_generations(contexts.len());
     if params.max_new_tokens == 0 || contexts.is_empty() {
         return Ok(gens);
     }
@@ -69,7 +64,6 @@ pub(crate) fn generate(
     let mut step_ids = Tensor::from_vec(ids, (b, longest), &dev)?;
     let mut step_positions = Tensor::from_vec(positions, (b, longest), &dev)?;
     let mut active: Vec<usize> = (0..b).collect();
-    let mut last: Vec<u32> = contexts.iter().map(|c| c[c.len() - 1]).collect();
     loop {
         let rope = model.rotary().tables_for(&step_positions)?;
         let h = model.forward_hidden(&step_ids, &rope, &pads, Some(&mut kv))?;
@@ -87,13 +81,7 @@ pub(crate) fn generate(
         let picks = sample_rows(&logits, vocab, &active, params, &mut rng)?;
         let mut still = Vec::with_capacity(active.len());
         for (&i, (tok, lp)) in active.iter().zip(picks) {
-            let g = &mut gens[i];
-            g.tokens.push(tok);
-            g.logprobs.push(lp);
-            last[i] = tok;
-            if params.stop_tokens.contains(&tok) {
-                g.stopped = true;
-            } else if g.tokens.len() < params.max_new_tokens {
+            if push_token(&mut gens[i], tok, lp, params) {
                 still.push(i);
             }
         }
@@ -101,13 +89,17 @@ pub(crate) fn generate(
         if active.is_empty() {
             return Ok(gens);
         }
-        // Every row steps (finished ones on their last token, ignored).
-        let pos: Vec<u32> = contexts
+        // Every row steps on its newest token (finished ones too, ignored):
+        // the prefill gave every sequence one.
+        let (last, pos): (Vec<u32>, Vec<u32>) = contexts
             .iter()
             .zip(&gens)
-            .map(|(c, g)| (c.len() + g.tokens.len() - 1) as u32)
-            .collect();
-        step_ids = Tensor::from_vec(last.clone(), (b, 1), &dev)?;
+            .map(|(c, g)| {
+                let n = g.tokens.len();
+                (g.tokens[n - 1], (c.len() + n - 1) as u32)
+            })
+            .unzip();
+        step_ids = Tensor::from_vec(last, (b, 1), &dev)?;
         step_positions = Tensor::from_vec(pos, (b, 1), &dev)?;
     }
 }

@@ -33,6 +33,30 @@ impl SamplingRng<'_> {
     }
 }
 
+/// One empty continuation for each of `n` prompts.
+pub(crate) fn empty_generations(n: usize) -> Vec<Generation> {
+    (0..n)
+        .map(|_| Generation {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            stopped: false,
+        })
+        .collect()
+}
+
+/// Appends a sampled token and its log-prob to `g`; returns whether the
+/// sequence goes on (it neither emitted a stop token, which marks it
+/// `stopped`, nor reached `max_new_tokens`).
+pub(crate) fn push_token(g: &mut Generation, tok: u32, lp: f32, params: &SamplingParams) -> bool {
+    g.tokens.push(tok);
+    g.logprobs.push(lp);
+    if params.stop_tokens.contains(&tok) {
+        g.stopped = true;
+        return false;
+    }
+    g.tokens.len() < params.max_new_tokens
+}
+
 /// Picks the next token from one row of raw logits; returns it with its
 /// untempered log-probability `log_softmax(logits)[token]`. A NaN or
 /// infinite logit (weights that hold NaN, or overflow) is an error: no token

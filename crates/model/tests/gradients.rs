@@ -298,18 +298,24 @@ fn optimizer_state_for_other_variables_is_rejected() {
     assert!(err.to_string().contains("opt.safetensors"), "{err}");
 }
 
+/// The gradients of ½ Σ |x|² over `vars`: each equals its variable's value.
+fn grads_equal_to_values(vars: &[&Var]) -> candle_core::backprop::GradStore {
+    let squares = vars
+        .iter()
+        .map(|v| v.as_tensor().sqr().unwrap().sum_all().unwrap())
+        .collect::<Vec<_>>();
+    let total = squares[1..]
+        .iter()
+        .fold(squares[0].clone(), |acc, t| (acc + t).unwrap());
+    total.affine(0.5, 0.0).unwrap().backward().unwrap()
+}
+
 #[test]
 fn clip_grad_norm_returns_pre_clip_norm_and_scales_to_max() {
     let dev = Device::Cpu;
     let a = Var::from_tensor(&Tensor::new(&[3.0f32, 0.0], &dev).unwrap()).unwrap();
     let b = Var::from_tensor(&Tensor::new(&[4.0f32], &dev).unwrap()).unwrap();
-    // loss = a·[1,0]·3 ... simpler: grads equal the values via ½|x|².
-    let l = (a.as_tensor().sqr().unwrap().sum_all().unwrap()
-        + b.as_tensor().sqr().unwrap().sum_all().unwrap())
-    .unwrap()
-    .affine(0.5, 0.0)
-    .unwrap();
-    let mut grads = l.backward().unwrap();
+    let mut grads = grads_equal_to_values(&[&a, &b]);
     let vars = vec![a.clone(), b.clone()];
     let norm = clip_grad_norm(&mut grads, &vars, 1.0).unwrap();
     assert!((norm - 5.0).abs() < 1e-6);
@@ -334,12 +340,7 @@ fn clip_grad_norm_of_gradients_off_the_host_path_sums_every_entry() {
     };
     let a = bf(&[0.0, 2.0, 0.0, 1.0, 2.0, 0.0], &[2, 3]);
     let b = bf(&[4.0], &[1]);
-    let l = (a.as_tensor().sqr().unwrap().sum_all().unwrap()
-        + b.as_tensor().sqr().unwrap().sum_all().unwrap())
-    .unwrap()
-    .affine(0.5, 0.0)
-    .unwrap();
-    let mut grads = l.backward().unwrap();
+    let mut grads = grads_equal_to_values(&[&a, &b]);
     let norm = clip_grad_norm(&mut grads, &[a.clone(), b.clone()], 1.0).unwrap();
     // √(2² + 1² + 2² + 4²) = 5.
     assert!((norm - 5.0).abs() < 1e-6, "{norm}");
