@@ -551,15 +551,19 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     // The MFU denominator: on the CPU the FMA peak of candle's threads; on a
     // GPU the rate of a large square GEMM in the benchmark's dtype (what
     // cuBLAS reaches on this card, not the datasheet's figure).
-    let peak_start = if on_gpu {
-        0.0
-    } else {
-        peak::fma_flops(threads, 0.5)
+    let peak_now = || -> anyhow::Result<f64> {
+        if on_gpu {
+            large_matmul_flops(8192, dtype, &dev)
+        } else {
+            Ok(peak::fma_flops(threads, 0.5))
+        }
     };
-    let gemm = if on_gpu {
-        large_matmul_flops(8192, dtype, &dev)?
+    // On a GPU the start's peak is the large GEMM printed beside it.
+    let (peak_start, gemm) = if on_gpu {
+        let g = peak_now()?;
+        (g, g)
     } else {
-        large_matmul_flops(1024, dtype, &dev)?
+        (peak_now()?, large_matmul_flops(1024, dtype, &dev)?)
     };
     let model = PolicyModel::new_random_with_dtype(&cfg, false, 0, dtype, &dev)
         .context("building the model")?;
@@ -574,11 +578,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     };
     let load_end = load_average();
     // Measured again at the end; the better of the two is the peak.
-    let peak = if on_gpu {
-        gemm.max(large_matmul_flops(8192, dtype, &dev)?)
-    } else {
-        peak_start.max(peak::fma_flops(threads, 0.5))
-    };
+    let peak = peak_start.max(peak_now()?);
 
     let flops = FlopModel::of(&cfg);
     let train_flop_s = ours.train_tok_s * flops.train_token(args.seq_len as f64);
