@@ -12,7 +12,7 @@
 //! Sequence `s` owns rows `offsets[s]..offsets[s + 1]`; its row `i` attends
 //! to its rows `0..=i` only (no padding exists).
 
-use crate::kernels::{dot, exp_shifted_sum, par_map, Mm, Real};
+use crate::kernels::{dot, exp_shifted_sum, par_chunks_mut, par_map, Mm, Real};
 
 /// Query rows per block.
 const BLOCK: usize = 64;
@@ -206,12 +206,27 @@ pub(crate) fn backward<T: Real>(
 }
 
 /// `delta[h, i] = d_out[h, i] · out[h, i]` (the softmax backward's row term).
+#[cfg(test)]
 pub(crate) fn delta<T: Real>(d_out: &[T], out: &[T], hd: usize) -> Vec<T> {
     d_out
         .chunks_exact(hd)
         .zip(out.chunks_exact(hd))
         .map(|(a, b)| dot(a, b))
         .collect()
+}
+
+/// [`delta`] from the row-major `[N, heads · hd]` forms of `d_out` and
+/// `out` (o_proj's input and its gradient), laid out `[heads, N]`.
+pub(crate) fn delta_rows<T: Real>(d_out: &[T], out: &[T], heads: usize, hd: usize) -> Vec<T> {
+    let n = d_out.len() / (heads * hd).max(1);
+    let mut delta = vec![T::ZERO; heads * n];
+    par_chunks_mut(&mut delta, n, d_out.len() * 2, |h, dh| {
+        for (r, v) in dh.iter_mut().enumerate() {
+            let at = r * heads * hd + h * hd;
+            *v = dot(&d_out[at..at + hd], &out[at..at + hd]);
+        }
+    });
+    delta
 }
 
 #[cfg(test)]
@@ -301,6 +316,22 @@ mod tests {
         };
         let (out, lse) = forward(&q, &k, &v, &OFFSETS, SHAPE);
         let dl = delta(&w, &out, SHAPE.head_dim);
+        // The row-major form the layer uses gives the same numbers.
+        let hd = SHAPE.head_dim;
+        let to_rows = |x: &[f64]| -> Vec<f64> {
+            let mut r = vec![0.0; x.len()];
+            for h in 0..SHAPE.heads {
+                for i in 0..n {
+                    r[(i * SHAPE.heads + h) * hd..(i * SHAPE.heads + h + 1) * hd]
+                        .copy_from_slice(&x[(h * n + i) * hd..(h * n + i + 1) * hd]);
+                }
+            }
+            r
+        };
+        assert_eq!(
+            delta_rows(&to_rows(&w), &to_rows(&out), SHAPE.heads, hd),
+            dl
+        );
         let (dq, dk, dv) = backward(&q, &k, &v, &lse, &w, &dl, &OFFSETS, SHAPE);
         let eps = 1e-6;
         for (which, grad) in [(0, &dq), (1, &dk), (2, &dv)] {

@@ -23,7 +23,8 @@ use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use crate::attention::{self, Heads};
 use crate::host::{storage_slice, tensor_from, with_slices};
 use crate::kernels::{
-    par_chunks2_mut, par_chunks_mut, rms_norm_rows, swiglu_bwd_into, swiglu_into, Mm, Real,
+    par_chunks2_mut, par_chunks_map, par_chunks_mut, par_map, rms_norm_rows, swiglu_bwd_into,
+    swiglu_into, Mm, Real,
 };
 
 /// Where each packed token sits: sequence `s` owns rows
@@ -118,6 +119,8 @@ enum P {
     Ln1,
     Ln2,
     QB,
+    // Read only through the q..=v bias span, as K.
+    #[allow(dead_code)]
     KB,
     VB,
 }
@@ -185,61 +188,110 @@ impl<T: Real> DecoderLayerOp<T> {
     }
 }
 
-/// Rotates (rotate-half RoPE at each row's position), scales and moves
-/// `x: [N, heads · hd]` into `[heads, N, hd]`; `adjoint` is the transpose
-/// map (the gradient of the forward), `[heads, N, hd]` → `[N, heads · hd]`.
-fn rope_heads<T: Real>(
+/// Rotate-half RoPE of one head-wide row at cos/sin `c`, `s`, scaled;
+/// `adjoint` applies the transpose rotation (the forward's gradient).
+#[inline]
+fn rotate_row<T: Real>(src: &[T], dst: &mut [T], c: &[T], s: &[T], scale: T, adjoint: bool) {
+    let half = c.len();
+    let (a, b) = src[..2 * half].split_at(half);
+    let (d1, d2) = dst[..2 * half].split_at_mut(half);
+    if adjoint {
+        for i in 0..half {
+            d1[i] = (a[i] * c[i] + b[i] * s[i]) * scale;
+            d2[i] = (b[i] * c[i] - a[i] * s[i]) * scale;
+        }
+    } else {
+        for i in 0..half {
+            d1[i] = (a[i] * c[i] - b[i] * s[i]) * scale;
+            d2[i] = (b[i] * c[i] + a[i] * s[i]) * scale;
+        }
+    }
+}
+
+/// Columns `off..off + heads·hd` of the row-major `[N, stride]` matrix `x`
+/// moved into `[heads, N, hd]`, each head-row rotated (rotate-half RoPE at
+/// its row's position) and scaled when `rope` is given, copied otherwise.
+/// Reads q, k and v straight out of the fused projection's output.
+fn to_heads<T: Real>(
     x: &[T],
+    (stride, off): (usize, usize),
     heads: usize,
     hd: usize,
     pos: &[usize],
-    rope: &Rope<T>,
-    scale: T,
-    adjoint: bool,
+    rope: Option<(&Rope<T>, T)>,
 ) -> Vec<T> {
     let n = pos.len();
     let half = hd / 2;
-    let mut out = vec![T::ZERO; x.len()];
-    let rotate = |src: &[T], dst: &mut [T], p: usize| {
+    let mut out = vec![T::ZERO; heads * n * hd];
+    // One task per head of the head-major output.
+    par_chunks_mut(&mut out, n * hd, heads * n * hd * 4, |h, dst| {
+        for r in 0..n {
+            let at = r * stride + off + h * hd;
+            let (src, d) = (&x[at..at + hd], &mut dst[r * hd..(r + 1) * hd]);
+            match rope {
+                Some((rope, scale)) => {
+                    let p = pos[r];
+                    let (c, s) = (
+                        &rope.cos[p * half..(p + 1) * half],
+                        &rope.sin[p * half..(p + 1) * half],
+                    );
+                    rotate_row(src, d, c, s, scale, false);
+                }
+                None => d.copy_from_slice(src),
+            }
+        }
+    });
+    out
+}
+
+/// The adjoint of [`to_heads`] for q, k and v at once: the `[N, q + 2·kv]`
+/// gradient of the fused projection's output, from `dq: [heads, N, hd]`
+/// and `dk`, `dv: [kv_heads, N, hd]` (q and k rotated back, q rescaled).
+#[allow(clippy::too_many_arguments)]
+fn qkv_from_heads<T: Real>(
+    dq: &[T],
+    dk: &[T],
+    dv: &[T],
+    (nh, nkv, hd): (usize, usize, usize),
+    pos: &[usize],
+    rope: &Rope<T>,
+    scale: T,
+) -> Vec<T> {
+    let n = pos.len();
+    let half = hd / 2;
+    let (q_dim, kv_dim) = (nh * hd, nkv * hd);
+    let width = q_dim + 2 * kv_dim;
+    let mut out = vec![T::ZERO; n * width];
+    // One task per row of the row-major output.
+    par_chunks_mut(&mut out, width, n * width * 4, |r, row| {
+        let p = pos[r];
         let (c, s) = (
             &rope.cos[p * half..(p + 1) * half],
             &rope.sin[p * half..(p + 1) * half],
         );
-        for i in 0..half {
-            let (a, b) = (src[i], src[half + i]);
-            let (o1, o2) = if adjoint {
-                (a * c[i] + b * s[i], b * c[i] - a * s[i])
-            } else {
-                (a * c[i] - b * s[i], b * c[i] + a * s[i])
-            };
-            dst[i] = o1 * scale;
-            dst[half + i] = o2 * scale;
+        let (rq, rest) = row.split_at_mut(q_dim);
+        let (rk, rv) = rest.split_at_mut(kv_dim);
+        // Head h's row r in a head-major buffer.
+        let at = |h: usize| (h * n + r) * hd..(h * n + r + 1) * hd;
+        for h in 0..nh {
+            rotate_row(&dq[at(h)], &mut rq[h * hd..(h + 1) * hd], c, s, scale, true);
         }
-    };
-    if adjoint {
-        // One task per row of the row-major output.
-        par_chunks_mut(&mut out, heads * hd, x.len() * 4, |r, dst| {
-            for h in 0..heads {
-                rotate(
-                    &x[(h * n + r) * hd..(h * n + r + 1) * hd],
-                    &mut dst[h * hd..(h + 1) * hd],
-                    pos[r],
-                );
-            }
-        });
-    } else {
-        // One task per head of the head-major output.
-        par_chunks_mut(&mut out, n * hd, x.len() * 4, |h, dst| {
-            for r in 0..n {
-                let at = (r * heads + h) * hd;
-                rotate(&x[at..at + hd], &mut dst[r * hd..(r + 1) * hd], pos[r]);
-            }
-        });
-    }
+        for g in 0..nkv {
+            rotate_row(
+                &dk[at(g)],
+                &mut rk[g * hd..(g + 1) * hd],
+                c,
+                s,
+                T::ONE,
+                true,
+            );
+            rv[g * hd..(g + 1) * hd].copy_from_slice(&dv[at(g)]);
+        }
+    });
     out
 }
 
-/// `[heads, N, hd]` ↔ `[N, heads · hd]` without rotation (values, attention output).
+/// `[heads, N, hd]` → `[N, heads · hd]` (the attention output).
 fn heads_to_rows<T: Real>(x: &[T], heads: usize, hd: usize, n: usize) -> Vec<T> {
     let mut out = vec![T::ZERO; x.len()];
     par_chunks_mut(&mut out, heads * hd, x.len(), |r, dst| {
@@ -250,29 +302,17 @@ fn heads_to_rows<T: Real>(x: &[T], heads: usize, hd: usize, n: usize) -> Vec<T> 
     out
 }
 
-fn rows_to_heads<T: Real>(x: &[T], heads: usize, hd: usize, n: usize) -> Vec<T> {
-    let mut out = vec![T::ZERO; x.len()];
-    par_chunks_mut(&mut out, n * hd, x.len(), |h, dst| {
-        for r in 0..n {
-            dst[r * hd..(r + 1) * hd]
-                .copy_from_slice(&x[(r * heads + h) * hd..(r * heads + h + 1) * hd]);
-        }
-    });
-    out
-}
-
 /// `y = x · wᵀ (+ b)` over rows; a new buffer.
 fn linear<T: Real>(x: &[T], w: &[T], b: Option<&[T]>, n_in: usize, n_out: usize) -> Vec<T> {
     let rows = x.len() / n_in;
-    let mut y = vec![T::ZERO; rows * n_out];
-    if let Some(b) = b {
-        for r in y.chunks_exact_mut(n_out) {
-            r.copy_from_slice(b);
-        }
+    let Some(b) = b else {
+        return Mm::nt(rows, n_out, n_in).product(x, w);
+    };
+    let mut y = Vec::with_capacity(rows * n_out);
+    for _ in 0..rows {
+        y.extend_from_slice(b);
     }
-    Mm::nt(rows, n_out, n_in)
-        .add_if(b.is_some())
-        .run(&mut y, x, w);
+    Mm::nt(rows, n_out, n_in).add().run(&mut y, x, w);
     y
 }
 
@@ -294,20 +334,20 @@ impl<T: Real> PackGrad<'_, T> {
     }
 
     /// Backward of the projection `y = x·Wᵀ` by parameter `p` (`x: [rows, in]`);
-    /// overwrites `dx`.
-    fn linear(&mut self, p: P, dx: &mut [T], dy: &[T], x: &[T]) {
-        self.linear_span((p, p), dx, dy, x);
+    /// returns `dx`.
+    fn linear(&mut self, p: P, dy: &[T], x: &[T]) -> Vec<T> {
+        self.linear_span((p, p), dy, x)
     }
 
     /// [`Self::linear`] for the stacked weight of parameters `first..=last`
     /// (see [`PackOffsets::span`]), `dy` holding their outputs side by side
     /// per row.
-    fn linear_span(&mut self, (first, last): (P, P), dx: &mut [T], dy: &[T], x: &[T]) {
+    fn linear_span(&mut self, (first, last): (P, P), dy: &[T], x: &[T]) -> Vec<T> {
         let rows = self.rows.max(1);
         let (n_in, n_out) = (x.len() / rows, dy.len() / rows);
         let (a, b) = (self.po.at[first as usize], self.po.at[last as usize + 1]);
         Mm::tn(n_out, n_in, rows).run(&mut self.dp[a..b], dy, x);
-        Mm::nn(rows, n_in, n_out).run(dx, dy, &self.pack[a..b]);
+        Mm::nn(rows, n_in, n_out).product(dy, &self.pack[a..b])
     }
 }
 
@@ -324,38 +364,61 @@ fn rms_norm<T: Real>(x: &[T], w: &[T], d: usize, eps: f64) -> (Vec<T>, Vec<T>) {
     (y, inv)
 }
 
+/// Rows per task of the passes that also sum over rows (norm weight and
+/// bias gradients): each task sums its rows, the partial sums are added in
+/// task order, so the result does not depend on the thread count.
+const SUM_ROWS: usize = 128;
+
+/// Adds `parts` (each `n` wide) in order into `out`.
+fn add_parts<T: Real>(out: &mut [T], parts: Vec<Vec<T>>) {
+    out.iter_mut().for_each(|v| *v = T::ZERO);
+    for p in parts {
+        for (o, v) in out.iter_mut().zip(p) {
+            *o += v;
+        }
+    }
+}
+
 /// Backward of `y = x · r · w` (r = 1/rms per row) given `g = dL/dy`:
 /// adds `dx = r·(g⊙w) − x·r³·Σ(g⊙w⊙x)/d` to `dx` and returns `dw = Σ_rows g⊙x·r`.
 fn rms_norm_bwd<T: Real>(dx: &mut [T], x: &[T], inv: &[T], w: &[T], g: &[T], d: usize) -> Vec<T> {
     let dn = T::from_f64(d as f64);
-    par_chunks_mut(dx, d, x.len() * 4, |r, dr| {
-        let (xr, gr, rr) = (&x[r * d..(r + 1) * d], &g[r * d..(r + 1) * d], inv[r]);
-        let mut dot = T::ZERO;
-        for j in 0..d {
-            dot += gr[j] * w[j] * xr[j];
+    let parts = par_chunks_map(dx, d * SUM_ROWS, x.len() * 5, |blk, dxb| {
+        let mut dw = vec![T::ZERO; d];
+        for (i, dr) in dxb.chunks_exact_mut(d).enumerate() {
+            let r = blk * SUM_ROWS + i;
+            let (xr, gr, rr) = (&x[r * d..(r + 1) * d], &g[r * d..(r + 1) * d], inv[r]);
+            let mut dot = T::ZERO;
+            for j in 0..d {
+                dot += gr[j] * w[j] * xr[j];
+            }
+            let c = rr * rr * rr * dot / dn;
+            for j in 0..d {
+                dr[j] += rr * gr[j] * w[j] - xr[j] * c;
+                dw[j] += gr[j] * xr[j] * rr;
+            }
         }
-        let c = rr * rr * rr * dot / dn;
-        for j in 0..d {
-            dr[j] += rr * gr[j] * w[j] - xr[j] * c;
-        }
+        dw
     });
     let mut dw = vec![T::ZERO; d];
-    for ((xr, gr), &rr) in x.chunks_exact(d).zip(g.chunks_exact(d)).zip(inv) {
-        for j in 0..d {
-            dw[j] += gr[j] * xr[j] * rr;
-        }
-    }
+    add_parts(&mut dw, parts);
     dw
 }
 
 /// Σ over rows of `x: [rows, n]` into `out: [n]`.
 fn column_sums<T: Real>(out: &mut [T], x: &[T], n: usize) {
-    out.iter_mut().for_each(|v| *v = T::ZERO);
-    for row in x.chunks_exact(n) {
-        for (o, v) in out.iter_mut().zip(row) {
-            *o += *v;
+    let blocks = (x.len() / n.max(1)).div_ceil(SUM_ROWS);
+    let parts = par_map(blocks, x.len(), |blk| {
+        let mut acc = vec![T::ZERO; n];
+        let rows = &x[(blk * SUM_ROWS * n).min(x.len())..((blk + 1) * SUM_ROWS * n).min(x.len())];
+        for row in rows.chunks_exact(n) {
+            for (o, v) in acc.iter_mut().zip(row) {
+                *o += *v;
+            }
         }
-    }
+        acc
+    });
+    add_parts(out, parts);
 }
 
 /// The sizes one pass reads, unpacked once.
@@ -402,12 +465,12 @@ impl<T: Real> DecoderLayerOp<T> {
         let qkv_bias = sh.bias.then(|| po.span(pack, P::QB, P::VB));
         let qkv_dim = q_dim + 2 * kv_dim;
         let qkv = linear(&xn1, po.span(pack, P::Q, P::V), qkv_bias, d, qkv_dim);
-        let [q, k, v] = split_columns(&qkv, [q_dim, kv_dim, kv_dim]);
-        drop(qkv);
         let scale = T::from_f64(1.0 / (hd as f64).sqrt());
-        let q = rope_heads(&q, nh, hd, &pk.pos, &self.rope, scale, false);
-        let k = rope_heads(&k, nkv, hd, &pk.pos, &self.rope, T::ONE, false);
-        let v = rows_to_heads(&v, nkv, hd, n);
+        let (rope, pos) = (&*self.rope, &pk.pos[..]);
+        let q = to_heads(&qkv, (qkv_dim, 0), nh, hd, pos, Some((rope, scale)));
+        let k = to_heads(&qkv, (qkv_dim, q_dim), nkv, hd, pos, Some((rope, T::ONE)));
+        let v = to_heads(&qkv, (qkv_dim, q_dim + kv_dim), nkv, hd, pos, None);
+        drop(qkv);
         let (out, lse) = attention::forward(&q, &k, &v, &pk.offsets, sh.heads);
         let att = heads_to_rows(&out, nh, hd, n);
         let mut y1 = x.to_vec();
@@ -451,25 +514,21 @@ impl<T: Real> DecoderLayerOp<T> {
         };
         // MLP: y = y1 + act·Wdᵀ, act = silu(gate) ⊙ up.
         let act = swiglu(&s.gate_up, f);
-        let mut da = vec![T::ZERO; n * f];
-        grad.linear(P::Down, &mut da, dy, &act);
+        let da = grad.linear(P::Down, dy, &act);
         drop(act);
         let d_gate_up = swiglu_bwd(&da, &s.gate_up, f);
         drop(da);
-        let mut dxn2 = vec![T::ZERO; n * d];
-        grad.linear_span((P::Gate, P::Up), &mut dxn2, &d_gate_up, &s.xn2);
+        let dxn2 = grad.linear_span((P::Gate, P::Up), &d_gate_up, &s.xn2);
         drop(d_gate_up);
         let mut dy1 = dy.to_vec();
         let dln2 = rms_norm_bwd(&mut dy1, &s.y1, &s.inv2, po.get(pack, P::Ln2), &dxn2, d);
         grad.slot(P::Ln2).copy_from_slice(&dln2);
         drop(dxn2);
         // Attention: y1 = x + att·Woᵀ.
-        let mut datt = vec![T::ZERO; n * q_dim];
-        grad.linear(P::O, &mut datt, &dy1, &s.att);
-        let d_out = rows_to_heads(&datt, nh, hd, n);
-        let out = rows_to_heads(&s.att, nh, hd, n);
-        let delta = attention::delta(&d_out, &out, hd);
-        drop((datt, out));
+        let datt = grad.linear(P::O, &dy1, &s.att);
+        let d_out = to_heads(&datt, (q_dim, 0), nh, hd, &pk.pos, None);
+        let delta = attention::delta_rows(&datt, &s.att, nh, hd);
+        drop(datt);
         let (dq, dk, dv) = attention::backward(
             &s.q,
             &s.k,
@@ -481,18 +540,14 @@ impl<T: Real> DecoderLayerOp<T> {
             sh.heads,
         );
         let scale = T::from_f64(1.0 / (hd as f64).sqrt());
-        let dq = rope_heads(&dq, nh, hd, &pk.pos, &self.rope, scale, true);
-        let dk = rope_heads(&dk, nkv, hd, &pk.pos, &self.rope, T::ONE, true);
-        let dv = heads_to_rows(&dv, nkv, hd, n);
-        if sh.bias {
-            column_sums(grad.slot(P::QB), &dq, q_dim);
-            column_sums(grad.slot(P::KB), &dk, kv_dim);
-            column_sums(grad.slot(P::VB), &dv, kv_dim);
-        }
-        let d_qkv = join_columns(&[&dq, &dk, &dv], n);
+        let d_qkv = qkv_from_heads(&dq, &dk, &dv, (nh, nkv, hd), &pk.pos, &self.rope, scale);
         drop((dq, dk, dv));
-        let mut dxn1 = vec![T::ZERO; n * d];
-        grad.linear_span((P::Q, P::V), &mut dxn1, &d_qkv, &s.xn1);
+        if sh.bias {
+            // The q, k and v biases are adjacent in the pack, as their columns in d_qkv.
+            let (a, b) = (po.at[P::QB as usize], po.at[P::VB as usize + 1]);
+            column_sums(&mut grad.dp[a..b], &d_qkv, q_dim + 2 * kv_dim);
+        }
+        let dxn1 = grad.linear_span((P::Q, P::V), &d_qkv, &s.xn1);
         let mut dx = dy1;
         let dln1 = rms_norm_bwd(&mut dx, x, &s.inv1, po.get(pack, P::Ln1), &dxn1, d);
         grad.slot(P::Ln1).copy_from_slice(&dln1);
@@ -522,33 +577,6 @@ fn swiglu_bwd<T: Real>(da: &[T], gate_up: &[T], f: usize) -> Vec<T> {
         swiglu_bwd_into(dg, du, gate, up);
     });
     d_gate_up
-}
-
-/// Splits `[N, Σ widths]` rows into one `[N, width]` matrix per part.
-fn split_columns<T: Real, const K: usize>(x: &[T], widths: [usize; K]) -> [Vec<T>; K] {
-    let total: usize = widths.iter().sum();
-    let rows = x.len() / total.max(1);
-    let mut at = 0;
-    widths.map(|w| {
-        let mut part = Vec::with_capacity(rows * w);
-        for row in x.chunks_exact(total) {
-            part.extend_from_slice(&row[at..at + w]);
-        }
-        at += w;
-        part
-    })
-}
-
-/// The inverse of [`split_columns`]: `[N, wᵢ]` parts side by side per row.
-fn join_columns<T: Real>(parts: &[&[T]], rows: usize) -> Vec<T> {
-    let widths: Vec<usize> = parts.iter().map(|p| p.len() / rows.max(1)).collect();
-    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-    for r in 0..rows {
-        for (p, &w) in parts.iter().zip(&widths) {
-            out.extend_from_slice(&p[r * w..(r + 1) * w]);
-        }
-    }
-    out
 }
 
 impl<T: Real> CustomOp2 for DecoderLayerOp<T> {
@@ -605,5 +633,45 @@ impl<T: Real> CustomOp2 for DecoderLayerOp<T> {
             Some(tensor_from(dx, x.shape().clone())),
             Some(tensor_from(dp, pack.shape().clone())),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(n: usize, s: f64) -> Vec<f64> {
+        (0..n).map(|i| (i as f64 * s).sin()).collect()
+    }
+
+    #[test]
+    fn row_summing_passes_over_several_tasks_match_plain_sums() {
+        // 300 rows: three tasks of SUM_ROWS, the last one partial.
+        let (rows, d) = (300, 5);
+        let (x, g, w) = (seq(rows * d, 0.37), seq(rows * d, 0.91), seq(d, 1.3));
+        let inv = seq(rows, 0.23).iter().map(|v| 1.5 + v).collect::<Vec<_>>();
+        let mut dx = seq(rows * d, 0.11);
+        let dx0 = dx.clone();
+        let dw = rms_norm_bwd(&mut dx, &x, &inv, &w, &g, d);
+        for j in 0..d {
+            let want: f64 = (0..rows)
+                .map(|r| g[r * d + j] * x[r * d + j] * inv[r])
+                .sum();
+            assert!((dw[j] - want).abs() < 1e-12, "dw[{j}]");
+        }
+        for r in 0..rows {
+            let dot: f64 = (0..d).map(|j| g[r * d + j] * w[j] * x[r * d + j]).sum();
+            let c = inv[r].powi(3) * dot / d as f64;
+            for j in 0..d {
+                let want = dx0[r * d + j] + inv[r] * g[r * d + j] * w[j] - x[r * d + j] * c;
+                assert!((dx[r * d + j] - want).abs() < 1e-12, "dx[{r}, {j}]");
+            }
+        }
+        let mut sums = vec![7.0; d];
+        column_sums(&mut sums, &x, d);
+        for j in 0..d {
+            let want: f64 = (0..rows).map(|r| x[r * d + j]).sum();
+            assert!((sums[j] - want).abs() < 1e-12, "column {j}");
+        }
     }
 }

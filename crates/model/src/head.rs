@@ -10,7 +10,7 @@ use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::block::Packing;
 use crate::host::{storage_slice, tensor_from, with_slices};
-use crate::kernels::{par_chunks_mut, Mm, Real};
+use crate::kernels::{dot, exp_shifted_sum, par_chunks_mut, Mm, Real};
 
 /// Marks a row with no next token (the last of its sequence).
 const NO_TARGET: u32 = u32::MAX;
@@ -97,22 +97,25 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
         if h.len() != n * d {
             candle_core::bail!("lm head: input has {} values for {n} rows of {d}", h.len())
         }
-        let mut logits = vec![T::ZERO; n * vocab];
-        Mm::nt(n, vocab, d).run(&mut logits, h, w);
+        let logits = Mm::nt(n, vocab, d).product(h, w);
         // Per row: log-sum-exp and entropy H = lse − Σ p z.
         let mut stats = vec![T::ZERO; n * 2];
-        par_chunks_mut(&mut stats, 2, n * vocab * 4, |r, st| {
-            let z = &logits[r * vocab..(r + 1) * vocab];
-            let m = z.iter().fold(T::NEG_INFINITY, |a, &b| a.max(b));
-            let (mut sum, mut pz) = (T::ZERO, T::ZERO);
-            for &x in z {
-                let e = (x - m).exp();
-                sum += e;
-                pz += e * x;
+        // Rows per task, so that each task reuses one scratch row.
+        const ROWS: usize = 64;
+        par_chunks_mut(&mut stats, 2 * ROWS, n * vocab * 4, |blk, sts| {
+            let mut e = vec![T::ZERO; vocab];
+            for (i, st) in sts.chunks_exact_mut(2).enumerate() {
+                let r = blk * ROWS + i;
+                let z = &logits[r * vocab..(r + 1) * vocab];
+                let m = z.iter().fold(T::NEG_INFINITY, |a, &b| a.max(b));
+                e.copy_from_slice(z);
+                // e ← exp(z − m) (the vector exp for f32), Σ e, Σ e·z.
+                let sum = exp_shifted_sum(&mut e, m);
+                let pz = dot(&e, z);
+                let lse = m + sum.ln();
+                st[0] = lse;
+                st[1] = lse - pz / sum;
             }
-            let lse = m + sum.ln();
-            st[0] = lse;
-            st[1] = lse - pz / sum;
         });
         let (b, width) = (self.batch(), self.width);
         let mut out = vec![T::ZERO; 2 * b * width];
@@ -158,16 +161,16 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
                 let (glp, gh) = (g[at], g[b * width + at]);
                 let (lse, ent) = (s.lse[r], s.entropy[r]);
                 let z = &s.logits[r * vocab..(r + 1) * vocab];
+                // dr ← p = exp(z − lse) (the vector exp for f32), then the gradient.
+                dr.copy_from_slice(z);
+                exp_shifted_sum(dr, lse);
                 for (o, &x) in dr.iter_mut().zip(z) {
-                    let lp = x - lse;
-                    *o = -(lp.exp()) * (glp + gh * (lp + ent));
+                    *o = -*o * (glp + gh * (x - lse + ent));
                 }
                 dr[self.targets[r] as usize] += glp;
             });
-            let mut dh = vec![T::ZERO; n * d];
-            Mm::nn(n, d, vocab).run(&mut dh, &dz, wv);
-            let mut dw = vec![T::ZERO; vocab * d];
-            Mm::tn(vocab, d, n).run(&mut dw, &dz, hv);
+            let dh = Mm::nn(n, d, vocab).product(&dz, wv);
+            let dw = Mm::tn(vocab, d, n).product(&dz, hv);
             (dh, dw)
         })?;
         Ok((

@@ -211,6 +211,50 @@ impl Mm {
         }
         gemm_strided(c, row_major(self.n), a, self.a, b, self.b, self);
     }
+
+    /// The product as a new row-major `[m, n]` buffer (never accumulates).
+    /// The GEMM writes every element of a fresh allocation, which is then
+    /// not zeroed first: a zeroed buffer of an activation's size cost a
+    /// memset pass per product (3% of a training step).
+    pub(crate) fn product<T: Real>(self, a: &[T], b: &[T]) -> Vec<T> {
+        let mm = self.add_if(false);
+        let len = mm.m * mm.n;
+        let nt = mm.a.cs == 1 && mm.b.rs == 1 && mm.a.rs == mm.k && mm.b.cs == mm.k;
+        if len == 0 || mm.k == 0 || (nt && mm.m <= SMALL_M) {
+            let mut c = vec![T::ZERO; len];
+            mm.run(&mut c, a, b);
+            return c;
+        }
+        let mut c: Vec<T> = Vec::with_capacity(len);
+        // The GEMM's edge tiles (the last rows, fewer than its register
+        // tile's 4–8 columns of the transposed problem, and the last
+        // `n mod 16` columns) go through a scratch tile that copies the
+        // output in before overwriting it; those few elements are zeroed
+        // first so nothing uninitialised is ever read.
+        let (m, n) = (mm.m, mm.n);
+        let spare = c.spare_capacity_mut();
+        let tail_rows = m.min(64);
+        for v in &mut spare[(m - tail_rows) * n..len] {
+            v.write(T::ZERO);
+        }
+        let tail_cols = n % 16;
+        if tail_cols > 0 {
+            for row in spare[..(m - tail_rows) * n].chunks_exact_mut(n) {
+                for v in &mut row[n - tail_cols..] {
+                    v.write(T::ZERO);
+                }
+            }
+        }
+        // SAFETY: `c` has room for `len` elements; `gemm_raw` checks the
+        // inputs' bounds and, not accumulating, writes every one of the m·n
+        // elements of the row-major output (reading only the zeroed edges
+        // above), so all `len` are initialised when the length is set.
+        unsafe {
+            gemm_raw(c.as_mut_ptr(), len, row_major(mm.n), a, mm.a, b, mm.b, mm);
+            c.set_len(len);
+        }
+        c
+    }
 }
 
 /// Row and column strides of a matrix view, in elements.
@@ -242,7 +286,6 @@ fn gemm_strided<T: Real>(
         n,
         k,
         accumulate,
-        par,
         ..
     } = mm;
     if m == 0 || n == 0 {
@@ -262,6 +305,39 @@ fn gemm_strided<T: Real>(
         }
         return;
     }
+    // SAFETY: `c` is a live, exclusively borrowed slice of `c.len()` elements.
+    unsafe { gemm_raw(c.as_mut_ptr(), c.len(), cst, a, ast, b, bst, mm) }
+}
+
+/// [`gemm_strided`] into `c_len` elements at `c` (possibly uninitialised
+/// when not accumulating: then every element of the `[m, n]` view is
+/// written, none read).
+///
+/// # Safety
+/// `c` must be valid for writes (and, when accumulating, reads) of `c_len`
+/// elements and must not alias `a` or `b`; `k > 0`, `m, n > 0`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw<T: Real>(
+    c: *mut T,
+    c_len: usize,
+    cst: Strides,
+    a: &[T],
+    ast: Strides,
+    b: &[T],
+    bst: Strides,
+    mm: Mm,
+) {
+    let Mm {
+        m,
+        n,
+        k,
+        accumulate,
+        par,
+        ..
+    } = mm;
+    let last = |s: Strides, rows: usize, cols: usize| (rows - 1) * s.rs + (cols - 1) * s.cs;
+    assert!(m > 0 && n > 0 && k > 0, "gemm: empty product");
+    assert!(c_len > last(cst, m, n), "gemm: output slice too short");
     assert!(a.len() > last(ast, m, k), "gemm: lhs slice too short");
     assert!(b.len() > last(bst, k, n), "gemm: rhs slice too short");
     let threads = num_threads();
@@ -270,14 +346,15 @@ fn gemm_strided<T: Real>(
         _ => Parallelism::None,
     };
     // SAFETY: the asserts above keep every element gemm touches inside the
-    // slices; `c` is borrowed mutably and does not alias `a` or `b`. gemm
-    // supports f32 and f64, the only `Real` types.
+    // buffers; the caller guarantees `c` is writable and does not alias `a`
+    // or `b`. gemm supports f32 and f64, the only `Real` types; with
+    // `accumulate` false it does not read `c`.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             cst.cs as isize,
             cst.rs as isize,
             accumulate,
@@ -763,6 +840,28 @@ where
     }
 }
 
+/// [`par_chunks_mut`] whose calls each return a value, collected in chunk order.
+pub(crate) fn par_chunks_map<T, R, F>(out: &mut [T], width: usize, work: usize, f: F) -> Vec<R>
+where
+    T: Send,
+    R: Send,
+    F: Fn(usize, &mut [T]) -> R + Sync + Send,
+{
+    use rayon::prelude::*;
+    let width = width.max(1);
+    if num_threads() > 1 && work >= PAR_MIN_WORK && out.len() > width {
+        out.par_chunks_mut(width)
+            .enumerate()
+            .map(|(i, c)| f(i, c))
+            .collect()
+    } else {
+        out.chunks_mut(width)
+            .enumerate()
+            .map(|(i, c)| f(i, c))
+            .collect()
+    }
+}
+
 /// [`par_chunks_mut`] over two outputs chunked alike (`wa` and `wb` wide).
 pub(crate) fn par_chunks2_mut<T, F>(
     a: &mut [T],
@@ -857,8 +956,9 @@ mod tests {
 
     #[test]
     fn the_three_gemm_layouts_agree_with_a_naive_product() {
-        // 7 rows take the small-m path of `nt`, 40 the GEMM crate.
-        for (m, n, k) in [(7, 5, 11), (40, 70, 19)] {
+        // 7 rows take the small-m path of `nt`, 40 and 101 the GEMM crate
+        // (101 × 37: edge tiles in both directions).
+        for (m, n, k) in [(7, 5, 11), (40, 70, 19), (101, 37, 23)] {
             let a = seq(m * k, 0.37);
             let b = seq(n * k, 0.91);
             let want = naive(&a, &b, m, n, k);
@@ -873,6 +973,7 @@ mod tests {
                 let mut c = vec![1f32; m * n];
                 mm(Mm::nt).run(&mut c, &a, &b);
                 assert_eq!(c, want, "nt {m}x{n}x{k}");
+                assert_eq!(mm(Mm::nt).product(&a, &b), want, "nt product {m}x{n}x{k}");
                 mm(Mm::nt).add().run(&mut c, &a, &b);
                 let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
                 assert_eq!(c, twice, "nt add {m}x{n}x{k}");
@@ -881,6 +982,9 @@ mod tests {
                 let mut c2 = vec![0f32; m * n];
                 mm(Mm::nn).run(&mut c2, &a, &bt);
                 assert_eq!(c2, want);
+                assert_eq!(mm(Mm::nn).product(&a, &bt), want, "nn product");
+                let at0: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+                assert_eq!(mm(Mm::tn).product(&at0, &bt), want, "tn product");
                 // a as [k, m], accumulating onto c2: 2 × want
                 let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
                 mm(Mm::tn).add().run(&mut c2, &at, &bt);

@@ -381,8 +381,17 @@ pub fn clip_grad_norm(
 /// for the others (see [`device_sum_of_squares`]).
 fn host_sum_of_squares(g: &Tensor) -> candle_core::Result<Option<f64>> {
     fn host<T: Real>(g: &Tensor) -> candle_core::Result<f64> {
+        use rayon::prelude::*;
+        // Partial sums over fixed chunks, added in order: the same result
+        // for any thread count.
+        let chunk_sum = |c: &[T]| c.iter().map(|&x| x.to_f64() * x.to_f64()).sum::<f64>();
         with_slices::<T, _>(&[g], "gradient", |v| {
-            v[0].iter().map(|&x| x.to_f64() * x.to_f64()).sum::<f64>()
+            if num_threads() > 1 && v[0].len() * 2 >= PAR_MIN_WORK {
+                let parts: Vec<f64> = v[0].par_chunks(ADAM_CHUNK).map(chunk_sum).collect();
+                parts.iter().sum::<f64>()
+            } else {
+                v[0].chunks(ADAM_CHUNK).map(chunk_sum).sum::<f64>()
+            }
         })
     }
     match (g.device().is_cpu(), g.dtype()) {
@@ -409,8 +418,13 @@ fn device_sum_of_squares(g: &Tensor) -> candle_core::Result<Tensor> {
 fn scale(g: &Tensor, coef: f64) -> candle_core::Result<Tensor> {
     fn host<T: Real>(g: &Tensor, coef: f64) -> candle_core::Result<Tensor> {
         let c = T::from_f64(coef);
+        use rayon::prelude::*;
         let v = with_slices::<T, _>(&[g], "gradient", |v| {
-            v[0].iter().map(|&x| x * c).collect::<Vec<T>>()
+            if num_threads() > 1 && v[0].len() * 2 >= PAR_MIN_WORK {
+                v[0].par_iter().map(|&x| x * c).collect::<Vec<T>>()
+            } else {
+                v[0].iter().map(|&x| x * c).collect::<Vec<T>>()
+            }
         })?;
         Ok(tensor_from(v, g.shape().clone()))
     }

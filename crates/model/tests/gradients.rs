@@ -100,10 +100,13 @@ fn fused_training_path_equals_the_composite_ops() {
         let mut model =
             PolicyModel::new_random_with_dtype(&config, value_head, 3, DType::F64, &Device::Cpu)
                 .unwrap();
+        // 152 packed rows: the row-summing passes (norm weight and bias
+        // gradients, 128 rows per task) add more than one partial sum.
         let seqs: Vec<Vec<u32>> = vec![
             (0..70).map(|i| (i * 5 + 1) % 13).collect(),
             vec![4, 12, 0],
             (0..9).map(|i| (i * 3 + 2) % 13).collect(),
+            (0..70).map(|i| (i * 7 + 3) % 13).collect(),
         ];
         let run = |model: &PolicyModel| {
             let out = model.sequence_logprobs(&seqs).unwrap();
