@@ -1,11 +1,12 @@
-//! `agentrl generate` on the qwen2-tiny fixture made by transformers.
+//! `agentrl generate` on the qwen2-tiny fixture made by transformers, and
+//! `agentrl bench model`'s rounds.
 
 use std::path::Path;
 
 use serde_json::Value;
 
 mod common;
-use common::{agentrl_line, failure_stderr, json_stdout};
+use common::{agentrl, agentrl_line, failure_stderr, json_stdout};
 
 #[path = "../../model/tests/qwen2_tiny/mod.rs"]
 mod qwen2_tiny;
@@ -126,4 +127,41 @@ fn device_cuda_either_runs_or_names_the_missing_build_or_gpu() {
         );
         assert_eq!(json_stdout(&out)["new_ids"], json_stdout(&cpu)["new_ids"]);
     }
+}
+
+/// `--rounds N` measures N times and reports the median round; 0 rounds is
+/// refused by name. (No PyTorch here: the ratios need one.)
+#[test]
+fn bench_model_rounds_report_the_median_round() {
+    let tiny = [
+        "bench",
+        "model",
+        "--no-torch",
+        "--json",
+        "--steps",
+        "1",
+        "--sample-runs",
+        "1",
+        "--batch",
+        "2",
+        "--seq-len",
+        "16",
+        "--prompt-len",
+        "4",
+        "--new-tokens",
+        "2",
+    ];
+    let v = json_stdout(&agentrl(&[&tiny[..], &["--rounds", "3"]].concat()));
+    assert_eq!(v["rounds"], 3);
+    let mut each: Vec<f64> = v["train_tokens_per_s_rounds"]
+        .as_array()
+        .expect("rounds' figures")
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(each.len(), 3);
+    each.sort_by(f64::total_cmp);
+    assert_eq!(v["train_tokens_per_s"].as_f64(), Some(each[1]), "{v}");
+    let err = failure_stderr(&agentrl(&[&tiny[..], &["--rounds", "0"]].concat()));
+    assert!(err.contains("--rounds"), "{err}");
 }

@@ -104,6 +104,12 @@ pub struct BenchModelArgs {
     /// Timed sampling runs, after one warm-up run.
     #[arg(long, default_value_t = 2)]
     sample_runs: usize,
+    /// Rounds of both measurements, alternating agentrl and PyTorch; the
+    /// figures are each side's median and the ratio the median of the
+    /// rounds' ratios (a shared host's load moves both sides' figures by
+    /// 10–20% from one minute to the next).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Training batch: sequences × tokens.
     #[arg(long, default_value_t = 16)]
     batch: usize,
@@ -338,6 +344,7 @@ fn load_average() -> String {
 }
 
 /// The candle side's figures.
+#[derive(Debug, Clone, Copy)]
 struct Measured {
     train_step_s: f64,
     /// One extra step, synchronised after each phase: forward (with the
@@ -346,6 +353,31 @@ struct Measured {
     train_tok_s: f64,
     sample_s: f64,
     sample_tok_s: f64,
+}
+
+impl Measured {
+    /// The round with the median training throughput, its sampling figures
+    /// replaced by those of the round with the median sampling throughput.
+    fn median_round(rounds: &[Measured]) -> Measured {
+        let middle = |key: fn(&Measured) -> f64| {
+            let mut sorted: Vec<&Measured> = rounds.iter().collect();
+            sorted.sort_by(|a, b| key(a).total_cmp(&key(b)));
+            *sorted[sorted.len() / 2]
+        };
+        let sampling = middle(|m| m.sample_tok_s);
+        Measured {
+            sample_s: sampling.sample_s,
+            sample_tok_s: sampling.sample_tok_s,
+            ..middle(|m| m.train_tok_s)
+        }
+    }
+}
+
+/// The median of `v` (the upper of the middle two for an even count);
+/// `None` when `v` is empty.
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 fn measure_agentrl(args: &BenchModelArgs, model: &PolicyModel) -> anyhow::Result<Measured> {
@@ -428,6 +460,18 @@ struct TorchMeasured {
     version: String,
     train_tok_s: f64,
     sample_tok_s: f64,
+}
+
+impl TorchMeasured {
+    /// Each figure's median over the rounds; `None` when there were none.
+    fn median(rounds: &[TorchMeasured]) -> Option<TorchMeasured> {
+        let first = rounds.first()?;
+        Some(TorchMeasured {
+            version: first.version.clone(),
+            train_tok_s: median(rounds.iter().map(|t| t.train_tok_s).collect())?,
+            sample_tok_s: median(rounds.iter().map(|t| t.sample_tok_s).collect())?,
+        })
+    }
 }
 
 /// Which interpreter runs the reference: `--python`, else `python3` when it
@@ -524,8 +568,8 @@ fn measure_torch(
 
 pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.steps > 0 && args.sample_runs > 0 && args.batch > 0,
-        "--steps, --sample-runs and --batch must be positive"
+        args.steps > 0 && args.sample_runs > 0 && args.batch > 0 && args.rounds > 0,
+        "--steps, --sample-runs, --batch and --rounds must be positive"
     );
     anyhow::ensure!(args.seq_len >= 2, "--seq-len must be at least 2");
     anyhow::ensure!(
@@ -565,17 +609,35 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     } else {
         (peak_now()?, large_matmul_flops(1024, dtype, &dev)?)
     };
-    let model = PolicyModel::new_random_with_dtype(&cfg, false, 0, dtype, &dev)
-        .context("building the model")?;
-    let parameters = model.num_parameters()?;
-    let ours = measure_agentrl(&args, &model)?;
-    // The PyTorch side needs the GPU's memory next.
-    drop(model);
     let python = torch_python(&args);
-    let torch = match &python {
-        Some(p) => Some(measure_torch(p, &args, threads)?),
-        None => None,
+    let mut rounds = Vec::with_capacity(args.rounds);
+    let mut torch_rounds = Vec::with_capacity(args.rounds);
+    let mut parameters = 0;
+    for _ in 0..args.rounds {
+        // Built anew each round (the same seed, the same weights): the
+        // PyTorch side needs the GPU's memory next.
+        let model = PolicyModel::new_random_with_dtype(&cfg, false, 0, dtype, &dev)
+            .context("building the model")?;
+        parameters = model.num_parameters()?;
+        rounds.push(measure_agentrl(&args, &model)?);
+        drop(model);
+        if let Some(p) = &python {
+            torch_rounds.push(measure_torch(p, &args, threads)?);
+        }
+    }
+    let ours = Measured::median_round(&rounds);
+    let torch = TorchMeasured::median(&torch_rounds);
+    let ratios = |ours_of: fn(&Measured) -> f64, theirs_of: fn(&TorchMeasured) -> f64| {
+        median(
+            rounds
+                .iter()
+                .zip(&torch_rounds)
+                .map(|(o, t)| ours_of(o) / theirs_of(t))
+                .collect(),
+        )
     };
+    let train_ratio = ratios(|m| m.train_tok_s, |t| t.train_tok_s);
+    let sample_ratio = ratios(|m| m.sample_tok_s, |t| t.sample_tok_s);
     let load_end = load_average();
     // Measured again at the end; the better of the two is the peak.
     let peak = peak_start.max(peak_now()?);
@@ -609,14 +671,20 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             "sample_tokens_per_s": ours.sample_tok_s,
             "mfu": mfu,
             "sample_mfu": sample_mfu,
+            "rounds": args.rounds,
+            "train_tokens_per_s_rounds": rounds.iter().map(|m| m.train_tok_s).collect::<Vec<_>>(),
         });
         if let Some(t) = &torch {
             v["torch_version"] = serde_json::json!(t.version);
             v["torch_train_tokens_per_s"] = serde_json::json!(t.train_tok_s);
             v["torch_sample_tokens_per_s"] = serde_json::json!(t.sample_tok_s);
             v["torch_mfu"] = serde_json::json!(torch_mfu);
-            v["train_ratio"] = serde_json::json!(ours.train_tok_s / t.train_tok_s);
-            v["sample_ratio"] = serde_json::json!(ours.sample_tok_s / t.sample_tok_s);
+            v["train_ratio"] = serde_json::json!(train_ratio);
+            v["sample_ratio"] = serde_json::json!(sample_ratio);
+            v["torch_train_tokens_per_s_rounds"] = serde_json::json!(torch_rounds
+                .iter()
+                .map(|t| t.train_tok_s)
+                .collect::<Vec<_>>());
         }
         println!("{v}");
         return Ok(());
@@ -654,8 +722,8 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             gemm / 1e9
         );
     }
-    let ratio = |a: f64, b: Option<f64>| match b {
-        Some(b) => format!("{:>8.2}x", a / b),
+    let ratio = |r: Option<f64>| match r {
+        Some(r) => format!("{r:>8.2}x"),
         None => format!("{:>9}", "-"),
     };
     let theirs = |f: fn(&TorchMeasured) -> f64| torch.as_ref().map(f);
@@ -666,7 +734,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         format!("train tok/s ({}x{}, +clip+AdamW)", args.batch, args.seq_len),
         ours.train_tok_s,
         cell(theirs(|t| t.train_tok_s)),
-        ratio(ours.train_tok_s, theirs(|t| t.train_tok_s))
+        ratio(train_ratio)
     );
     println!(
         "{:<34}{:>12.0}{}{}",
@@ -676,7 +744,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         ),
         ours.sample_tok_s,
         cell(theirs(|t| t.sample_tok_s)),
-        ratio(ours.sample_tok_s, theirs(|t| t.sample_tok_s))
+        ratio(sample_ratio)
     );
     println!(
         "{:<34}{:>11.1}%{:>12}",
@@ -689,6 +757,33 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         "sampling MFU (prefill + decode)",
         100.0 * sample_mfu
     );
+    if args.rounds > 1 {
+        let list = |v: Vec<String>| v.join(" ");
+        let ours_list = list(
+            rounds
+                .iter()
+                .map(|m| format!("{:.0}", m.train_tok_s))
+                .collect(),
+        );
+        let theirs_list = if torch_rounds.is_empty() {
+            String::new()
+        } else {
+            let tok_s = torch_rounds.iter().map(|t| format!("{:.0}", t.train_tok_s));
+            let ratios = rounds
+                .iter()
+                .zip(&torch_rounds)
+                .map(|(o, t)| format!("{:.2}", o.train_tok_s / t.train_tok_s));
+            format!(
+                "; PyTorch {}; ratios {}",
+                list(tok_s.collect()),
+                list(ratios.collect())
+            )
+        };
+        println!(
+            "{} rounds, agentrl then PyTorch in each (medians above): train tok/s agentrl {ours_list}{theirs_list}",
+            args.rounds
+        );
+    }
     let [fwd, bwd, clip, adamw] = ours.train_phases_s.map(|s| s * 1e3);
     println!(
         "agentrl train step {:.1} ms; one more, synchronised per phase: forward+loss {fwd:.1} ms, \
@@ -708,4 +803,35 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         ),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(train_tok_s: f64, sample_tok_s: f64) -> Measured {
+        Measured {
+            train_step_s: 1.0 / train_tok_s,
+            train_phases_s: [train_tok_s; 4],
+            train_tok_s,
+            sample_s: 1.0 / sample_tok_s,
+            sample_tok_s,
+        }
+    }
+
+    #[test]
+    fn median_takes_the_middle_or_the_upper_middle() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(3.0));
+        assert_eq!(median(vec![]), None);
+    }
+
+    #[test]
+    fn median_round_takes_training_and_sampling_each_from_its_median_round() {
+        let m = Measured::median_round(&[round(10.0, 7.0), round(30.0, 5.0), round(20.0, 9.0)]);
+        assert_eq!(m.train_tok_s, 20.0);
+        assert_eq!(m.train_phases_s, [20.0; 4], "phases come with their round");
+        assert_eq!(m.sample_tok_s, 7.0);
+        assert_eq!(m.sample_s, 1.0 / 7.0);
+    }
 }
