@@ -126,17 +126,21 @@ enum P {
 }
 
 impl PackOffsets {
+    /// Where parameters `first..=last` lie in the pack.
+    fn range(&self, first: P, last: P) -> std::ops::Range<usize> {
+        self.at[first as usize]..self.at[last as usize + 1]
+    }
     fn get<'a, T>(&self, pack: &'a [T], p: P) -> &'a [T] {
-        &pack[self.at[p as usize]..self.at[p as usize + 1]]
+        &pack[self.range(p, p)]
     }
     /// Parameters `first..=last`, adjacent in the pack: q, k, v stacked are
     /// one `[q + 2·kv, d]` weight, gate and up one `[2·ffn, d]`, so each
     /// group is one GEMM instead of two or three narrow ones.
     fn span<'a, T>(&self, pack: &'a [T], first: P, last: P) -> &'a [T] {
-        &pack[self.at[first as usize]..self.at[last as usize + 1]]
+        &pack[self.range(first, last)]
     }
     fn get_mut<'a, T>(&self, pack: &'a mut [T], p: P) -> &'a mut [T] {
-        &mut pack[self.at[p as usize]..self.at[p as usize + 1]]
+        &mut pack[self.range(p, p)]
     }
     /// The pack's length.
     pub(crate) fn total(&self) -> usize {
@@ -345,9 +349,9 @@ impl<T: Real> PackGrad<'_, T> {
     fn linear_span(&mut self, (first, last): (P, P), dy: &[T], x: &[T]) -> Vec<T> {
         let rows = self.rows.max(1);
         let (n_in, n_out) = (x.len() / rows, dy.len() / rows);
-        let (a, b) = (self.po.at[first as usize], self.po.at[last as usize + 1]);
-        Mm::tn(n_out, n_in, rows).run(&mut self.dp[a..b], dy, x);
-        Mm::nn(rows, n_in, n_out).product(dy, &self.pack[a..b])
+        let span = self.po.range(first, last);
+        Mm::tn(n_out, n_in, rows).run(&mut self.dp[span.clone()], dy, x);
+        Mm::nn(rows, n_in, n_out).product(dy, &self.pack[span])
     }
 }
 
@@ -544,8 +548,11 @@ impl<T: Real> DecoderLayerOp<T> {
         drop((dq, dk, dv));
         if sh.bias {
             // The q, k and v biases are adjacent in the pack, as their columns in d_qkv.
-            let (a, b) = (po.at[P::QB as usize], po.at[P::VB as usize + 1]);
-            column_sums(&mut grad.dp[a..b], &d_qkv, q_dim + 2 * kv_dim);
+            column_sums(
+                &mut grad.dp[po.range(P::QB, P::VB)],
+                &d_qkv,
+                q_dim + 2 * kv_dim,
+            );
         }
         let dxn1 = grad.linear_span((P::Q, P::V), &d_qkv, &s.xn1);
         let mut dx = dy1;

@@ -197,10 +197,15 @@ impl Mm {
             ..self
         }
     }
+    /// Whether [`Self::run`] skips the GEMM crate: a dense `nt` product
+    /// with few rows (decode steps).
+    fn takes_small_nt(&self) -> bool {
+        let nt = self.a.cs == 1 && self.b.rs == 1 && self.a.rs == self.k && self.b.cs == self.k;
+        nt && self.m <= SMALL_M
+    }
     /// Computes into `c` (row-major `[m, n]`).
     pub(crate) fn run<T: Real>(self, c: &mut [T], a: &[T], b: &[T]) {
-        let nt = self.a.cs == 1 && self.b.rs == 1 && self.a.rs == self.k && self.b.cs == self.k;
-        if nt && self.m <= SMALL_M && self.k > 0 {
+        if self.takes_small_nt() && self.k > 0 {
             assert!(
                 a.len() >= self.m * self.k && b.len() >= self.n * self.k,
                 "small gemm: inputs too short"
@@ -219,8 +224,7 @@ impl Mm {
     pub(crate) fn product<T: Real>(self, a: &[T], b: &[T]) -> Vec<T> {
         let mm = self.add_if(false);
         let len = mm.m * mm.n;
-        let nt = mm.a.cs == 1 && mm.b.rs == 1 && mm.a.rs == mm.k && mm.b.cs == mm.k;
-        if len == 0 || mm.k == 0 || (nt && mm.m <= SMALL_M) {
+        if len == 0 || mm.k == 0 || mm.takes_small_nt() {
             let mut c = vec![T::ZERO; len];
             mm.run(&mut c, a, b);
             return c;
@@ -264,6 +268,13 @@ struct Strides {
     cs: usize,
 }
 
+impl Strides {
+    /// Offset of the last element of a `rows × cols` view (both positive).
+    fn last(self, rows: usize, cols: usize) -> usize {
+        (rows - 1) * self.rs + (cols - 1) * self.cs
+    }
+}
+
 fn row_major(cols: usize) -> Strides {
     Strides { rs: cols, cs: 1 }
 }
@@ -293,8 +304,7 @@ fn gemm_strided<T: Real>(
     }
     // Bounds: the last element each view reaches must lie inside its slice,
     // which makes the raw-pointer call below sound.
-    let last = |s: Strides, rows: usize, cols: usize| (rows - 1) * s.rs + (cols - 1) * s.cs;
-    assert!(c.len() > last(cst, m, n), "gemm: output slice too short");
+    assert!(c.len() > cst.last(m, n), "gemm: output slice too short");
     if k == 0 {
         if !accumulate {
             for i in 0..m {
@@ -335,11 +345,10 @@ unsafe fn gemm_raw<T: Real>(
         par,
         ..
     } = mm;
-    let last = |s: Strides, rows: usize, cols: usize| (rows - 1) * s.rs + (cols - 1) * s.cs;
     assert!(m > 0 && n > 0 && k > 0, "gemm: empty product");
-    assert!(c_len > last(cst, m, n), "gemm: output slice too short");
-    assert!(a.len() > last(ast, m, k), "gemm: lhs slice too short");
-    assert!(b.len() > last(bst, k, n), "gemm: rhs slice too short");
+    assert!(c_len > cst.last(m, n), "gemm: output slice too short");
+    assert!(a.len() > ast.last(m, k), "gemm: lhs slice too short");
+    assert!(b.len() > bst.last(k, n), "gemm: rhs slice too short");
     let threads = num_threads();
     let par = match par {
         Par::Threads if threads > 1 => Parallelism::Rayon(threads),
@@ -983,10 +992,9 @@ mod tests {
                 mm(Mm::nn).run(&mut c2, &a, &bt);
                 assert_eq!(c2, want);
                 assert_eq!(mm(Mm::nn).product(&a, &bt), want, "nn product");
-                let at0: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
-                assert_eq!(mm(Mm::tn).product(&at0, &bt), want, "tn product");
-                // a as [k, m], accumulating onto c2: 2 × want
+                // a as [k, m]: the product, then accumulating onto c2: 2 × want
                 let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+                assert_eq!(mm(Mm::tn).product(&at, &bt), want, "tn product");
                 mm(Mm::tn).add().run(&mut c2, &at, &bt);
                 assert_eq!(c2, twice);
             }

@@ -16,7 +16,7 @@ use candle_core::{CpuStorage, DType, Device, InplaceOp2, Layout, Tensor, Var};
 
 use crate::checkpoint::write_tensors_exact;
 use crate::host::{storage_slice, tensor_from, with_slices};
-use crate::kernels::{num_threads, Real, PAR_MIN_WORK};
+use crate::kernels::{num_threads, par_map, Real, PAR_MIN_WORK};
 use crate::ModelError;
 
 /// AdamW hyper-parameters (PyTorch's defaults: β = (0.9, 0.999), ε = 1e-8, weight decay 0.01).
@@ -381,17 +381,17 @@ pub fn clip_grad_norm(
 /// for the others (see [`device_sum_of_squares`]).
 fn host_sum_of_squares(g: &Tensor) -> candle_core::Result<Option<f64>> {
     fn host<T: Real>(g: &Tensor) -> candle_core::Result<f64> {
-        use rayon::prelude::*;
         // Partial sums over fixed chunks, added in order: the same result
         // for any thread count.
-        let chunk_sum = |c: &[T]| c.iter().map(|&x| x.to_f64() * x.to_f64()).sum::<f64>();
         with_slices::<T, _>(&[g], "gradient", |v| {
-            if num_threads() > 1 && v[0].len() * 2 >= PAR_MIN_WORK {
-                let parts: Vec<f64> = v[0].par_chunks(ADAM_CHUNK).map(chunk_sum).collect();
-                parts.iter().sum::<f64>()
-            } else {
-                v[0].chunks(ADAM_CHUNK).map(chunk_sum).sum::<f64>()
-            }
+            let g = v[0];
+            let chunks = g.len().div_ceil(ADAM_CHUNK);
+            par_map(chunks, g.len() * 2, |i| {
+                let c = &g[i * ADAM_CHUNK..((i + 1) * ADAM_CHUNK).min(g.len())];
+                c.iter().map(|&x| x.to_f64() * x.to_f64()).sum::<f64>()
+            })
+            .iter()
+            .sum::<f64>()
         })
     }
     match (g.device().is_cpu(), g.dtype()) {
