@@ -153,6 +153,8 @@ fn bench_model_rounds_report_the_median_round() {
     ];
     let v = json_stdout(&agentrl(&[&tiny[..], &["--rounds", "3"]].concat()));
     assert_eq!(v["rounds"], 3);
+    // This build (no `openblas` feature) runs every product on the gemm crate.
+    assert_eq!(v["gemm_backend"], "gemm");
     let mut each: Vec<f64> = v["train_tokens_per_s_rounds"]
         .as_array()
         .expect("rounds' figures")

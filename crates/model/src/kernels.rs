@@ -263,9 +263,9 @@ impl Mm {
 
 /// Row and column strides of a matrix view, in elements.
 #[derive(Clone, Copy, Debug)]
-struct Strides {
-    rs: usize,
-    cs: usize,
+pub(crate) struct Strides {
+    pub(crate) rs: usize,
+    pub(crate) cs: usize,
 }
 
 impl Strides {
@@ -349,6 +349,13 @@ unsafe fn gemm_raw<T: Real>(
     assert!(c_len > cst.last(m, n), "gemm: output slice too short");
     assert!(a.len() > ast.last(m, k), "gemm: lhs slice too short");
     assert!(b.len() > bst.last(k, n), "gemm: rhs slice too short");
+    #[cfg(feature = "openblas")]
+    // SAFETY: the asserts above and the caller's guarantees are blas::gemm's.
+    if par == Par::Threads
+        && unsafe { crate::blas::gemm(c, cst, a, ast, b, bst, (m, n, k), accumulate) }
+    {
+        return;
+    }
     let threads = num_threads();
     let par = match par {
         Par::Threads if threads > 1 => Parallelism::Rayon(threads),

@@ -5,6 +5,8 @@
 //! tokenizer and chat template are `agentrl-tokenizer`.
 
 mod attention;
+#[cfg(feature = "openblas")]
+mod blas;
 mod block;
 pub mod checkpoint;
 pub mod config;
@@ -25,6 +27,25 @@ pub mod sampling;
 pub use candle_core;
 /// candle's NN helpers (VarMap), re-exported for the same reason.
 pub use candle_nn;
+
+/// Which library runs the large CPU matrix products: `gemm` (the crate), or
+/// with the `openblas` feature `openblas (KERNEL)`, or `gemm (...)` saying
+/// why OpenBLAS's kernel for this CPU was not used.
+pub fn gemm_backend() -> String {
+    #[cfg(feature = "openblas")]
+    {
+        let core = blas::core_name();
+        if blas::vector_kernel() {
+            format!("openblas ({core})")
+        } else {
+            format!("gemm (OpenBLAS picked its {core} kernel, not AVX2: set OPENBLAS_CORETYPE)")
+        }
+    }
+    #[cfg(not(feature = "openblas"))]
+    {
+        "gemm".to_string()
+    }
+}
 pub use config::{ModelConfig, RopeParameters, MAX_PARAMETERS, MAX_POSITIONS};
 pub use decode::SequenceCache;
 pub use error::ModelError;

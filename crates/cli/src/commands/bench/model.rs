@@ -660,6 +660,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             "device": if on_gpu { "cuda" } else { "cpu" },
             "dtype": args.dtype.torch(),
             "threads": threads,
+            "gemm_backend": agentrl_model::gemm_backend(),
             "load_average_1m_start": load_start,
             "load_average_1m_end": load_end,
             "peak_flops": peak,
@@ -703,7 +704,10 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         if on_gpu {
             "CUDA device 0".to_string()
         } else {
-            format!("CPU, {threads} threads")
+            format!(
+                "CPU, {threads} threads, GEMMs: {}",
+                agentrl_model::gemm_backend()
+            )
         },
     );
     println!("load average (1 min): {load_start} at the start, {load_end} at the end");
