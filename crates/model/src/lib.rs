@@ -28,6 +28,14 @@ pub use candle_core;
 /// candle's NN helpers (VarMap), re-exported for the same reason.
 pub use candle_nn;
 
+pub use config::{ModelConfig, RopeParameters, MAX_PARAMETERS, MAX_POSITIONS};
+pub use decode::SequenceCache;
+pub use error::ModelError;
+pub use lora::{LoraAdapter, LoraConfig, LoraTarget};
+pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
+pub use policy::{PolicyModel, SequenceLogprobs};
+pub use sampling::{Generation, SamplingParams};
+
 /// Which library runs the large CPU matrix products: `gemm` (the crate), or
 /// with the `openblas` feature `openblas (KERNEL)`, or `gemm (...)` saying
 /// why OpenBLAS's kernel for this CPU was not used.
@@ -46,10 +54,3 @@ pub fn gemm_backend() -> String {
         "gemm".to_string()
     }
 }
-pub use config::{ModelConfig, RopeParameters, MAX_PARAMETERS, MAX_POSITIONS};
-pub use decode::SequenceCache;
-pub use error::ModelError;
-pub use lora::{LoraAdapter, LoraConfig, LoraTarget};
-pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
-pub use policy::{PolicyModel, SequenceLogprobs};
-pub use sampling::{Generation, SamplingParams};
