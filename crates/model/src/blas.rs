@@ -16,9 +16,7 @@ use std::any::TypeId;
 use std::ffi::c_int;
 use std::sync::OnceLock;
 
-use rayon::prelude::*;
-
-use super::kernels::{Real, Strides};
+use super::kernels::{par_map, Real, Strides};
 
 const ROW_MAJOR: c_int = 101;
 const NO_TRANS: c_int = 111;
@@ -158,7 +156,7 @@ pub(crate) unsafe fn gemm<T: Real>(
         b: b.as_ptr(),
     };
     let beta = if accumulate { T::ONE } else { T::ZERO };
-    (0..len.div_ceil(chunk)).into_par_iter().for_each(|i| {
+    par_map(len.div_ceil(chunk), m * n * k, |i| {
         let p = ptrs;
         let start = i * chunk;
         let width = chunk.min(len - start);
@@ -198,40 +196,32 @@ unsafe fn call<T: Real>(
     // Every dimension and stride was checked to fit a c_int.
     let (m, n, k) = (m as c_int, n as c_int, k as c_int);
     let (lda, ldb, ldc) = (opa.ld as c_int, opb.ld as c_int, ldc as c_int);
+    // One argument list for both precisions; only the function and the
+    // scalar type differ.
+    macro_rules! cblas {
+        ($gemm:ident, $t:ty) => {
+            $gemm(
+                ROW_MAJOR,
+                opa.trans,
+                opb.trans,
+                m,
+                n,
+                k,
+                1.0,
+                a.cast(),
+                lda,
+                b.cast(),
+                ldb,
+                beta.to_f64() as $t,
+                c.cast(),
+                ldc,
+            )
+        };
+    }
     if is_f32 {
-        cblas_sgemm(
-            ROW_MAJOR,
-            opa.trans,
-            opb.trans,
-            m,
-            n,
-            k,
-            1.0,
-            a.cast(),
-            lda,
-            b.cast(),
-            ldb,
-            beta.to_f64() as f32,
-            c.cast(),
-            ldc,
-        );
+        cblas!(cblas_sgemm, f32);
     } else {
-        cblas_dgemm(
-            ROW_MAJOR,
-            opa.trans,
-            opb.trans,
-            m,
-            n,
-            k,
-            1.0,
-            a.cast(),
-            lda,
-            b.cast(),
-            ldb,
-            beta.to_f64(),
-            c.cast(),
-            ldc,
-        );
+        cblas!(cblas_dgemm, f64);
     }
 }
 
