@@ -4,7 +4,7 @@
 // The server's test helpers (the "counter" env, a loopback config), shared
 // rather than copied: these tests drive the same server.
 mod agentgym_double;
-#[path = "../../server/tests/common/mod.rs"]
+#[path = "../../server/tests/server/common/mod.rs"]
 mod common;
 
 use std::net::SocketAddr;

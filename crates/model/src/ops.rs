@@ -4,7 +4,7 @@
 //!
 //! candle's own fused versions have no `bwd` and cut the gradient; these
 //! implement `CustomOp::bwd` with the analytic gradients (checked against
-//! finite differences in tests/gradients.rs and against the composite ops in
+//! finite differences in tests/model/gradients.rs and against the composite ops in
 //! this file's tests). On non-CPU devices or non-f32/f64 dtypes the callers
 //! fall back to compositions of differentiable candle ops.
 

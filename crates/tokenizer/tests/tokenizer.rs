@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-#[path = "../../model/tests/qwen2_tiny/mod.rs"]
+#[path = "../../model/tests/model/qwen2_tiny/mod.rs"]
 mod qwen2_tiny;
 use qwen2_tiny::{fixture_dir, reference, u32s as ids};
 

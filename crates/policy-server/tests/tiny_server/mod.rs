@@ -8,7 +8,7 @@ use agentrl_policy_server::{BackgroundPolicyServer, PolicyServerConfig, ServedMo
 use agentrl_tokenizer::ChatTokenizer;
 use serde_json::Value;
 
-#[path = "../../../model/tests/qwen2_tiny/mod.rs"]
+#[path = "../../../model/tests/model/qwen2_tiny/mod.rs"]
 pub mod qwen2_tiny;
 use qwen2_tiny::fixture_dir;
 

@@ -1,0 +1,17 @@
+//! The integration tests of `cli`, one module per area, in one test binary
+//! (each binary links every dependency again: one instead of 12 keeps the
+//! test build short).
+
+mod agentgym_cli;
+mod common;
+mod env_pool_cli;
+mod envs_cli;
+mod eval_matrix_cli;
+mod generalisation_study_cli;
+mod generate_cli;
+mod learning;
+mod lora_cli;
+mod policy_cli;
+mod remote_generation_cli;
+mod serve_cli;
+mod train_resume;

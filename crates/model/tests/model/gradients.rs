@@ -1,0 +1,357 @@
+//! Finite-difference gradient checks (f64) for every parameter tensor, and
+//! optimizer behaviour: AdamW arithmetic, exact resume, clipping, training.
+
+use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, ModelConfig, PolicyModel};
+use candle_core::{DType, Device, Tensor, Var};
+
+use crate::finite_difference;
+use finite_difference::{assert_gradient_matches, var_names};
+
+fn tiny_config(model_type: &str, tied: bool) -> ModelConfig {
+    let mut c = ModelConfig::new_qwen2(13, 8, 2, 2, 1, 12);
+    c.model_type = model_type.to_string();
+    c.tie_word_embeddings = tied;
+    c.max_position_embeddings = 16;
+    // Larger weights than 0.02 so that attention and norms are far from linear.
+    c.initializer_range = 0.5;
+    c
+}
+
+const SEQS: [&[u32]; 2] = [&[1, 5, 7, 2, 11, 3], &[4, 12, 0]];
+
+/// A scalar touching every output: weighted log-probs, entropies and values.
+fn loss(model: &PolicyModel) -> Tensor {
+    let seqs: Vec<Vec<u32>> = SEQS.iter().map(|s| s.to_vec()).collect();
+    loss_of(model, &seqs)
+}
+
+fn loss_of(model: &PolicyModel, seqs: &[Vec<u32>]) -> Tensor {
+    let out = model.sequence_logprobs(seqs).unwrap();
+    let (b, t1) = out.logprobs.dims2().unwrap();
+    let w: Vec<f64> = (0..b * t1).map(|i| 0.3 + 0.1 * (i % 5) as f64).collect();
+    let w = Tensor::from_vec(w, (b, t1), &Device::Cpu).unwrap();
+    let lp = (&out.logprobs * &w)
+        .unwrap()
+        .mul(&out.mask)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let ent = (&out.entropy * &out.mask)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .affine(0.7, 0.)
+        .unwrap();
+    let mut total = (lp + ent).unwrap();
+    if let Some(v) = out.values {
+        // Weighted squares at the real positions (values past a sequence's
+        // end are unspecified).
+        let t = v.dim(1).unwrap();
+        let vw: Vec<f64> = (0..v.elem_count())
+            .map(|i| {
+                let real = i % t < seqs[i / t].len();
+                if real {
+                    1.0 - 0.2 * (i % 4) as f64
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let vw = Tensor::from_vec(vw, v.dims(), &Device::Cpu).unwrap();
+        let vs = (v.sqr().unwrap() * vw).unwrap().sum_all().unwrap();
+        total = (total + vs).unwrap();
+    }
+    total
+}
+
+fn check_model(config: &ModelConfig, with_value_head: bool) {
+    let model =
+        PolicyModel::new_random_with_dtype(config, with_value_head, 17, DType::F64, &Device::Cpu)
+            .unwrap();
+    let grads = loss(&model).backward().unwrap();
+    // Up to 12 spread-out elements per tensor keep the test fast.
+    let picks = |n: usize| (0..n.min(12)).map(move |k| k * n / n.min(12));
+    for (name, var) in model.named_vars().unwrap() {
+        assert_gradient_matches(&name, &var, &grads, picks, || {
+            loss(&model).to_scalar::<f64>().unwrap()
+        });
+    }
+}
+
+#[test]
+fn finite_differences_match_autograd_for_every_parameter_qwen2_untied_with_value_head() {
+    check_model(&tiny_config("qwen2", false), true);
+}
+
+#[test]
+fn finite_differences_match_autograd_for_every_parameter_llama_tied() {
+    check_model(&tiny_config("llama", true), false);
+}
+
+/// The fused training path (packed tokens, one op per layer with a
+/// hand-written backward, fused head) against candle's composite ops, in
+/// f64: the same outputs and the same gradient for every parameter, on
+/// ragged batches whose longest sequence spans two attention blocks.
+#[test]
+fn fused_training_path_equals_the_composite_ops() {
+    for (model_type, tied, value_head) in [("qwen2", false, true), ("llama", true, false)] {
+        let mut config = tiny_config(model_type, tied);
+        config.max_position_embeddings = 80;
+        let mut model =
+            PolicyModel::new_random_with_dtype(&config, value_head, 3, DType::F64, &Device::Cpu)
+                .unwrap();
+        // 152 packed rows: the row-summing passes (norm weight and bias
+        // gradients, 128 rows per task) add more than one partial sum.
+        let seqs: Vec<Vec<u32>> = vec![
+            (0..70).map(|i| (i * 5 + 1) % 13).collect(),
+            vec![4, 12, 0],
+            (0..9).map(|i| (i * 3 + 2) % 13).collect(),
+            (0..70).map(|i| (i * 7 + 3) % 13).collect(),
+        ];
+        let run = |model: &PolicyModel| {
+            let out = model.sequence_logprobs(&seqs).unwrap();
+            let masked =
+                |t: &Tensor| -> Vec<Vec<f64>> { (t * &out.mask).unwrap().to_vec2().unwrap() };
+            let values = out.values.as_ref().map(|v| {
+                // Values past a sequence's end are unspecified: keep the real positions.
+                let v: Vec<Vec<f64>> = v.to_vec2().unwrap();
+                v.iter()
+                    .zip(&seqs)
+                    .flat_map(|(r, s)| r[..s.len()].to_vec())
+                    .collect::<Vec<f64>>()
+            });
+            let grads = loss_of(model, &seqs).backward().unwrap();
+            let g: Vec<Vec<f64>> = model
+                .trainable_vars()
+                .unwrap()
+                .iter()
+                .map(|v| {
+                    grads
+                        .get(v.as_tensor())
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap()
+                })
+                .collect();
+            (masked(&out.logprobs), masked(&out.entropy), values, g)
+        };
+        let fused = run(&model);
+        model.set_fused_training(false);
+        let composite = run(&model);
+        let close = |a: &[f64], b: &[f64], what: &str| {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    (x - y).abs() <= 1e-10 * (1.0 + y.abs()),
+                    "{model_type} {what}[{i}]: {x} vs {y}"
+                );
+            }
+        };
+        close(&fused.0.concat(), &composite.0.concat(), "logprobs");
+        close(&fused.1.concat(), &composite.1.concat(), "entropy");
+        if let (Some(a), Some(b)) = (&fused.2, &composite.2) {
+            close(a, b, "values");
+        }
+        assert_eq!(fused.2.is_some(), value_head);
+        let names = var_names(model.named_vars().unwrap());
+        for ((a, b), name) in fused.3.iter().zip(&composite.3).zip(&names) {
+            close(a, b, name);
+        }
+    }
+}
+
+#[test]
+fn adamw_matches_pytorch_update_rule() {
+    let dev = Device::Cpu;
+    let var = Var::from_tensor(&Tensor::new(&[1.0f64, -2.0, 0.5], &dev).unwrap()).unwrap();
+    let cfg = AdamWConfig {
+        lr: 0.1,
+        beta1: 0.9,
+        beta2: 0.99,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let mut opt = AdamW::new(vec![var.clone()], cfg).unwrap();
+    let mut theta = [1.0f64, -2.0, 0.5];
+    let (mut m, mut v) = ([0f64; 3], [0f64; 3]);
+    for step in 1..=3 {
+        // loss = Σ c_i θ_i² → g = 2 c θ
+        let c = Tensor::new(&[1.0f64, 2.0, 3.0], &dev).unwrap();
+        let l = (var.as_tensor().sqr().unwrap() * &c)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let grads = l.backward().unwrap();
+        opt.step(&grads).unwrap();
+        for i in 0..3 {
+            let g = 2.0 * (i as f64 + 1.0) * theta[i];
+            theta[i] *= 1.0 - cfg.lr * cfg.weight_decay;
+            m[i] = cfg.beta1 * m[i] + (1.0 - cfg.beta1) * g;
+            v[i] = cfg.beta2 * v[i] + (1.0 - cfg.beta2) * g * g;
+            let mh = m[i] / (1.0 - cfg.beta1.powi(step));
+            let vh = v[i] / (1.0 - cfg.beta2.powi(step));
+            theta[i] -= cfg.lr * mh / (vh.sqrt() + cfg.eps);
+        }
+        let got: Vec<f64> = var.as_tensor().to_vec1().unwrap();
+        for i in 0..3 {
+            assert!(
+                (got[i] - theta[i]).abs() < 1e-12,
+                "step {step}: {got:?} vs {theta:?}"
+            );
+        }
+    }
+    assert_eq!(opt.step_count(), 3);
+}
+
+fn nll(model: &PolicyModel) -> Tensor {
+    let seqs = vec![vec![1u32, 2, 3, 4, 5, 6, 7, 8], vec![9, 8, 7, 6]];
+    let out = model.sequence_logprobs(&seqs).unwrap();
+    let total = (&out.logprobs * &out.mask).unwrap().sum_all().unwrap();
+    let n = out.mask.sum_all().unwrap();
+    total.div(&n).unwrap().neg().unwrap()
+}
+
+fn train_steps(model: &PolicyModel, opt: &mut AdamW, steps: usize) -> Vec<f32> {
+    let vars = model.trainable_vars().unwrap();
+    (0..steps)
+        .map(|_| {
+            let l = nll(model);
+            let mut grads = l.backward().unwrap();
+            clip_grad_norm(&mut grads, &vars, 1.0).unwrap();
+            opt.step(&grads).unwrap();
+            l.to_scalar::<f32>().unwrap()
+        })
+        .collect()
+}
+
+fn weights(model: &PolicyModel) -> Vec<Vec<f32>> {
+    model
+        .trainable_vars()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+        .collect()
+}
+
+#[test]
+fn training_updates_every_parameter_and_lowers_the_loss() {
+    let model = PolicyModel::new_random(&ModelConfig::tiny(16), true, 4, &Device::Cpu).unwrap();
+    let before = weights(&model);
+    let cfg = AdamWConfig {
+        lr: 3e-3,
+        weight_decay: 0.0,
+        ..AdamWConfig::default()
+    };
+    let mut opt = AdamW::new(model.trainable_vars().unwrap(), cfg).unwrap();
+    // The value head gets no gradient from the NLL, so it must stay put.
+    let losses = train_steps(&model, &mut opt, 20);
+    let after = weights(&model);
+    for ((name, _), (b, a)) in model
+        .named_vars()
+        .unwrap()
+        .iter()
+        .zip(before.iter().zip(&after))
+    {
+        if name.starts_with("value_head") {
+            assert_eq!(b, a, "{name} moved without a gradient");
+        } else {
+            assert_ne!(
+                b, a,
+                "{name} was not updated: the gradient did not reach it"
+            );
+        }
+    }
+    assert!(losses[19] < losses[0] - 0.5, "{losses:?}");
+}
+
+#[test]
+fn resume_from_saved_model_and_optimizer_state_is_bit_identical() {
+    let dev = Device::Cpu;
+    let cfg = AdamWConfig::default();
+    let model = PolicyModel::new_random(&ModelConfig::tiny(16), false, 5, &dev).unwrap();
+    let mut opt = AdamW::new(model.trainable_vars().unwrap(), cfg).unwrap();
+    train_steps(&model, &mut opt, 3);
+    let dir = tempfile::tempdir().unwrap();
+    model.save(dir.path()).unwrap();
+    let state = dir.path().join("optimizer.safetensors");
+    opt.save_state(&state).unwrap();
+    let cont = train_steps(&model, &mut opt, 3);
+
+    let resumed = PolicyModel::load(dir.path(), false, &dev).unwrap();
+    let mut opt2 = AdamW::new(resumed.trainable_vars().unwrap(), cfg).unwrap();
+    opt2.load_state(&state).unwrap();
+    assert_eq!(opt2.step_count(), 3);
+    let again = train_steps(&resumed, &mut opt2, 3);
+    assert_eq!(cont, again);
+    assert_eq!(weights(&model), weights(&resumed));
+}
+
+#[test]
+fn optimizer_state_for_other_variables_is_rejected() {
+    let dev = Device::Cpu;
+    let a = PolicyModel::new_random(&ModelConfig::tiny(16), false, 5, &dev).unwrap();
+    let b = PolicyModel::new_random(&ModelConfig::tiny(32), false, 5, &dev).unwrap();
+    let opt = AdamW::new(a.trainable_vars().unwrap(), AdamWConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("opt.safetensors");
+    opt.save_state(&path).unwrap();
+    let mut other = AdamW::new(b.trainable_vars().unwrap(), AdamWConfig::default()).unwrap();
+    let err = other.load_state(&path).unwrap_err();
+    assert!(err.to_string().contains("opt.safetensors"), "{err}");
+}
+
+/// The gradients of ½ Σ |x|² over `vars`: each equals its variable's value.
+fn grads_equal_to_values(vars: &[&Var]) -> candle_core::backprop::GradStore {
+    let squares = vars
+        .iter()
+        .map(|v| v.as_tensor().sqr().unwrap().sum_all().unwrap())
+        .collect::<Vec<_>>();
+    let total = squares[1..]
+        .iter()
+        .fold(squares[0].clone(), |acc, t| (acc + t).unwrap());
+    total.affine(0.5, 0.0).unwrap().backward().unwrap()
+}
+
+#[test]
+fn clip_grad_norm_returns_pre_clip_norm_and_scales_to_max() {
+    let dev = Device::Cpu;
+    let a = Var::from_tensor(&Tensor::new(&[3.0f32, 0.0], &dev).unwrap()).unwrap();
+    let b = Var::from_tensor(&Tensor::new(&[4.0f32], &dev).unwrap()).unwrap();
+    let mut grads = grads_equal_to_values(&[&a, &b]);
+    let vars = vec![a.clone(), b.clone()];
+    let norm = clip_grad_norm(&mut grads, &vars, 1.0).unwrap();
+    assert!((norm - 5.0).abs() < 1e-6);
+    let ga: Vec<f32> = grads.get(a.as_tensor()).unwrap().to_vec1().unwrap();
+    let gb: Vec<f32> = grads.get(b.as_tensor()).unwrap().to_vec1().unwrap();
+    let clipped = (ga[0].powi(2) + ga[1].powi(2) + gb[0].powi(2)).sqrt();
+    assert!((clipped - 1.0).abs() < 1e-5, "{clipped}");
+    // Below the threshold nothing changes.
+    let norm2 = clip_grad_norm(&mut grads, &vars, 10.0).unwrap();
+    assert!((norm2 - 1.0).abs() < 1e-5);
+    let ga2: Vec<f32> = grads.get(a.as_tensor()).unwrap().to_vec1().unwrap();
+    assert_eq!(ga, ga2);
+}
+
+#[test]
+fn clip_grad_norm_of_gradients_off_the_host_path_sums_every_entry() {
+    // bf16 gradients take the device path (row sums, one read-back) even on the CPU.
+    let dev = Device::Cpu;
+    let bf = |v: &[f32], shape: &[usize]| {
+        let t = Tensor::from_vec(v.to_vec(), shape, &dev).unwrap();
+        Var::from_tensor(&t.to_dtype(candle_core::DType::BF16).unwrap()).unwrap()
+    };
+    let a = bf(&[0.0, 2.0, 0.0, 1.0, 2.0, 0.0], &[2, 3]);
+    let b = bf(&[4.0], &[1]);
+    let mut grads = grads_equal_to_values(&[&a, &b]);
+    let norm = clip_grad_norm(&mut grads, &[a.clone(), b.clone()], 1.0).unwrap();
+    // √(2² + 1² + 2² + 4²) = 5.
+    assert!((norm - 5.0).abs() < 1e-6, "{norm}");
+    let gb = grads.get(b.as_tensor()).unwrap();
+    let gb: Vec<f32> = gb
+        .to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert!((gb[0] - 0.8).abs() < 1e-2, "{gb:?}");
+}

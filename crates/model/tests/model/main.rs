@@ -1,0 +1,14 @@
+//! The integration tests of `model`, one module per area, in one test binary
+//! (each binary links every dependency again: one instead of 7 keeps the
+//! test build short).
+
+mod cache_reuse;
+mod checkpoint;
+mod device;
+mod finite_difference;
+mod fixture;
+mod generation;
+mod gradients;
+mod infer_tracks_updates;
+mod lora;
+mod qwen2_tiny;
