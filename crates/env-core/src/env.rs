@@ -63,13 +63,6 @@ pub trait Env: Send {
     /// episode is over or the expert has no move.
     fn expert_action(&mut self) -> Option<String>;
 
-    /// A copy of this environment in its current state, for looking one move
-    /// ahead (the safe-random warm start); `None` where the env cannot be
-    /// copied (a remote session).
-    fn fork(&self) -> Option<Box<dyn Env>> {
-        None
-    }
-
     /// The episode's bookkeeping, for an env that keeps it in an [`Episode`].
     /// An env that keeps it elsewhere (a remote client mirroring a server's
     /// counters) answers `None` and overrides the five methods below, which

@@ -321,10 +321,6 @@ impl Env for FrozenLake {
         Some(action.name().to_string())
     }
 
-    fn fork(&self) -> Option<Box<dyn Env>> {
-        Some(Box::new(self.clone()))
-    }
-
     fn episode(&self) -> Option<&Episode> {
         Some(&self.episode)
     }

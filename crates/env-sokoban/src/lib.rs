@@ -354,10 +354,6 @@ impl Env for Sokoban {
         self.plan.get(i).map(|a| a.name().to_string())
     }
 
-    fn fork(&self) -> Option<Box<dyn Env>> {
-        Some(Box::new(self.clone()))
-    }
-
     fn episode(&self) -> Option<&Episode> {
         Some(&self.episode)
     }

@@ -172,29 +172,6 @@ fn the_same_spec_gives_the_same_episode_in_two_fresh_instances() {
 }
 
 #[test]
-fn a_fork_plays_on_from_the_same_state_without_touching_the_original() {
-    let mut forking = 0;
-    for (d, spec) in cases() {
-        let mut env = make(&d, &spec);
-        env.reset();
-        if let Some(action) = env.expert_action() {
-            env.step(&action).unwrap();
-        }
-        let Some(mut fork) = env.fork() else { continue };
-        forking += 1;
-        let before = snapshot(env.as_ref());
-        assert_eq!(snapshot(fork.as_ref()), before, "{spec}");
-        // The two play on alike, and the fork's moves stay its own.
-        let mut twin = env.fork().unwrap();
-        let fork_keys = expert_state_keys(fork.as_mut());
-        assert_eq!(snapshot(env.as_ref()), before, "{spec}");
-        assert_eq!(expert_state_keys(twin.as_mut()), fork_keys, "{spec}");
-        assert_eq!(expert_state_keys(env.as_mut()), fork_keys, "{spec}");
-    }
-    assert!(forking > 0, "FrozenLake and Sokoban can be forked");
-}
-
-#[test]
 fn names_are_unique_and_every_env_is_reachable_by_name() {
     let all = descriptors();
     assert_eq!(all.len(), 8);

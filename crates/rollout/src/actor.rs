@@ -4,10 +4,9 @@
 
 use std::collections::HashMap;
 
-use agentrl_env_core::{stable_hash, Env, TaskSpec};
+use agentrl_env_core::{stable_hash, TaskSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
 
 use crate::engine::{Actor, Play, Reply, RolloutError, Seat};
 use crate::policy::{Policy, SamplingParams};
@@ -114,72 +113,24 @@ impl<P: ScriptedPlayer> Actor for Scripted<P> {
 }
 
 /// The environment's expert solver, `actions_per_turn` moves a turn, each
-/// replaced with probability `noise` by a random move (an ε-greedy expert
-/// that replans from wherever that leads). Imitating a noisy expert gives a
-/// policy that knows the expert's move but does not reliably take it: a
-/// modest prior for RL.
+/// replaced with probability `noise` by a uniformly random valid action (an
+/// ε-greedy expert that replans from wherever that leads). Imitating a noisy
+/// expert gives a policy that knows the expert's move but does not reliably
+/// take it: a modest prior for RL.
 pub struct Expert {
     actions_per_turn: usize,
     noise: f64,
-    random_moves: RandomMoves,
-}
-
-/// The random moves that replace the expert's (`sft.random_moves`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RandomMoves {
-    /// Any valid action, uniformly.
-    #[default]
-    Valid,
-    /// Uniformly among the valid actions that, looked at one move ahead,
-    /// neither end the episode in failure nor leave the state unchanged (a
-    /// player who knows the rules but not the goal); every valid action
-    /// where none is safe or the env cannot be copied ([`Env::fork`]). The
-    /// lookahead plays the copy, so on slippery ice it sees this move's slip.
-    Safe,
-}
-
-impl RandomMoves {
-    /// The actions a random move is drawn from in `env`'s current state.
-    pub fn candidates(self, env: &dyn Env) -> Vec<String> {
-        let valid = env.available_actions();
-        if self == RandomMoves::Valid {
-            return valid;
-        }
-        let safe: Vec<String> = valid
-            .iter()
-            .filter(|action| {
-                env.fork().is_none_or(|mut probe| match probe.step(action) {
-                    Ok(step) => step.info.effective && (step.success || !step.done),
-                    Err(_) => false,
-                })
-            })
-            .cloned()
-            .collect();
-        match safe.is_empty() {
-            true => valid,
-            false => safe,
-        }
-    }
 }
 
 /// The expert as an actor.
 pub type ExpertActor = Scripted<Expert>;
 
 impl ExpertActor {
-    /// The expert, its moves replaced by valid random ones with probability `noise`.
     pub fn new(actions_per_turn: usize, noise: f64) -> Self {
         Scripted::of(Expert {
             actions_per_turn: actions_per_turn.max(1),
             noise,
-            random_moves: RandomMoves::Valid,
         })
-    }
-
-    /// The same expert, its random moves drawn from `moves`.
-    pub fn with_random_moves(mut self, moves: RandomMoves) -> Self {
-        self.player.random_moves = moves;
-        self
     }
 }
 
@@ -200,11 +151,11 @@ impl ScriptedPlayer for Expert {
                 break;
             };
             let action = if self.noise > 0.0 && rng.random::<f64>() < self.noise {
-                let candidates = self.random_moves.candidates(seat.env());
-                if candidates.is_empty() {
+                let valid = seat.env().available_actions();
+                if valid.is_empty() {
                     expert
                 } else {
-                    candidates[rng.random_range(0..candidates.len())].clone()
+                    valid[rng.random_range(0..valid.len())].clone()
                 }
             } else {
                 expert

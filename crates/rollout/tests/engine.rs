@@ -4,8 +4,8 @@
 use agentrl_env_core::{ActionError, Env, Split, Step, StepError, StepInfo, TaskSpec};
 use agentrl_rollout::{
     expert_demonstrations, play_episodes, run_rollouts, Actor, ChatCodec, CodecError, ExpertActor,
-    Generation, Policy, PolicyActor, PolicyFn, RandomActor, RandomMoves, ReplyFormat,
-    RolloutConfig, RolloutError, SamplingParams, Trajectory,
+    Generation, Policy, PolicyActor, PolicyFn, RandomActor, ReplyFormat, RolloutConfig,
+    RolloutError, SamplingParams, Trajectory,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -332,23 +332,18 @@ fn a_tokenizer_error_fails_the_rollout_instead_of_playing_empty_text() {
 }
 
 /// Play `envs` with a scripted `actor` and no conversation.
-fn play_scripted(actor: &mut dyn Actor, envs: Vec<Box<dyn Env>>) -> Vec<Trajectory> {
-    play_scripted_for(actor, envs, usize::MAX)
-}
-
-/// Scripted play with at most `max_turns` turns an episode.
-fn play_scripted_for(
-    actor: &mut dyn Actor,
-    mut envs: Vec<Box<dyn Env>>,
-    max_turns: usize,
-) -> Vec<Trajectory> {
+fn play_scripted(actor: &mut dyn Actor, mut envs: Vec<Box<dyn Env>>) -> Vec<Trajectory> {
     let groups: Vec<usize> = (0..envs.len()).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let cfg = RolloutConfig {
-        max_turns,
-        ..RolloutConfig::scripted()
-    };
-    play_episodes(actor, None, &mut envs, &groups, &cfg, &mut rng).unwrap()
+    play_episodes(
+        actor,
+        None,
+        &mut envs,
+        &groups,
+        &RolloutConfig::scripted(),
+        &mut rng,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -410,71 +405,6 @@ fn random_play_is_a_pure_function_of_seed_and_task() {
     assert_ne!(
         all,
         actions(&play_scripted(&mut RandomActor::new(6), specs(4)))
-    );
-}
-
-/// Non-slippery 4×4 lakes (the default run's).
-fn frozenlakes(split: Split, n: u64) -> Vec<Box<dyn Env>> {
-    let params: agentrl_env_core::EnvParams =
-        serde_json::from_str(r#"{"is_slippery": false}"#).unwrap();
-    (0..n)
-        .map(|s| {
-            agentrl_envs::make_env(&TaskSpec::new("frozenlake", split, "easy", s), &params).unwrap()
-        })
-        .collect()
-}
-
-#[test]
-fn safe_random_moves_never_fall_in_or_bump_into_the_edge() {
-    for mut env in frozenlakes(Split::Val, 40) {
-        env.reset();
-        let valid = env.available_actions();
-        let safe = RandomMoves::Safe.candidates(env.as_ref());
-        assert!(!safe.is_empty() && safe.iter().all(|a| valid.contains(a)));
-        for action in &valid {
-            let mut probe = env.fork().unwrap();
-            let step = probe.step(action).unwrap();
-            let harmless = step.info.effective && (step.success || !step.done);
-            assert_eq!(
-                safe.contains(action),
-                harmless,
-                "{action} on\n{}",
-                env.observation()
-            );
-        }
-        // From the top-left start, Left and Up stay in place.
-        assert!(!safe.iter().any(|a| a == "Left" || a == "Up"));
-        assert_eq!(RandomMoves::Valid.candidates(env.as_ref()), valid);
-    }
-    // An env that cannot be copied offers every valid move.
-    let walled_in = corridor();
-    assert_eq!(
-        RandomMoves::Safe.candidates(walled_in.as_ref()),
-        walled_in.available_actions()
-    );
-}
-
-#[test]
-fn a_fully_noisy_safe_expert_never_falls_in_and_wins_more_often() {
-    let play = |moves: RandomMoves| {
-        let mut expert = ExpertActor::new(1, 1.0).with_random_moves(moves);
-        play_scripted_for(&mut expert, frozenlakes(Split::Train, 200), 8)
-    };
-    let (valid, safe) = (play(RandomMoves::Valid), play(RandomMoves::Safe));
-    let wins = |t: &[Trajectory]| t.iter().filter(|t| t.success).count();
-    let lost_early = |t: &[Trajectory]| t.iter().filter(|t| !t.success && t.env_steps < 8).count();
-    assert_eq!(
-        lost_early(&safe),
-        0,
-        "a safe move never ends the game in a hole"
-    );
-    assert!(lost_early(&valid) > 50, "{}", lost_early(&valid)); // 80 of 200
-                                                                // Within the default run's 8 turns: 1 and 6 wins of 200.
-    assert!(
-        wins(&safe) > 2 * wins(&valid),
-        "{} vs {}",
-        wins(&safe),
-        wins(&valid)
     );
 }
 

@@ -7,7 +7,7 @@ use agentrl_algos::{AdvEstimator, KlKind, LossAgg};
 use agentrl_env_client::DataIdxRanges;
 use agentrl_env_core::SPLIT_STRIDE;
 use agentrl_model::ModelConfig;
-use agentrl_rollout::{RandomMoves, RolloutConfig};
+use agentrl_rollout::RolloutConfig;
 use agentrl_tokenizer::{MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB};
 use serde::{Deserialize, Serialize};
 
@@ -559,10 +559,6 @@ pub struct SftSection {
     /// demonstration is kept, successful or not, so the warm start imitates
     /// the noisy expert: it knows the right move but takes it unreliably.
     pub expert_noise: f64,
-    /// What the noisy expert's random moves are drawn from: `valid` (any
-    /// valid action) or `safe` (only moves that, one move ahead, neither
-    /// lose nor stay in place: the rules without the goal).
-    pub random_moves: RandomMoves,
 }
 
 impl Default for SftSection {
@@ -574,7 +570,6 @@ impl Default for SftSection {
             batch_size: 16,
             actions_per_turn: 1,
             expert_noise: 0.0,
-            random_moves: RandomMoves::Valid,
         }
     }
 }
@@ -1528,7 +1523,6 @@ mod tests {
             ("sft.lr=0", "sft.lr"),
             ("sft.batch_size=0", "sft.batch_size"),
             ("sft.expert_noise=2", "sft.expert_noise"),
-            ("sft.random_moves=sometimes", "sft.random_moves"),
             ("env.difficulty=impossible", "env.difficulty"),
             ("env.train_tasks=4294967296", "env.train_tasks"),
             ("env.endpoint=ftp://x", "env.endpoint"),

@@ -31,8 +31,7 @@ pub fn demonstrations(
         envs.push(make(&spec, params)?);
     }
     let groups: Vec<usize> = (0..envs.len()).collect();
-    let mut expert = ExpertActor::new(sft.actions_per_turn, sft.expert_noise)
-        .with_random_moves(sft.random_moves);
+    let mut expert = ExpertActor::new(sft.actions_per_turn, sft.expert_noise);
     let demos = expert_demonstrations(&mut expert, codec, envs, &groups, rollout)?;
     // A pure expert's failures (budget too short) teach nothing; a noisy
     // expert's are part of the behaviour being imitated.

@@ -20,8 +20,8 @@ use agentrl_algos as algos;
 use agentrl_env_core::{stable_hash, Env, EnvError, EnvParams, Split, TaskSpec, SPLIT_STRIDE};
 use agentrl_model::{AdamW, AdamWConfig, PolicyModel};
 use agentrl_rollout::{
-    run_rollouts, EpisodeTally, FailureCounts, GroupFilterType, Policy, PolicyActor, RandomMoves,
-    RolloutConfig, SamplingParams, Trajectory,
+    run_rollouts, EpisodeTally, FailureCounts, GroupFilterType, Policy, PolicyActor, RolloutConfig,
+    SamplingParams, Trajectory,
 };
 use agentrl_tokenizer::ChatTokenizer;
 use candle_core::{Device, Var};
@@ -417,23 +417,16 @@ impl Trainer {
     fn warm_start(&mut self, progress: &mut dyn Progress) -> Result<(), TrainError> {
         let make = self.make.as_ref();
         let noise = self.cfg.sft.expert_noise;
-        let safe = self.cfg.sft.random_moves == RandomMoves::Safe;
-        progress.message(&if noise >= 1.0 && safe {
-            format!(
-                "warm start: {} demonstrations of random safe moves (teaches the reply format and the rules, not the goal)",
-                self.cfg.sft.demos
-            )
-        } else if noise >= 1.0 {
+        progress.message(&if noise >= 1.0 {
             format!(
                 "warm start: {} demonstrations of random valid moves (teaches the reply format only)",
                 self.cfg.sft.demos
             )
         } else if noise > 0.0 {
             format!(
-                "warm start: {} expert demonstrations, {:.0}% of moves random{}",
+                "warm start: {} expert demonstrations, {:.0}% of moves random",
                 self.cfg.sft.demos,
-                100.0 * noise,
-                if safe { " and safe" } else { "" }
+                100.0 * noise
             )
         } else {
             format!("warm start: {} expert demonstrations", self.cfg.sft.demos)
