@@ -15,3 +15,7 @@ mod policy_cli;
 mod remote_generation_cli;
 mod serve_cli;
 mod train_resume;
+
+/// The policy-client's loopback double (`policy_cli` and `remote_generation_cli`).
+#[path = "../../../policy-client/tests/loopback/mod.rs"]
+mod loopback;

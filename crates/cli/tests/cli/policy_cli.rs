@@ -17,11 +17,10 @@ use axum::Router;
 use serde_json::Value;
 
 use crate::common;
+use crate::loopback;
 use common::{
     agentrl, agentrl_line, failure_stderr, json_stdout, tiny_frozenlake_config, train, Served,
 };
-#[path = "../../../policy-client/tests/loopback/mod.rs"]
-mod loopback;
 
 /// A seconds-long run: an expert warm start on 3×3 FrozenLake and one RL
 /// step, after which greedy play wins 5 of the 12 maps played below with 4

@@ -22,9 +22,8 @@ use axum::Router;
 use serde_json::Value;
 
 use crate::common;
+use crate::loopback;
 use common::{failure_stderr, tiny_frozenlake_config, train, Served, BIN};
-#[path = "../../../policy-client/tests/loopback/mod.rs"]
-mod loopback;
 
 /// The warm start: 3×3 FrozenLake, the reply format taught with half expert,
 /// half random moves, so the base has some map reading for the adapter to
