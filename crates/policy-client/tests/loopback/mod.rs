@@ -1,6 +1,7 @@
 //! Servers on loopback, for tests that put a double or a proxy behind HTTP:
 //! this crate's, and the CLI's, which include it as
-//! `#[path = "../../policy-client/tests/loopback/mod.rs"] mod loopback;`.
+//! `#[path = "../../../policy-client/tests/loopback/mod.rs"] mod loopback;` in
+//! `tests/cli/main.rs`.
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::future::Future;

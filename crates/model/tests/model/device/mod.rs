@@ -1,6 +1,7 @@
 //! The device the model tests that honour it run on: `AGENTRL_TEST_DEVICE`
 //! = `cpu` (the default) or `cuda` (device 0; needs the `cuda` feature and
-//! a GPU, so CI never sets it). Include it as `mod device;`.
+//! a GPU, so CI never sets it). Declared once in `main.rs`; a module uses it
+//! with `use crate::device`.
 
 use candle_core::Device;
 
