@@ -1,7 +1,9 @@
 //! Many create/step/close cycles leave no sessions and no file descriptors
-//! behind. Alone in its binary: other tests would open descriptors meanwhile.
+//! behind. Alone in its binary, not in `tests/server/`: it counts the
+//! process's descriptors, and other tests would open some meanwhile.
 
-use crate::common;
+#[path = "server/common/mod.rs"]
+mod common;
 
 use std::time::{Duration, Instant};
 
