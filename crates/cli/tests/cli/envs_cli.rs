@@ -5,8 +5,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-use crate::common;
-use common::{agentrl, agentrl_line, assert_contains_all, failure_stderr, ok_stdout, BIN};
+use crate::common::{agentrl, agentrl_line, assert_contains_all, failure_stderr, ok_stdout, BIN};
 
 fn agentrl_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
     let mut child = Command::new(BIN)

@@ -4,8 +4,7 @@
 
 use serde_json::Value;
 
-use crate::common;
-use common::{agentrl, failure_stderr, json_stdout, train, Served, SMOKE};
+use crate::common::{agentrl, failure_stderr, json_stdout, train, Served, SMOKE};
 
 fn eval_json(args: &[&str]) -> Value {
     json_stdout(&agentrl(&[&["eval", "--json"], args].concat()))

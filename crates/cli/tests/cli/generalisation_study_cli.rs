@@ -4,8 +4,7 @@
 //! table, the failure-label table and its figures, in Markdown and in one
 //! self-contained HTML page.
 
-use crate::common;
-use common::{agentrl_line, ok_stdout};
+use crate::common::{agentrl_line, ok_stdout};
 
 /// The smallest study: d 32, one RL step an arm, two tasks a cell.
 const STUDY: &str = "study generalisation --quick --tasks 2 --k 1 --quiet \

@@ -5,8 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::common;
-use common::{agentrl, agentrl_line, failure_stderr, json_stdout};
+use crate::common::{agentrl, agentrl_line, failure_stderr, json_stdout};
 
 #[path = "../../../model/tests/model/qwen2_tiny/mod.rs"]
 mod qwen2_tiny;

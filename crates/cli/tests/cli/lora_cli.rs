@@ -6,8 +6,7 @@
 
 use std::path::Path;
 
-use crate::common;
-use common::{agentrl, failure_stderr, json_stdout, ok_stdout, BIN, SMOKE};
+use crate::common::{agentrl, failure_stderr, json_stdout, ok_stdout, BIN, SMOKE};
 
 const OVERRIDES: &[&str] = &[
     "name=lora-test",

@@ -16,11 +16,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde_json::Value;
 
-use crate::common;
-use crate::loopback;
-use common::{
+use crate::common::{
     agentrl, agentrl_line, failure_stderr, json_stdout, tiny_frozenlake_config, train, Served,
 };
+use crate::loopback;
 
 /// A seconds-long run: an expert warm start on 3×3 FrozenLake and one RL
 /// step, after which greedy play wins 5 of the 12 maps played below with 4

@@ -5,8 +5,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common;
-use common::{agentrl, agentrl_line, failure_stderr, ok_stdout, BIN, SMOKE};
+use crate::common::{agentrl, agentrl_line, failure_stderr, ok_stdout, BIN, SMOKE};
 
 /// `configs/smoke.toml`, a seconds-long run on the bandit, made a little
 /// longer and wider: six RL steps, a checkpoint after each.

@@ -6,8 +6,7 @@ use std::path::Path;
 use agentrl_model::{ModelConfig, ModelError, PolicyModel};
 use candle_core::{DType, Device, Tensor};
 
-use crate::qwen2_tiny;
-use qwen2_tiny::fixture_dir;
+use crate::qwen2_tiny::fixture_dir;
 
 fn logits(model: &PolicyModel) -> Vec<Vec<f32>> {
     let ids: Vec<u32> = (0..24)

@@ -8,10 +8,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-use crate::device;
-use crate::qwen2_tiny;
-use device::test_device;
-use qwen2_tiny::{f64s, fixture_dir, reference, u32s};
+use crate::device::test_device;
+use crate::qwen2_tiny::{f64s, fixture_dir, reference, u32s};
 
 /// The reference, the model, and the reference's token ids under `key`.
 fn fixture_with(key: &str) -> (Value, PolicyModel, Vec<u32>) {

@@ -6,8 +6,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::device;
-use crate::qwen2_tiny;
-use qwen2_tiny::{fixture_dir, reference, u32s};
+use crate::qwen2_tiny::{fixture_dir, reference, u32s};
 
 fn fixture_model() -> PolicyModel {
     PolicyModel::load(&fixture_dir(), false, &Device::Cpu).unwrap()

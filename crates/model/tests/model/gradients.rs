@@ -4,8 +4,7 @@
 use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, ModelConfig, PolicyModel};
 use candle_core::{DType, Device, Tensor, Var};
 
-use crate::finite_difference;
-use finite_difference::{assert_gradient_matches, var_names};
+use crate::finite_difference::{assert_gradient_matches, var_names};
 
 fn tiny_config(model_type: &str, tied: bool) -> ModelConfig {
     let mut c = ModelConfig::new_qwen2(13, 8, 2, 2, 1, 12);

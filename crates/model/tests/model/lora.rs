@@ -14,8 +14,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::finite_difference;
-use finite_difference::{assert_gradient_matches, values, var_names};
+use crate::finite_difference::{assert_gradient_matches, values, var_names};
 
 fn small_config() -> ModelConfig {
     let mut c = ModelConfig::new_qwen2(13, 8, 2, 2, 1, 12);

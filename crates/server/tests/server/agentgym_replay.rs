@@ -10,11 +10,9 @@
 //! "step after done" the replay drives the episode to its end with our expert,
 //! since the recorded actions solve AgentGym's task, not ours.
 
-use crate::common;
-
 use std::collections::HashMap;
 
-use common::{serve, start, test_config, Api};
+use crate::common::{serve, start, test_config, Api};
 use serde_json::{json, Value};
 
 /// The envs `agentrl serve` speaks AgentGym's dialect for (sciworld: no env).

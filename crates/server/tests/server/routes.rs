@@ -1,11 +1,9 @@
 //! The real server on a loopback port, driven over HTTP.
 
-use crate::common;
-
 use std::time::Duration;
 
+use crate::common::{serve, start, start_with, test_config, Api};
 use agentrl_server::ServerConfig;
-use common::{serve, start, start_with, test_config, Api};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 

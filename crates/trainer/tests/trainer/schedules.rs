@@ -10,8 +10,7 @@ use agentrl_trainer::run_dir::RunDir;
 use agentrl_trainer::{Silent, TrainConfig, Trainer};
 use serde_json::Value;
 
-use crate::common;
-use common::{copy_dir, tiny_frozenlake};
+use crate::common::{copy_dir, tiny_frozenlake};
 
 /// A tiny model on non-slippery FrozenLake: five RL steps, a checkpoint after each; the
 /// turn budget grows 1 → 2 → 3 every 2 steps and the curriculum moves from
