@@ -63,6 +63,15 @@ pub trait Env: Send {
     /// episode is over or the expert has no move.
     fn expert_action(&mut self) -> Option<String>;
 
+    /// What a careful player reads off the current observation before it
+    /// acts, as a short text (FrozenLake: what lies one step in each
+    /// direction). A warm start can write it as the expert's thought and
+    /// pre-train on it, so the model learns to read the state before RL
+    /// asks it to act on what it read. `None` where the env defines none.
+    fn perception(&self) -> Option<String> {
+        None
+    }
+
     /// The episode's bookkeeping, for an env that keeps it in an [`Episode`].
     /// An env that keeps it elsewhere (a remote client mirroring a server's
     /// counters) answers `None` and overrides the five methods below, which

@@ -324,6 +324,33 @@ impl Env for FrozenLake {
     fn episode(&self) -> Option<&Episode> {
         Some(&self.episode)
     }
+
+    /// What lies one step away in each direction, in the observation's own
+    /// symbols (`Left O, Down _, Right edge, Up edge`): the two-hop lookup
+    /// (find `P`, read its neighbour) a policy must make before it can
+    /// avoid holes.
+    fn perception(&self) -> Option<String> {
+        let n = self.map.size;
+        let (row, col) = (self.pos / n, self.pos % n);
+        let readings: Vec<String> = ACTIONS
+            .iter()
+            .map(|&a| {
+                let (dr, dc) = a.delta();
+                let (r, c) = (row as isize + dr, col as isize + dc);
+                let seen = if r < 0 || c < 0 || r >= n as isize || c >= n as isize {
+                    "edge"
+                } else {
+                    match self.map.tiles[r as usize * n + c as usize] {
+                        Tile::Start | Tile::Frozen => "_",
+                        Tile::Hole => "O",
+                        Tile::Goal => "G",
+                    }
+                };
+                format!("{} {seen}", a.name())
+            })
+            .collect();
+        Some(readings.join(", "))
+    }
 }
 
 #[cfg(test)]

@@ -145,6 +145,49 @@ fn falling_into_a_hole_ends_the_episode_without_success() {
 }
 
 #[test]
+fn perception_reads_the_four_neighbours_in_the_observations_symbols() {
+    let m = hand_map(&["SHF", "FFF", "HFG"]);
+    let mut e = FrozenLake::from_map(&spec("easy", 0), no_slip(), m).unwrap();
+    e.reset();
+    assert_eq!(
+        e.perception().as_deref(),
+        Some("Left edge, Down _, Right O, Up edge")
+    );
+    e.step("Down").unwrap();
+    assert_eq!(
+        e.perception().as_deref(),
+        Some("Left edge, Down O, Right _, Up _")
+    );
+    e.step("Right").unwrap();
+    e.step("Down").unwrap();
+    assert_eq!(
+        e.perception().as_deref(),
+        Some("Left O, Down edge, Right G, Up _")
+    );
+}
+
+/// Every reading agrees with the rendered grid: the cell one step away in
+/// the observation holds the symbol read (or the player is at the edge).
+#[test]
+fn perception_agrees_with_the_observation_on_generated_lakes() {
+    for seed in 0..50 {
+        let mut e = env("hard", seed);
+        let obs = e.reset();
+        let grid: Vec<Vec<char>> = obs.lines().map(|l| l.chars().collect()).collect();
+        let n = grid.len();
+        let (r, c) = (0usize, 0usize);
+        assert_eq!(grid[r][c], 'P');
+        let p = e.perception().unwrap();
+        let expect = format!(
+            "Left edge, Down {}, Right {}, Up edge",
+            grid[r + 1][c],
+            grid[r][c + 1]
+        );
+        assert_eq!(p, expect, "seed {seed}, {n}×{n}:\n{obs}");
+    }
+}
+
+#[test]
 fn bumping_into_the_edge_is_a_step_that_changes_nothing() {
     let m = hand_map(&["SFF", "FFF", "FFG"]);
     let mut e = FrozenLake::from_map(&spec("easy", 0), no_slip(), m).unwrap();

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use agentrl_env_core::{stable_hash, TaskSpec};
+use agentrl_env_core::{stable_hash, Env, TaskSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -47,6 +47,12 @@ pub trait ScriptedPlayer {
 
     /// Play this turn through `seat`; playing nothing ends the episode.
     fn turn(&mut self, seat: &mut Seat<'_>, rng: &mut ChaCha8Rng);
+
+    /// The thought written before this turn's moves, from the state the
+    /// turn starts in (none by default).
+    fn thought(&self, _env: &dyn Env) -> String {
+        String::new()
+    }
 }
 
 /// A [`ScriptedPlayer`] as an actor: one random stream per episode, and a
@@ -96,7 +102,9 @@ impl<P: ScriptedPlayer> Actor for Scripted<P> {
         _rng: &mut ChaCha8Rng,
     ) -> Result<Vec<Reply>, RolloutError> {
         let streams = self.rngs.len();
+        let mut thoughts = Vec::with_capacity(seats.len());
         for seat in seats.iter_mut() {
+            thoughts.push(self.player.thought(seat.env()));
             let limit = seat.env().max_steps().saturating_mul(4).saturating_add(16);
             if seat.turns_played() >= limit {
                 continue;
@@ -108,7 +116,10 @@ impl<P: ScriptedPlayer> Actor for Scripted<P> {
                 .ok_or(RolloutError::NotBegun { episode, streams })?;
             self.player.turn(seat, rng);
         }
-        Ok(seats.iter().map(|_| Reply::Played).collect())
+        Ok(thoughts
+            .into_iter()
+            .map(|thought| Reply::Played { thought })
+            .collect())
     }
 }
 
@@ -120,6 +131,8 @@ impl<P: ScriptedPlayer> Actor for Scripted<P> {
 pub struct Expert {
     actions_per_turn: usize,
     noise: f64,
+    /// Think the env's [`Env::perception`] before moving.
+    perceive: bool,
 }
 
 /// The expert as an actor.
@@ -130,7 +143,15 @@ impl ExpertActor {
         Scripted::of(Expert {
             actions_per_turn: actions_per_turn.max(1),
             noise,
+            perceive: false,
         })
+    }
+
+    /// This expert, thinking what it perceives (the env's
+    /// [`Env::perception`]) before each turn's moves.
+    pub fn perceiving(mut self, perceive: bool) -> Self {
+        self.player.perceive = perceive;
+        self
     }
 }
 
@@ -138,6 +159,13 @@ impl ScriptedPlayer for Expert {
     fn stream_seed(&self, spec: &TaskSpec) -> Result<u64, RolloutError> {
         // The noise stream of a task depends only on its seed.
         Ok(stable_hash(&[b"expert-noise", &spec.seed.to_le_bytes()]))
+    }
+
+    fn thought(&self, env: &dyn Env) -> String {
+        match self.perceive {
+            true => env.perception().unwrap_or_default(),
+            false => String::new(),
+        }
     }
 
     fn turn(&mut self, seat: &mut Seat<'_>, rng: &mut ChaCha8Rng) {

@@ -208,9 +208,9 @@ pub enum Reply {
     /// with the reply format and plays them.
     Generated(Generation),
     /// A scripted player already played its moves through [`Seat::play`];
-    /// the engine writes them as a reply in the format. No move at all ends
-    /// the episode.
-    Played,
+    /// the engine writes them, after `thought` (often empty), as a reply in
+    /// the format. No move at all ends the episode.
+    Played { thought: String },
 }
 
 /// What became of one action.
@@ -473,7 +473,20 @@ fn user_message(
             "Your last reply failed. Before acting, reflect in your thoughts on what went wrong.\n",
         );
     }
-    s.push_str(&format!("Turn {turn}:\nState:\n{}\n", env.observation()));
+    s.push_str(&state_message(env, cfg, turn, actions_left));
+    s
+}
+
+/// The end of every user message, the part that shows the state: `Turn k:`,
+/// the observation, the valid actions where shown, the actions left. A
+/// perception pre-training prompt is this message alone.
+pub fn state_message(
+    env: &dyn Env,
+    cfg: &RolloutConfig,
+    turn: usize,
+    actions_left: usize,
+) -> String {
+    let mut s = format!("Turn {turn}:\nState:\n{}\n", env.observation());
     if cfg.show_valid_actions {
         s.push_str(&format!(
             "Valid actions: {}\n",
@@ -482,6 +495,28 @@ fn user_message(
     }
     s.push_str(&format!("You have {actions_left} actions left."));
     s
+}
+
+/// The prompt of one state on its own, for perception pre-training: at
+/// turn 1 exactly the prompt a fresh episode opens with (system prompt,
+/// instructions, the state); at a later turn the system prompt and the
+/// state's message alone (`Turn k:`, the observation, the budget), with no
+/// instructions and no history, short enough for thousands of updates in a
+/// minute. The text between the state and the reply is a rollout's in both,
+/// and the mix of long and short prompts keeps what is learnt from
+/// depending on where the state sits in the context.
+pub fn state_prompt(
+    codec: &dyn ChatCodec,
+    env: &dyn Env,
+    cfg: &RolloutConfig,
+    turn: usize,
+    actions_left: usize,
+) -> Result<Vec<u32>, CodecError> {
+    let user = match turn {
+        1 => user_message(env, cfg, 1, actions_left, &[], None, &Memory::default()),
+        _ => state_message(env, cfg, turn, actions_left),
+    };
+    opening(codec, &user)
 }
 
 /// A turn's opening context as its own sequence: system prompt, the user
@@ -576,13 +611,14 @@ fn apply_generated(
 /// no conversation there is no reply to write: its actions say it all).
 fn apply_played(
     ep: &mut Episode<'_>,
+    thought: &str,
     codec: Option<&dyn ChatCodec>,
     cfg: &RolloutConfig,
 ) -> Result<(), CodecError> {
     let Some(codec) = codec else {
         return Ok(());
     };
-    let reply = cfg.format.render("", &ep.turn.actions);
+    let reply = cfg.format.render(thought, &ep.turn.actions);
     let mut ids = codec.encode(&reply)?;
     ids.push(codec.im_end());
     ep.conv.push_policy(&ids);
@@ -703,12 +739,12 @@ pub fn play_episodes(
                     let codec = codec.ok_or(RolloutError::NoConversation)?;
                     apply_generated(ep, i, gen, codec, cfg)?;
                 }
-                Reply::Played if ep.turn.actions.is_empty() => {
+                Reply::Played { .. } if ep.turn.actions.is_empty() => {
                     // A scripted player with no move: the episode ends here.
                     ep.finished = true;
                     continue;
                 }
-                Reply::Played => apply_played(ep, codec, cfg)?,
+                Reply::Played { thought } => apply_played(ep, &thought, codec, cfg)?,
             }
             if ep.turn.format_error || ep.turn.invalid_actions > 0 {
                 ep.turn.penalty = cfg.format_penalty;

@@ -97,6 +97,15 @@ impl ReplyFormat {
         (!text.is_empty()).then(|| text.to_string())
     }
 
+    /// The thought part of a reply, as [`ReplyFormat::render`] begins it:
+    /// `<think>…</think>` or `Thought: …` and its newline.
+    pub fn render_thought(self, thought: &str) -> String {
+        match self {
+            ReplyFormat::ThinkAnswer => format!("<think>{thought}</think>"),
+            ReplyFormat::React => format!("Thought: {thought}\n"),
+        }
+    }
+
     /// Render actions as a well-formed reply (expert demonstrations).
     pub fn render(self, thought: &str, actions: &[String]) -> String {
         match self {
@@ -193,6 +202,16 @@ mod tests {
         );
         assert_eq!(f.parse("Thought: hmm", 1), Err(FormatError::MissingAction));
         assert_eq!(f.parse("Action:   ", 1), Err(FormatError::EmptyAnswer));
+    }
+
+    #[test]
+    fn a_rendered_reply_begins_with_its_rendered_thought() {
+        for f in [ReplyFormat::ThinkAnswer, ReplyFormat::React] {
+            let acts = vec!["Up".to_string()];
+            let reply = f.render("Left O", &acts);
+            assert!(reply.starts_with(&f.render_thought("Left O")), "{reply}");
+            assert_eq!(f.thought(&reply).as_deref(), Some("Left O"));
+        }
     }
 
     #[test]

@@ -25,8 +25,8 @@ pub mod trajectory;
 pub use actor::{Expert, ExpertActor, PolicyActor, Random, RandomActor, Scripted, ScriptedPlayer};
 pub use codec::{ChatCodec, CodecError};
 pub use engine::{
-    expert_demonstrations, play_episodes, run_rollouts, Actor, AgentStrategy, GroupFilterType,
-    Play, Reply, RolloutConfig, RolloutError, Seat, SYSTEM_PROMPT,
+    expert_demonstrations, play_episodes, run_rollouts, state_message, state_prompt, Actor,
+    AgentStrategy, GroupFilterType, Play, Reply, RolloutConfig, RolloutError, Seat, SYSTEM_PROMPT,
 };
 pub use failure::{failure_labels, FailureCounts, FailureLabel};
 pub use format::{FormatError, ReplyFormat};

@@ -3,9 +3,9 @@
 
 use agentrl_env_core::{ActionError, Env, Split, Step, StepError, StepInfo, TaskSpec};
 use agentrl_rollout::{
-    expert_demonstrations, play_episodes, run_rollouts, Actor, ChatCodec, CodecError, ExpertActor,
-    Generation, Policy, PolicyActor, PolicyFn, RandomActor, ReplyFormat, RolloutConfig,
-    RolloutError, SamplingParams, Trajectory,
+    expert_demonstrations, play_episodes, run_rollouts, state_prompt, Actor, ChatCodec, CodecError,
+    ExpertActor, Generation, Policy, PolicyActor, PolicyFn, RandomActor, ReplyFormat,
+    RolloutConfig, RolloutError, SamplingParams, Trajectory, SYSTEM_PROMPT,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -100,6 +100,9 @@ impl Env for Corridor {
     }
     fn expert_action(&mut self) -> Option<String> {
         (!self.is_done() && !self.walled).then(|| "R".to_string())
+    }
+    fn perception(&self) -> Option<String> {
+        Some(format!("at {}", self.pos))
     }
     fn steps(&self) -> usize {
         self.steps
@@ -289,6 +292,57 @@ fn expert_demo_matches_rollout_layout() {
             .unwrap(),
         vec!["R"]
     );
+}
+
+#[test]
+fn a_perceiving_expert_thinks_what_it_sees_before_it_moves() {
+    let c = cfg();
+    let mut expert = ExpertActor::new(2, 0.0).perceiving(true);
+    let demo = expert_demonstrations(&mut expert, &CharCodec, vec![corridor()], &[0], &c)
+        .unwrap()
+        .remove(0);
+    let replies: Vec<&str> = demo.turns.iter().map(|t| t.reply.as_str()).collect();
+    assert_eq!(
+        replies,
+        [
+            "<think>at 0</think><answer>R || R</answer>",
+            "<think>at 2</think><answer>R</answer>"
+        ]
+    );
+    // The thought is policy text like the rest of the reply.
+    let start = demo.turns[0].start;
+    assert_eq!(
+        &demo.tokens[start..start + 15],
+        &char_ids("<think>at 0</think>")[..15]
+    );
+    assert!(demo.loss_mask[start..demo.turns[0].end]
+        .iter()
+        .all(|&m| m == 1));
+}
+
+#[test]
+fn a_state_prompt_ends_as_the_rollouts_prompt_of_that_state_does() {
+    let c = cfg();
+    let demo = demo(2, &c);
+    let mut env = corridor();
+    env.reset();
+    // Turn 1: exactly the episode's opening.
+    let first = state_prompt(&CharCodec, &*env, &c, 1, c.max_actions).unwrap();
+    assert_eq!(first, demo.tokens[..demo.turns[0].start]);
+    // Turn 2 (two steps in): the system prompt, then the state's message
+    // and the assistant header just as the dialogue's second prompt ends.
+    env.step("R").unwrap();
+    env.step("R").unwrap();
+    let second = state_prompt(&CharCodec, &*env, &c, 2, c.max_actions - 2).unwrap();
+    let system = CharCodec.message("system", SYSTEM_PROMPT).unwrap();
+    let user_header = CharCodec.assistant_header_for("user").unwrap();
+    assert_eq!(second[..system.len()], system[..]);
+    let state_part = &second[system.len() + user_header.len()..];
+    assert!(CharCodec
+        .decode(state_part)
+        .unwrap()
+        .starts_with("Turn 2:\nState:\n"));
+    assert!(demo.tokens[..demo.turns[1].start].ends_with(state_part));
 }
 
 /// [`CharCodec`] whose decoding fails: the policy's reply cannot be read.

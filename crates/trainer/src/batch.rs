@@ -168,6 +168,24 @@ pub fn shifted_mask(t: &Trajectory) -> Vec<f32> {
     t.loss_mask.iter().skip(1).map(|&m| m as f32).collect()
 }
 
+/// Take each turn's thought out of a shifted loss-mask row: the reply's
+/// tokens up to and including its first `thought_end` (`</think>`) score
+/// 0. A reply without one keeps its mask (there is no thought to spare).
+pub fn mask_thoughts(t: &Trajectory, mask: &mut [f32], thought_end: u32) {
+    for turn in &t.turns {
+        let end = turn.end.min(t.tokens.len());
+        let Some(close) = (turn.start..end).find(|&k| t.tokens[k] == thought_end) else {
+            continue;
+        };
+        // Token k is scored at shifted index k - 1.
+        for k in turn.start.max(1)..=close {
+            if let Some(m) = mask.get_mut(k - 1) {
+                *m = 0.0;
+            }
+        }
+    }
+}
+
 /// Right-pad ragged rows into a `[rows, width]` f32 tensor.
 pub fn padded(rows: &[Vec<f32>], width: usize, device: &Device) -> candle_core::Result<Tensor> {
     let mut flat = vec![0f32; rows.len() * width];
@@ -195,6 +213,31 @@ mod tests {
             t.to_vec2::<f32>().unwrap(),
             vec![vec![1.0, 2.0, 0.0], vec![3.0, 0.0, 0.0]]
         );
+    }
+
+    /// Two turns: prompt [1, 2], reply [10 <think>, 5, 11 </think>, 7, 99],
+    /// prompt [3], reply [8, 99] with no thought end.
+    #[test]
+    fn thoughts_leave_the_mask_and_answers_stay() {
+        use agentrl_env_core::{Split, TaskSpec};
+        use agentrl_rollout::Turn;
+        let tokens = vec![1, 2, 10, 5, 11, 7, 99, 3, 8, 99];
+        let loss_mask = vec![0, 0, 1, 1, 1, 1, 1, 0, 1, 1];
+        let turn = |start, end| Turn {
+            start,
+            end,
+            ..Turn::default()
+        };
+        let t = Trajectory {
+            tokens,
+            loss_mask,
+            turns: vec![turn(2, 7), turn(8, 10)],
+            ..Trajectory::new(TaskSpec::new("bandit", Split::Train, "easy", 0), 0)
+        };
+        let mut mask = shifted_mask(&t);
+        mask_thoughts(&t, &mut mask, 11);
+        // Shifted: entry k scores token k + 1.
+        assert_eq!(mask, vec![0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use agentrl_rollout::{
 use agentrl_tokenizer::ChatTokenizer;
 use candle_core::Device;
 
-use crate::config::{EnvProtocol, TrainConfig};
+use crate::config::{EnvProtocol, SftSection, TrainConfig};
 use crate::mixture::task_sources;
 
 /// Train tasks whose first observation the tiny tokenizer of an env without
@@ -45,15 +45,16 @@ impl ChatCodec for RecordingCodec {
     }
 }
 
-/// Text of expert episodes (prompts, observations, replies) plus error
-/// messages the policy will see, from `episodes` train tasks.
+/// Text of expert episodes (prompts, observations, replies, with the
+/// perception thoughts where `sft.perceive`) plus error messages the policy
+/// will see, from `episodes` train tasks.
 pub fn environment_corpus(
     make: &EnvMaker<'_>,
     env: &str,
     difficulties: &[&str],
     params: &EnvParams,
     rollout: &RolloutConfig,
-    actions_per_turn: usize,
+    sft: &SftSection,
     episodes: usize,
 ) -> Result<Vec<String>, BootstrapError> {
     let codec = RecordingCodec {
@@ -64,7 +65,7 @@ pub fn environment_corpus(
             let spec = TaskSpec::new(env, Split::Train, *d, seed);
             // One episode at a time: the corpus keeps each episode's texts together.
             let e: Box<dyn Env> = make(&spec, params)?;
-            let mut expert = ExpertActor::new(actions_per_turn, 0.0);
+            let mut expert = ExpertActor::new(sft.actions_per_turn, 0.0).perceiving(sft.perceive);
             expert_demonstrations(&mut expert, &codec, vec![e], &[0], rollout)?;
             // The messages an invalid action produces.
             let mut e = make(&spec, params)?;
@@ -176,7 +177,7 @@ pub fn starting_policy(
             &difficulties,
             &cfg.env.params,
             &cfg.rollout,
-            cfg.sft.actions_per_turn,
+            &cfg.sft,
             48,
         )?
     };
@@ -207,7 +208,7 @@ pub fn starting_policy(
             desc.difficulties,
             &params,
             &cfg.rollout,
-            cfg.sft.actions_per_turn,
+            &cfg.sft,
             48,
         )?);
         covered.push(env);

@@ -6,11 +6,10 @@
 use std::fs;
 use std::path::Path;
 
-use agentrl_trainer::run_dir::RunDir;
-use agentrl_trainer::{Silent, TrainConfig, Trainer};
+use agentrl_trainer::TrainConfig;
 use serde_json::Value;
 
-use crate::common::{copy_dir, tiny_frozenlake};
+use crate::common::{tiny_frozenlake, whole_and_resumed};
 
 /// A tiny model on non-slippery FrozenLake: five RL steps, a checkpoint after each; the
 /// turn budget grows 1 → 2 → 3 every 2 steps and the curriculum moves from
@@ -19,45 +18,6 @@ const STAGED: &str = "name=schedule-test env.params.is_slippery=false rollout.ma
     rollout.max_turns_schedule=[1,2,3] rollout.max_turns_stage_steps=2 \
     curriculum.difficulties=[\"easy\",\"hard\"] curriculum.stage_steps=3 \
     trainer.total_training_steps=5";
-
-/// The train and eval records of a run, less wall-clock times.
-fn records(dir: &Path) -> Vec<Value> {
-    fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            if let Value::Object(m) = &mut v {
-                m.retain(|k, _| !k.ends_with("seconds"));
-            }
-            v
-        })
-        .collect()
-}
-
-/// Train `config` into `dir`, then copy it as if killed right after
-/// checkpoint `kill_after`, resume the copy, and return both directories'
-/// records for comparison.
-fn whole_and_resumed(cfg: TrainConfig, kill_after: usize, dir: &Path) -> (Vec<Value>, Vec<Value>) {
-    let whole = dir.join("whole");
-    Trainer::start(cfg, &whole, &mut Silent)
-        .unwrap()
-        .train(&mut Silent)
-        .unwrap();
-    // A kill after checkpoint `kill_after` leaves `latest` naming it and
-    // the logs holding whatever later steps wrote; resuming drops those.
-    let killed = dir.join("killed");
-    copy_dir(&whole, &killed);
-    fs::remove_file(killed.join("summary.json")).unwrap();
-    RunDir::open(&killed)
-        .unwrap()
-        .set_latest(kill_after)
-        .unwrap();
-    let mut t = Trainer::resume(&killed).unwrap();
-    assert_eq!(t.state.step, kill_after);
-    t.train(&mut Silent).unwrap();
-    (records(&whole), records(&killed))
-}
 
 #[test]
 fn each_step_plays_its_stage_and_a_resume_mid_stage_continues_it() {

@@ -7,7 +7,9 @@ use std::fs;
 use std::path::Path;
 
 use agentrl_trainer::config::SMOKE_CONFIG;
-use agentrl_trainer::TrainConfig;
+use agentrl_trainer::run_dir::RunDir;
+use agentrl_trainer::{Silent, TrainConfig, Trainer};
+use serde_json::Value;
 
 /// `configs/smoke.toml` with `overrides` (`key=value`, as `agentrl train`
 /// takes them) applied in order.
@@ -40,4 +42,47 @@ pub fn copy_dir(from: &Path, to: &Path) {
             fs::copy(entry.path(), &target).unwrap();
         }
     }
+}
+
+/// The train and eval records of a run, less wall-clock times.
+pub fn records(dir: &Path) -> Vec<Value> {
+    fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            if let Value::Object(m) = &mut v {
+                m.retain(|k, _| !k.ends_with("seconds"));
+            }
+            v
+        })
+        .collect()
+}
+
+/// Train `config` into `dir`, then copy it as if killed right after
+/// checkpoint `kill_after`, resume the copy, and return both directories'
+/// records for comparison.
+pub fn whole_and_resumed(
+    cfg: TrainConfig,
+    kill_after: usize,
+    dir: &Path,
+) -> (Vec<Value>, Vec<Value>) {
+    let whole = dir.join("whole");
+    Trainer::start(cfg, &whole, &mut Silent)
+        .unwrap()
+        .train(&mut Silent)
+        .unwrap();
+    // A kill after checkpoint `kill_after` leaves `latest` naming it and
+    // the logs holding whatever later steps wrote; resuming drops those.
+    let killed = dir.join("killed");
+    copy_dir(&whole, &killed);
+    fs::remove_file(killed.join("summary.json")).unwrap();
+    RunDir::open(&killed)
+        .unwrap()
+        .set_latest(kill_after)
+        .unwrap();
+    let mut t = Trainer::resume(&killed).unwrap();
+    assert_eq!(t.state.step, kill_after);
+    t.train(&mut Silent).unwrap();
+    (records(&whole), records(&killed))
 }
