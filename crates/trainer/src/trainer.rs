@@ -449,10 +449,6 @@ impl Trainer {
         }
     }
 
-    /// Perception pre-training (`sft.perception_steps`): the model learns to
-    /// read the state off short one-state prompts before it sees a
-    /// dialogue. Logs the held-out loss (validation tasks' states) before
-    /// and after.
     /// The perception examples of this run's tasks: train-seed states to
     /// learn from and validation-seed states to measure on.
     #[allow(clippy::type_complexity)]
@@ -492,6 +488,10 @@ impl Trainer {
         Ok((train, held_out))
     }
 
+    /// Perception pre-training (`sft.perception_steps`): the model learns to
+    /// read the state off short one-state prompts before it sees a
+    /// dialogue. Logs the held-out loss (validation tasks' states) before
+    /// and after.
     fn pretrain_perception(&mut self, progress: &mut dyn Progress) -> Result<(), TrainError> {
         let (train, held_out) = self.perception_examples()?;
         let sft = &self.cfg.sft;
