@@ -72,6 +72,15 @@ pub trait Env: Send {
         None
     }
 
+    /// The valid actions a player who read the state (its
+    /// [`Env::perception`]) would not rule out at once: on FrozenLake the
+    /// moves that neither fall into a hole nor bump into the edge. A warm
+    /// start whose random moves are drawn from these ties each move to the
+    /// reading before it. Defaults to every valid action.
+    fn safe_actions(&self) -> Vec<String> {
+        self.available_actions()
+    }
+
     /// The episode's bookkeeping, for an env that keeps it in an [`Episode`].
     /// An env that keeps it elsewhere (a remote client mirroring a server's
     /// counters) answers `None` and overrides the five methods below, which

@@ -241,6 +241,18 @@ impl FrozenLake {
             intended
         }
     }
+
+    /// The tile one step from the player in direction `a`; `None` past the edge.
+    fn neighbour(&self, a: Action) -> Option<Tile> {
+        let n = self.map.size as isize;
+        let (row, col) = ((self.pos as isize) / n, (self.pos as isize) % n);
+        let (dr, dc) = a.delta();
+        let (r, c) = (row + dr, col + dc);
+        match (0..n).contains(&r) && (0..n).contains(&c) {
+            true => Some(self.map.tiles[(r * n + c) as usize]),
+            false => None,
+        }
+    }
 }
 
 impl Env for FrozenLake {
@@ -330,26 +342,35 @@ impl Env for FrozenLake {
     /// (find `P`, read its neighbour) a policy must make before it can
     /// avoid holes.
     fn perception(&self) -> Option<String> {
-        let n = self.map.size;
-        let (row, col) = (self.pos / n, self.pos % n);
         let readings: Vec<String> = ACTIONS
             .iter()
             .map(|&a| {
-                let (dr, dc) = a.delta();
-                let (r, c) = (row as isize + dr, col as isize + dc);
-                let seen = if r < 0 || c < 0 || r >= n as isize || c >= n as isize {
-                    "edge"
-                } else {
-                    match self.map.tiles[r as usize * n + c as usize] {
-                        Tile::Start | Tile::Frozen => "_",
-                        Tile::Hole => "O",
-                        Tile::Goal => "G",
-                    }
+                let seen = match self.neighbour(a) {
+                    None => "edge",
+                    Some(Tile::Start | Tile::Frozen) => "_",
+                    Some(Tile::Hole) => "O",
+                    Some(Tile::Goal) => "G",
                 };
                 format!("{} {seen}", a.name())
             })
             .collect();
         Some(readings.join(", "))
+    }
+
+    /// The moves onto a lake cell that is not a hole (the perception's `_`
+    /// and `G`; not `O`, not `edge`); every valid move when there is none.
+    fn safe_actions(&self) -> Vec<String> {
+        let valid = self.available_actions();
+        let safe: Vec<String> = ACTIONS
+            .iter()
+            .filter(|&&a| matches!(self.neighbour(a), Some(t) if t != Tile::Hole))
+            .map(|a| a.name().to_string())
+            .filter(|name| valid.contains(name))
+            .collect();
+        match safe.is_empty() {
+            true => valid,
+            false => safe,
+        }
     }
 }
 

@@ -166,6 +166,30 @@ fn perception_reads_the_four_neighbours_in_the_observations_symbols() {
     );
 }
 
+#[test]
+fn safe_actions_are_the_moves_the_reading_shows_onto_ice_or_the_goal() {
+    let m = hand_map(&["SHF", "FFF", "HFG"]);
+    let mut e = FrozenLake::from_map(&spec("easy", 0), no_slip(), m).unwrap();
+    e.reset();
+    // Left and Up are the edge, Right a hole.
+    assert_eq!(e.safe_actions(), ["Down"]);
+    e.step("Down").unwrap();
+    assert_eq!(e.safe_actions(), ["Right", "Up"]);
+    e.step("Right").unwrap();
+    e.step("Down").unwrap();
+    // Left is a hole, Down the edge; the goal is safe.
+    assert_eq!(e.safe_actions(), ["Right", "Up"]);
+}
+
+#[test]
+fn safe_actions_fall_back_to_every_valid_move_when_all_are_ruled_out() {
+    let m = hand_map(&["SHF", "HFF", "FFG"]);
+    let mut e = FrozenLake::from_map(&spec("easy", 0), no_slip(), m).unwrap();
+    e.reset();
+    assert_eq!(e.safe_actions(), e.available_actions());
+    assert_eq!(e.safe_actions().len(), 4);
+}
+
 /// Every reading agrees with the rendered grid: the cell one step away in
 /// the observation holds the symbol read (or the player is at the edge).
 #[test]

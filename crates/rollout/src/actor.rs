@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use agentrl_env_core::{stable_hash, Env, TaskSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
 
 use crate::engine::{Actor, Play, Reply, RolloutError, Seat};
 use crate::policy::{Policy, SamplingParams};
@@ -131,8 +132,23 @@ impl<P: ScriptedPlayer> Actor for Scripted<P> {
 pub struct Expert {
     actions_per_turn: usize,
     noise: f64,
+    /// Where a noisy move is drawn from.
+    random_moves: RandomMoves,
     /// Think the env's [`Env::perception`] before moving.
     perceive: bool,
+}
+
+/// The actions a noisy expert's random move is drawn from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RandomMoves {
+    /// Every valid action.
+    #[default]
+    Valid,
+    /// The env's [`Env::safe_actions`]: the moves a reading of the state
+    /// does not rule out, so that each move follows from the perception
+    /// written before it.
+    Safe,
 }
 
 /// The expert as an actor.
@@ -143,8 +159,15 @@ impl ExpertActor {
         Scripted::of(Expert {
             actions_per_turn: actions_per_turn.max(1),
             noise,
+            random_moves: RandomMoves::Valid,
             perceive: false,
         })
+    }
+
+    /// This expert, drawing its random moves from `moves`.
+    pub fn random_moves(mut self, moves: RandomMoves) -> Self {
+        self.player.random_moves = moves;
+        self
     }
 
     /// This expert, thinking what it perceives (the env's
@@ -179,7 +202,10 @@ impl ScriptedPlayer for Expert {
                 break;
             };
             let action = if self.noise > 0.0 && rng.random::<f64>() < self.noise {
-                let valid = seat.env().available_actions();
+                let valid = match self.random_moves {
+                    RandomMoves::Valid => seat.env().available_actions(),
+                    RandomMoves::Safe => seat.env().safe_actions(),
+                };
                 if valid.is_empty() {
                     expert
                 } else {

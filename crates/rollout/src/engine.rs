@@ -505,16 +505,34 @@ pub fn state_message(
 /// minute. The text between the state and the reply is a rollout's in both,
 /// and the mix of long and short prompts keeps what is learnt from
 /// depending on where the state sits in the context.
+///
+/// With a history window (`history_turns`) every turn's prompt is a whole
+/// prompt (instructions, window, state). With `history_turns = 0` this is
+/// exactly a rollout's prompt after a valid reply whose turn earned
+/// `last_reward`; with a wider window it is that prompt without the turns
+/// the window would show.
 pub fn state_prompt(
     codec: &dyn ChatCodec,
     env: &dyn Env,
     cfg: &RolloutConfig,
     turn: usize,
     actions_left: usize,
+    last_reward: f32,
 ) -> Result<Vec<u32>, CodecError> {
-    let user = match turn {
-        1 => user_message(env, cfg, 1, actions_left, &[], None, &Memory::default()),
-        _ => state_message(env, cfg, turn, actions_left),
+    let fresh = Memory::default();
+    let user = match (turn, cfg.history_turns) {
+        (1, _) => user_message(env, cfg, 1, actions_left, &[], None, &fresh),
+        (_, Some(0)) => {
+            // An empty window still shows the last turn's reward.
+            let previous = Turn {
+                env_reward: last_reward,
+                ..Turn::default()
+            };
+            let history = std::slice::from_ref(&previous);
+            user_message(env, cfg, turn, actions_left, history, None, &fresh)
+        }
+        (_, Some(_)) => user_message(env, cfg, turn, actions_left, &[], None, &fresh),
+        (_, None) => state_message(env, cfg, turn, actions_left),
     };
     opening(codec, &user)
 }

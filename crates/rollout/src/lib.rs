@@ -22,7 +22,9 @@ pub mod policy;
 pub mod stats;
 pub mod trajectory;
 
-pub use actor::{Expert, ExpertActor, PolicyActor, Random, RandomActor, Scripted, ScriptedPlayer};
+pub use actor::{
+    Expert, ExpertActor, PolicyActor, Random, RandomActor, RandomMoves, Scripted, ScriptedPlayer,
+};
 pub use codec::{ChatCodec, CodecError};
 pub use engine::{
     expert_demonstrations, play_episodes, run_rollouts, state_message, state_prompt, Actor,

@@ -4,7 +4,7 @@
 use agentrl_env_core::{ActionError, Env, Split, Step, StepError, StepInfo, TaskSpec};
 use agentrl_rollout::{
     expert_demonstrations, play_episodes, run_rollouts, state_prompt, Actor, ChatCodec, CodecError,
-    ExpertActor, Generation, Policy, PolicyActor, PolicyFn, RandomActor, ReplyFormat,
+    ExpertActor, Generation, Policy, PolicyActor, PolicyFn, RandomActor, RandomMoves, ReplyFormat,
     RolloutConfig, RolloutError, SamplingParams, Trajectory, SYSTEM_PROMPT,
 };
 use rand::SeedableRng;
@@ -327,13 +327,13 @@ fn a_state_prompt_ends_as_the_rollouts_prompt_of_that_state_does() {
     let mut env = corridor();
     env.reset();
     // Turn 1: exactly the episode's opening.
-    let first = state_prompt(&CharCodec, &*env, &c, 1, c.max_actions).unwrap();
+    let first = state_prompt(&CharCodec, &*env, &c, 1, c.max_actions, 0.0).unwrap();
     assert_eq!(first, demo.tokens[..demo.turns[0].start]);
     // Turn 2 (two steps in): the system prompt, then the state's message
     // and the assistant header just as the dialogue's second prompt ends.
     env.step("R").unwrap();
     env.step("R").unwrap();
-    let second = state_prompt(&CharCodec, &*env, &c, 2, c.max_actions - 2).unwrap();
+    let second = state_prompt(&CharCodec, &*env, &c, 2, c.max_actions - 2, 0.0).unwrap();
     let system = CharCodec.message("system", SYSTEM_PROMPT).unwrap();
     let user_header = CharCodec.assistant_header_for("user").unwrap();
     assert_eq!(second[..system.len()], system[..]);
@@ -343,6 +343,117 @@ fn a_state_prompt_ends_as_the_rollouts_prompt_of_that_state_does() {
         .unwrap()
         .starts_with("Turn 2:\nState:\n"));
     assert!(demo.tokens[..demo.turns[1].start].ends_with(state_part));
+}
+
+#[test]
+fn with_an_empty_history_window_a_state_prompt_is_the_rollouts_prompt_at_every_turn() {
+    let c = RolloutConfig {
+        history_turns: Some(0),
+        ..cfg()
+    };
+    let demo = demo(2, &c);
+    assert_eq!(demo.sequence_starts.len(), 1);
+    let mut env = corridor();
+    env.reset();
+    let first = state_prompt(&CharCodec, &*env, &c, 1, c.max_actions, 0.0).unwrap();
+    assert_eq!(first, demo.tokens[..demo.turns[0].start]);
+    env.step("R").unwrap();
+    env.step("R").unwrap();
+    let second = state_prompt(&CharCodec, &*env, &c, 2, c.max_actions - 2, 0.0).unwrap();
+    assert_eq!(
+        second,
+        demo.tokens[demo.sequence_starts[0]..demo.turns[1].start]
+    );
+}
+
+/// Six steps, each of four moves valid; the expert always says "A", and
+/// only "B" is safe.
+struct Crossroads {
+    spec: TaskSpec,
+    steps: usize,
+}
+
+impl Env for Crossroads {
+    fn spec(&self) -> &TaskSpec {
+        &self.spec
+    }
+    fn instructions(&self) -> String {
+        "Pick".into()
+    }
+    fn reset(&mut self) -> String {
+        self.steps = 0;
+        self.observation()
+    }
+    fn step(&mut self, _action: &str) -> Result<Step, StepError> {
+        self.steps += 1;
+        Ok(Step {
+            observation: self.observation(),
+            reward: 0.0,
+            done: self.is_done(),
+            success: false,
+            info: StepInfo::default(),
+        })
+    }
+    fn observation(&self) -> String {
+        format!("step {}", self.steps)
+    }
+    fn available_actions(&self) -> Vec<String> {
+        ["A", "B", "C", "D"].map(String::from).to_vec()
+    }
+    fn safe_actions(&self) -> Vec<String> {
+        vec!["B".into()]
+    }
+    fn state_key(&self) -> u64 {
+        self.steps as u64
+    }
+    fn expert_action(&mut self) -> Option<String> {
+        (!self.is_done()).then(|| "A".to_string())
+    }
+    fn steps(&self) -> usize {
+        self.steps
+    }
+    fn max_steps(&self) -> usize {
+        6
+    }
+    fn is_done(&self) -> bool {
+        self.steps >= 6
+    }
+}
+
+#[test]
+fn a_noisy_experts_random_moves_come_from_the_safe_actions_when_asked() {
+    let c = RolloutConfig {
+        max_turns: 6,
+        max_actions_per_turn: 1,
+        max_actions: 6,
+        ..cfg()
+    };
+    let moves = |random_moves| {
+        let mut expert = ExpertActor::new(1, 1.0).random_moves(random_moves);
+        let envs: Vec<Box<dyn Env>> = (0..8)
+            .map(|seed| {
+                Box::new(Crossroads {
+                    spec: TaskSpec::new("crossroads", Split::Train, "easy", seed),
+                    steps: 0,
+                }) as Box<dyn Env>
+            })
+            .collect();
+        let groups: Vec<usize> = (0..8).collect();
+        expert_demonstrations(&mut expert, &CharCodec, envs, &groups, &c)
+            .unwrap()
+            .iter()
+            .flat_map(|t| t.turns.iter().flat_map(|turn| turn.actions.clone()))
+            .collect::<Vec<String>>()
+    };
+    let safe = moves(RandomMoves::Safe);
+    assert_eq!(safe.len(), 48);
+    assert!(safe.iter().all(|m| m == "B"), "{safe:?}");
+    // Drawn from every valid action, the 48 moves are not all one.
+    let valid = moves(RandomMoves::Valid);
+    assert_eq!(valid.len(), 48);
+    assert!(["A", "B", "C", "D"]
+        .iter()
+        .all(|m| valid.iter().any(|v| v == m)));
 }
 
 /// [`CharCodec`] whose decoding fails: the policy's reply cannot be read.

@@ -7,7 +7,7 @@ use agentrl_algos::{AdvEstimator, KlKind, LossAgg};
 use agentrl_env_client::DataIdxRanges;
 use agentrl_env_core::SPLIT_STRIDE;
 use agentrl_model::ModelConfig;
-use agentrl_rollout::RolloutConfig;
+use agentrl_rollout::{RandomMoves, RolloutConfig};
 use agentrl_tokenizer::{MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB};
 use serde::{Deserialize, Serialize};
 
@@ -573,6 +573,11 @@ pub struct SftSection {
     /// demonstration is kept, successful or not, so the warm start imitates
     /// the noisy expert: it knows the right move but takes it unreliably.
     pub expert_noise: f64,
+    /// Where the noisy expert's random moves are drawn from: `"valid"`
+    /// (every valid action) or `"safe"` (the env's safe actions, on
+    /// FrozenLake the moves onto ice or the goal: with `perceive` each
+    /// random move then follows from the reading written before it).
+    pub random_moves: RandomMoves,
     /// The expert thinks what it perceives (the env's perception: on
     /// FrozenLake what lies one step in each direction) before it moves,
     /// so the warm-started policy writes its readings of the state in its
@@ -601,6 +606,7 @@ impl Default for SftSection {
             batch_size: 16,
             actions_per_turn: 1,
             expert_noise: 0.0,
+            random_moves: RandomMoves::Valid,
             perceive: false,
             perception_steps: 0,
             perception_batch_size: 32,

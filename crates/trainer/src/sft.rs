@@ -36,8 +36,9 @@ pub fn demonstrations(
         envs.push(make(&spec, params)?);
     }
     let groups: Vec<usize> = (0..envs.len()).collect();
-    let mut expert =
-        ExpertActor::new(sft.actions_per_turn, sft.expert_noise).perceiving(sft.perceive);
+    let mut expert = ExpertActor::new(sft.actions_per_turn, sft.expert_noise)
+        .random_moves(sft.random_moves)
+        .perceiving(sft.perceive);
     let demos = expert_demonstrations(&mut expert, codec, envs, &groups, rollout)?;
     // A pure expert's failures (budget too short) teach nothing; a noisy
     // expert's are part of the behaviour being imitated.
@@ -135,6 +136,7 @@ pub fn perception_examples(
         let spec = TaskSpec::new(env, split, difficulty, first_seed + i);
         let mut task = make(&spec, params)?;
         task.reset();
+        let mut last_reward = 0.0;
         for turn in 1..=rollout.max_turns.max(1) {
             let Some(thought) = task.perception() else {
                 return Err(TrainError::Config(crate::config::ConfigError::Invalid(format!(
@@ -143,9 +145,16 @@ pub fn perception_examples(
             };
             // One action a turn: the budget left is what a rollout shows.
             let actions_left = rollout.max_actions.saturating_sub(turn - 1);
-            let (mut tokens, target) =
-                perception_tokens(codec, &*task, rollout, turn, actions_left, &thought)
-                    .map_err(agentrl_rollout::RolloutError::from)?;
+            let (mut tokens, target) = perception_tokens(
+                codec,
+                &*task,
+                rollout,
+                turn,
+                actions_left,
+                last_reward,
+                &thought,
+            )
+            .map_err(agentrl_rollout::RolloutError::from)?;
             let mut mask = vec![0u8; tokens.len()];
             mask.extend(std::iter::repeat_n(1u8, target.len()));
             tokens.extend(target);
@@ -156,7 +165,7 @@ pub fn perception_examples(
             }
             let action = &actions[rng.random_range(0..actions.len())];
             match task.step(action) {
-                Ok(step) if !step.done => {}
+                Ok(step) if !step.done => last_reward = step.reward as f32,
                 _ => break,
             }
         }
@@ -171,9 +180,10 @@ fn perception_tokens(
     rollout: &RolloutConfig,
     turn: usize,
     actions_left: usize,
+    last_reward: f32,
     thought: &str,
 ) -> Result<(Vec<u32>, Vec<u32>), CodecError> {
-    let prompt = state_prompt(codec, env, rollout, turn, actions_left)?;
+    let prompt = state_prompt(codec, env, rollout, turn, actions_left, last_reward)?;
     let target = codec.encode(&rollout.format.render_thought(thought))?;
     Ok((prompt, target))
 }

@@ -20,8 +20,8 @@ use agentrl_algos as algos;
 use agentrl_env_core::{stable_hash, Env, EnvError, EnvParams, Split, TaskSpec, SPLIT_STRIDE};
 use agentrl_model::{AdamW, AdamWConfig, PolicyModel};
 use agentrl_rollout::{
-    run_rollouts, EpisodeTally, FailureCounts, GroupFilterType, Policy, PolicyActor, RolloutConfig,
-    SamplingParams, Trajectory,
+    run_rollouts, EpisodeTally, FailureCounts, GroupFilterType, Policy, PolicyActor, RandomMoves,
+    RolloutConfig, SamplingParams, Trajectory,
 };
 use agentrl_tokenizer::ChatTokenizer;
 use candle_core::{Device, Var};
@@ -568,7 +568,13 @@ impl Trainer {
     fn warm_start(&mut self, progress: &mut dyn Progress) -> Result<(), TrainError> {
         let make = self.make.as_ref();
         let noise = self.cfg.sft.expert_noise;
-        progress.message(&if noise >= 1.0 {
+        let safe = self.cfg.sft.random_moves == RandomMoves::Safe;
+        progress.message(&if noise >= 1.0 && safe {
+            format!(
+                "warm start: {} demonstrations of random safe moves (the reply format, and no move its reading rules out)",
+                self.cfg.sft.demos
+            )
+        } else if noise >= 1.0 {
             format!(
                 "warm start: {} demonstrations of random valid moves (teaches the reply format only)",
                 self.cfg.sft.demos
