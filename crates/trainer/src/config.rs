@@ -17,8 +17,15 @@ use crate::mixture::{mixture_problems, MixtureEntry};
 pub use crate::policy_section::PolicySection;
 use crate::schedule::{max_turns_schedule_problems, CurriculumSection};
 
-/// The embedded default: a tiny model, SFT warm start, GRPO + StarPO-S.
+/// The embedded default: a tiny model, perception pre-training and a warm
+/// start of safe random moves, GiGPO + StarPO-S on FrozenLake.
 pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/default.toml");
+
+/// `configs/frozenlake-format-only.toml`, the default before perception
+/// pre-training: a warm start that teaches only the reply format. The
+/// studies and `agentrl sequence` start from it without a config, because
+/// they also train on environments that have no perception (Sokoban).
+pub const FORMAT_ONLY_CONFIG: &str = include_str!("../../../configs/frozenlake-format-only.toml");
 
 /// `configs/smoke.toml`: a seconds-long run on the bandit that checks the
 /// machinery end to end. The whole-run tests start from it and override what
@@ -634,8 +641,17 @@ impl TrainConfig {
 
     /// Read a config file (or the embedded default when `path` is None).
     pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<Self, ConfigError> {
+        Self::load_or(path, DEFAULT_CONFIG, overrides)
+    }
+
+    /// Read a config file, or the TOML text `default` when `path` is None.
+    pub fn load_or(
+        path: Option<&Path>,
+        default: &str,
+        overrides: &[String],
+    ) -> Result<Self, ConfigError> {
         let text = match path {
-            None => DEFAULT_CONFIG.to_string(),
+            None => default.to_string(),
             Some(p) => std::fs::read_to_string(p).map_err(|e| ConfigError::Read {
                 path: p.display().to_string(),
                 reason: e.to_string(),

@@ -35,6 +35,11 @@ pub fn demonstrations(
         let spec = TaskSpec::new(env, Split::Train, difficulty, first_seed + i);
         envs.push(make(&spec, params)?);
     }
+    if sft.perceive && envs.first().is_some_and(|e| e.perception().is_none()) {
+        return Err(TrainError::Config(crate::config::ConfigError::Invalid(format!(
+            "sft.perceive: env {env:?} has no perception for the expert to think; set sft.perceive = false"
+        ))));
+    }
     let groups: Vec<usize> = (0..envs.len()).collect();
     let mut expert = ExpertActor::new(sft.actions_per_turn, sft.expert_noise)
         .random_moves(sft.random_moves)
@@ -55,10 +60,19 @@ pub fn demonstrations(
 pub fn nll(model: &PolicyModel, trajs: &[&Trajectory]) -> Result<candle_core::Tensor, TrainError> {
     let rows = ModelRows::of(trajs.iter().copied());
     let out = model.sequence_logprobs(&rows.seqs)?;
-    let width = out.logprobs.dim(1)?;
     let masks: Vec<Vec<f32>> = trajs.iter().map(|t| shifted_mask(t)).collect();
-    let mask = padded(&rows.split(masks.iter()), width, &model.device)?;
-    let total = (out.logprobs * &mask)?.sum_all()?;
+    masked_mean_nll(out.logprobs, &rows.split(masks.iter()), model)
+}
+
+/// Minus the mean of `logprobs` ([rows, width], next-token log-probs) over
+/// the 1s of the shifted mask `rows` (padded to the width with 0s).
+fn masked_mean_nll(
+    logprobs: candle_core::Tensor,
+    rows: &[Vec<f32>],
+    model: &PolicyModel,
+) -> Result<candle_core::Tensor, TrainError> {
+    let mask = padded(rows, logprobs.dim(1)?, &model.device)?;
+    let total = (logprobs * &mask)?.sum_all()?;
     let count = mask.sum_all()?.to_scalar::<f32>()?.max(1.0);
     Ok((total.neg()? / count as f64)?)
 }
@@ -195,15 +209,11 @@ pub fn perception_nll(
 ) -> Result<candle_core::Tensor, TrainError> {
     let seqs: Vec<Vec<u32>> = examples.iter().map(|e| e.tokens.clone()).collect();
     let out = model.sequence_logprobs(&seqs)?;
-    let width = out.logprobs.dim(1)?;
     let masks: Vec<Vec<f32>> = examples
         .iter()
         .map(|e| e.mask.iter().skip(1).map(|&m| m as f32).collect())
         .collect();
-    let mask = padded(&masks, width, &model.device)?;
-    let total = (out.logprobs * &mask)?.sum_all()?;
-    let count = mask.sum_all()?.to_scalar::<f32>()?.max(1.0);
-    Ok((total.neg()? / count as f64)?)
+    masked_mean_nll(out.logprobs, &masks, model)
 }
 
 /// Batches of `batch_size` example indices, each drawn from one length
@@ -409,6 +419,31 @@ mod tests {
         assert!(
             long > 2 * short,
             "first prompts carry the instructions: {long} vs {short}"
+        );
+    }
+
+    #[test]
+    fn a_perceiving_expert_on_an_env_without_perception_is_a_clear_error() {
+        let sft = SftSection {
+            demos: 2,
+            perceive: true,
+            ..SftSection::default()
+        };
+        let err = demonstrations(
+            &make,
+            &ByteCodec,
+            "bandit",
+            "easy",
+            &EnvParams::new(),
+            &RolloutConfig::default(),
+            &sft,
+            0,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("no perception") && err.contains("sft.perceive"),
+            "{err}"
         );
     }
 

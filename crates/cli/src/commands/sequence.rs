@@ -11,11 +11,12 @@ use agentrl_env_core::{EnvParams, TaskSpec};
 use agentrl_trainer::sequence::{forgetting_markdown, run_sequence, SequenceEval, SequenceStage};
 use agentrl_trainer::trainer::env_maker;
 
-use super::train::{load_config, Bars};
+use super::train::{load_config_or, Bars};
+use agentrl_trainer::FORMAT_ONLY_CONFIG;
 
 #[derive(clap::Args)]
 pub struct SequenceArgs {
-    /// A TOML config (default: the embedded FrozenLake run), then
+    /// A TOML config (default: configs/frozenlake-format-only.toml, embedded), then
     /// `section.key=value` overrides, applied to every stage.
     #[arg(value_name = "CONFIG_OR_OVERRIDE")]
     args: Vec<String>,
@@ -41,7 +42,7 @@ pub struct SequenceArgs {
 }
 
 pub fn run(args: SequenceArgs) -> anyhow::Result<()> {
-    let base = load_config(&args.args)?;
+    let base = load_config_or(&args.args, FORMAT_ONLY_CONFIG)?;
     let default_steps = args.steps.unwrap_or(base.trainer.total_training_steps);
     let stages = args
         .stages

@@ -16,7 +16,8 @@ use anyhow::Context;
 use plotters::prelude::*;
 use serde_json::{json, Value};
 
-use super::train::{load_config, Bars};
+use super::train::{load_config_or, Bars};
+use agentrl_trainer::FORMAT_ONLY_CONFIG;
 
 mod generalisation;
 
@@ -37,7 +38,7 @@ enum Study {
 
 #[derive(clap::Args)]
 struct EchoTrapArgs {
-    /// A TOML config (default: the embedded FrozenLake run), then
+    /// A TOML config (default: configs/frozenlake-format-only.toml, embedded), then
     /// `section.key=value` overrides applied to both arms.
     #[arg(value_name = "CONFIG_OR_OVERRIDE")]
     args: Vec<String>,
@@ -131,7 +132,8 @@ fn echo_trap(args: EchoTrapArgs) -> anyhow::Result<()> {
         a.extend(study_overrides(args.quick).iter().map(|s| s.to_string()));
         a.extend(arm.overrides.iter().map(|s| s.to_string()));
         a.extend(user.iter().cloned());
-        let cfg = load_config(&a).with_context(|| format!("the {} arm's config", arm.name))?;
+        let cfg = load_config_or(&a, FORMAT_ONLY_CONFIG)
+            .with_context(|| format!("the {} arm's config", arm.name))?;
         configs.push((arm, cfg));
     }
     let out = study_dir(args.out.as_ref(), "echo-trap")?;
@@ -328,12 +330,13 @@ mod tests {
             for arm in &ARMS {
                 let mut a = owned_strings(study_overrides(quick));
                 a.extend(owned_strings(arm.overrides));
-                let cfg = load_config(&a).unwrap();
+                let cfg = load_config_or(&a, FORMAT_ONLY_CONFIG).unwrap();
                 assert_eq!(cfg.env.name, "frozenlake");
             }
         }
-        let vanilla = load_config(&owned_strings(ARMS[0].overrides)).unwrap();
-        let starpo = load_config(&owned_strings(ARMS[1].overrides)).unwrap();
+        let vanilla =
+            load_config_or(&owned_strings(ARMS[0].overrides), FORMAT_ONLY_CONFIG).unwrap();
+        let starpo = load_config_or(&owned_strings(ARMS[1].overrides), FORMAT_ONLY_CONFIG).unwrap();
         assert_eq!(vanilla.rollout.rollout_filter_ratio, 1.0);
         assert!(vanilla.actor.use_kl_loss);
         assert_eq!(vanilla.actor.clip_ratio_low, vanilla.actor.clip_ratio_high);
@@ -341,7 +344,8 @@ mod tests {
         assert!(!starpo.actor.use_kl_loss);
         assert!(starpo.actor.clip_ratio_high > starpo.actor.clip_ratio_low);
         assert_eq!(vanilla.trainer.seed, starpo.trainer.seed);
-        let cfg = load_config(&owned_strings(study_overrides(true))).unwrap();
+        let cfg =
+            load_config_or(&owned_strings(study_overrides(true)), FORMAT_ONLY_CONFIG).unwrap();
         assert_eq!(
             cfg.algorithm.adv_estimator,
             agentrl_algos::AdvEstimator::Grpo

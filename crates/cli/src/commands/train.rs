@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agentrl_trainer::run_dir::RunDir;
-use agentrl_trainer::{Progress, TrainConfig, Trainer};
+use agentrl_trainer::{Progress, TrainConfig, Trainer, DEFAULT_CONFIG};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -157,9 +157,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
 /// The config named by `args`: an optional TOML path first (anything without
 /// `=`), then `section.key=value` overrides; the embedded default without a path.
 pub fn load_config(args: &[String]) -> anyhow::Result<TrainConfig> {
+    load_config_or(args, DEFAULT_CONFIG)
+}
+
+/// [`load_config`] with the TOML text `default` in place of the embedded
+/// default.
+pub fn load_config_or(args: &[String], default: &str) -> anyhow::Result<TrainConfig> {
     let (config, overrides) = match args.split_first() {
         Some((first, rest)) if !first.contains('=') => (Some(PathBuf::from(first)), rest),
         _ => (None, args),
     };
-    Ok(TrainConfig::load(config.as_deref(), overrides)?)
+    Ok(TrainConfig::load_or(config.as_deref(), default, overrides)?)
 }

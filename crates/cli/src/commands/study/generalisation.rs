@@ -31,11 +31,12 @@ use agentrl_trainer::{TrainConfig, Trainer};
 use anyhow::Context;
 
 use crate::commands::report::{self, Experiment, MatrixRow, StudyFile};
-use crate::commands::train::{load_config, Bars};
+use crate::commands::train::{load_config_or, Bars};
+use agentrl_trainer::FORMAT_ONLY_CONFIG;
 
 #[derive(clap::Args)]
 pub struct GeneralisationArgs {
-    /// A TOML config (default: the embedded FrozenLake run), then
+    /// A TOML config (default: configs/frozenlake-format-only.toml, embedded), then
     /// `section.key=value` overrides applied to every arm.
     #[arg(value_name = "CONFIG_OR_OVERRIDE")]
     args: Vec<String>,
@@ -200,7 +201,7 @@ fn base_config(args: &GeneralisationArgs) -> anyhow::Result<(TrainConfig, Envs)>
     let mut all = config;
     all.extend(scale.overrides.iter().map(|s| s.to_string()));
     all.extend(user);
-    let mut cfg = load_config(&all)?;
+    let mut cfg = load_config_or(&all, FORMAT_ONLY_CONFIG)?;
     let envs = Envs::of(&cfg)?;
     cfg.env.difficulty = envs.easy.clone();
     cfg.model.tokenizer_envs = vec![envs.b.clone(), envs.held_out.clone()];
