@@ -580,12 +580,10 @@ pub struct SftSection {
     /// demonstration is kept, successful or not, so the warm start imitates
     /// the noisy expert: it knows the right move but takes it unreliably.
     pub expert_noise: f64,
-    /// Where the noisy expert's random moves, and the perception
-    /// pre-training's random walks, are drawn from: `"valid"` (every valid
-    /// action) or `"safe"` (the env's safe actions, on FrozenLake the moves
-    /// onto ice or the goal: with `perceive` each random move then follows
-    /// from the reading written before it, and the walks go on to the far
-    /// side of the map instead of ending in the first hole).
+    /// Where the noisy expert's random moves are drawn from: `"valid"`
+    /// (every valid action) or `"safe"` (the env's safe actions, on
+    /// FrozenLake the moves onto ice or the goal: with `perceive` each
+    /// random move then follows from the reading written before it).
     pub random_moves: RandomMoves,
     /// The expert thinks what it perceives (the env's perception: on
     /// FrozenLake what lies one step in each direction) before it moves,

@@ -6,8 +6,8 @@
 use agentrl_env_core::{Env, EnvParams, Split, TaskSpec};
 use agentrl_model::{clip_grad_norm, AdamW, PolicyModel};
 use agentrl_rollout::{
-    expert_demonstrations, state_prompt, ChatCodec, CodecError, ExpertActor, RandomMoves,
-    RolloutConfig, Trajectory,
+    expert_demonstrations, state_prompt, ChatCodec, CodecError, ExpertActor, RolloutConfig,
+    Trajectory,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -131,9 +131,6 @@ pub struct PerceptionExample {
 /// Perception examples from random walks on `tasks` tasks of `split`
 /// (seeds `first_seed..`): every state a player acts in, up to
 /// `rollout.max_turns` of them a task, with the env's perception of it.
-/// The walks draw their moves from `random_moves`: safe walks fall into no
-/// hole, so they go on for the whole budget and reach the far side of the
-/// map, where a policy that learnt where the goal is spends its later turns.
 #[allow(clippy::too_many_arguments)]
 pub fn perception_examples(
     make: &EnvMaker<'_>,
@@ -142,7 +139,6 @@ pub fn perception_examples(
     difficulty: &str,
     params: &EnvParams,
     rollout: &RolloutConfig,
-    random_moves: RandomMoves,
     split: Split,
     tasks: usize,
     first_seed: u64,
@@ -177,10 +173,7 @@ pub fn perception_examples(
             mask.extend(std::iter::repeat_n(1u8, target.len()));
             tokens.extend(target);
             examples.push(PerceptionExample { tokens, mask });
-            let actions = match random_moves {
-                RandomMoves::Valid => task.available_actions(),
-                RandomMoves::Safe => task.safe_actions(),
-            };
+            let actions = task.available_actions();
             if actions.is_empty() {
                 break;
             }
@@ -349,7 +342,6 @@ mod tests {
             "easy",
             &params,
             &rollout,
-            RandomMoves::Valid,
             Split::Train,
             tasks,
             0,
@@ -428,58 +420,6 @@ mod tests {
             long > 2 * short,
             "first prompts carry the instructions: {long} vs {short}"
         );
-    }
-
-    /// Safe random moves follow the reading: every move of the warm start
-    /// goes onto a cell its thought reads as ice or the goal, while valid
-    /// random moves also walk into holes and edges.
-    #[test]
-    fn demonstrations_of_safe_random_moves_never_go_where_the_thought_reads_o_or_edge() {
-        let params: EnvParams = serde_json::from_str(r#"{"is_slippery": false}"#).unwrap();
-        let rollout = RolloutConfig {
-            history_turns: Some(0),
-            ..RolloutConfig::default()
-        };
-        let read_then_move = |random_moves| {
-            let sft = SftSection {
-                demos: 40,
-                perceive: true,
-                expert_noise: 1.0,
-                random_moves,
-                ..SftSection::default()
-            };
-            let demos = demonstrations(
-                &make,
-                &ByteCodec,
-                "frozenlake",
-                "easy",
-                &params,
-                &rollout,
-                &sft,
-                0,
-            )
-            .unwrap();
-            let mut seen = Vec::new();
-            for turn in demos.iter().flat_map(|t| &t.turns) {
-                let thought = &turn.reply
-                    [turn.reply.find("<think>").unwrap() + 7..turn.reply.find("</think>").unwrap()];
-                let [action] = &turn.actions[..] else {
-                    panic!("{turn:?}")
-                };
-                let read = thought
-                    .split(", ")
-                    .find_map(|r| r.strip_prefix(&format!("{action} ")))
-                    .unwrap();
-                seen.push(read.to_string());
-            }
-            seen
-        };
-        let safe = read_then_move(RandomMoves::Safe);
-        assert!(safe.len() > 100, "{}", safe.len());
-        assert!(safe.iter().all(|r| r == "_" || r == "G"), "{safe:?}");
-        let valid = read_then_move(RandomMoves::Valid);
-        assert!(valid.iter().any(|r| r == "O"), "{valid:?}");
-        assert!(valid.iter().any(|r| r == "edge"), "{valid:?}");
     }
 
     #[test]

@@ -478,7 +478,6 @@ impl Trainer {
                     difficulty,
                     &source.params,
                     &self.cfg.rollout,
-                    self.cfg.sft.random_moves,
                     split,
                     tasks,
                     first_seed,
