@@ -297,6 +297,7 @@ pub fn pretrain_perception(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentrl_rollout::RandomMoves;
 
     /// One id per byte; ChatML markers far above.
     struct ByteCodec;
@@ -420,6 +421,58 @@ mod tests {
             long > 2 * short,
             "first prompts carry the instructions: {long} vs {short}"
         );
+    }
+
+    /// Safe random moves follow the reading: every move of the warm start
+    /// goes onto a cell its thought reads as ice or the goal, while valid
+    /// random moves also walk into holes and edges.
+    #[test]
+    fn demonstrations_of_safe_random_moves_never_go_where_the_thought_reads_o_or_edge() {
+        let params: EnvParams = serde_json::from_str(r#"{"is_slippery": false}"#).unwrap();
+        let rollout = RolloutConfig {
+            history_turns: Some(0),
+            ..RolloutConfig::default()
+        };
+        let read_then_move = |random_moves| {
+            let sft = SftSection {
+                demos: 40,
+                perceive: true,
+                expert_noise: 1.0,
+                random_moves,
+                ..SftSection::default()
+            };
+            let demos = demonstrations(
+                &make,
+                &ByteCodec,
+                "frozenlake",
+                "easy",
+                &params,
+                &rollout,
+                &sft,
+                0,
+            )
+            .unwrap();
+            let mut seen = Vec::new();
+            for turn in demos.iter().flat_map(|t| &t.turns) {
+                let thought = &turn.reply
+                    [turn.reply.find("<think>").unwrap() + 7..turn.reply.find("</think>").unwrap()];
+                let [action] = &turn.actions[..] else {
+                    panic!("{turn:?}")
+                };
+                let read = thought
+                    .split(", ")
+                    .find_map(|r| r.strip_prefix(&format!("{action} ")))
+                    .unwrap();
+                seen.push(read.to_string());
+            }
+            seen
+        };
+        let safe = read_then_move(RandomMoves::Safe);
+        assert!(safe.len() > 100, "{}", safe.len());
+        assert!(safe.iter().all(|r| r == "_" || r == "G"), "{safe:?}");
+        let valid = read_then_move(RandomMoves::Valid);
+        assert!(valid.iter().any(|r| r == "O"), "{valid:?}");
+        assert!(valid.iter().any(|r| r == "edge"), "{valid:?}");
     }
 
     #[test]
