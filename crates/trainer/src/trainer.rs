@@ -456,17 +456,13 @@ impl Trainer {
         &self,
     ) -> Result<(Vec<sft::PerceptionExample>, Vec<sft::PerceptionExample>), TrainError> {
         let make = self.make.as_ref();
-        let sources = task_sources(&self.cfg);
+        let sources = self.sources_at(&self.cfg.env.difficulty);
         let weights: Vec<f64> = sources.iter().map(|s| s.weight).collect();
         let (mut train, mut held_out) = (Vec::new(), Vec::new());
         let train_counts = groups_per_source(&weights, self.cfg.sft.perception_tasks, 1);
         let held_out_counts = groups_per_source(&weights, PERCEPTION_HELD_OUT_TASKS, 1);
         for ((source, n_train), n_held_out) in sources.iter().zip(train_counts).zip(held_out_counts)
         {
-            let difficulty = match sources.len() {
-                1 => &self.cfg.env.difficulty,
-                _ => &source.difficulty,
-            };
             for (split, tasks, first_seed, into) in [
                 (Split::Train, n_train, PERCEPTION_FIRST_SEED, &mut train),
                 (Split::Val, n_held_out, 0, &mut held_out),
@@ -475,7 +471,7 @@ impl Trainer {
                     make,
                     &self.tokenizer,
                     &source.env,
-                    difficulty,
+                    &source.difficulty,
                     &source.params,
                     &self.cfg.rollout,
                     split,
@@ -590,20 +586,16 @@ impl Trainer {
         });
         // Demonstrations come from train seeds far from those RL samples
         // first; a mixture's are dealt among its sources by weight.
-        let sources = task_sources(&self.cfg);
+        let sources = self.sources_at(&self.cfg.env.difficulty);
         let weights: Vec<f64> = sources.iter().map(|s| s.weight).collect();
         let counts = groups_per_source(&weights, self.cfg.sft.demos, 1);
         let mut demos = Vec::new();
         for (source, count) in sources.iter().zip(counts) {
-            let difficulty = match sources.len() {
-                1 => &self.cfg.env.difficulty,
-                _ => &source.difficulty,
-            };
             demos.extend(sft::demonstrations(
                 make,
                 &self.tokenizer,
                 &source.env,
-                difficulty,
+                &source.difficulty,
                 &source.params,
                 &self.cfg.rollout,
                 &SftSection {
@@ -913,13 +905,20 @@ impl Trainer {
     /// The sources RL draws from at `step`: the mixture's entries, or the
     /// env at the curriculum's difficulty for the step.
     pub fn step_sources(&self, step: usize) -> Vec<TaskSource> {
+        self.sources_at(self.cfg.curriculum.difficulty_at(
+            step,
+            self.state.curriculum_stage,
+            &self.cfg.env.difficulty,
+        ))
+    }
+
+    /// The mixture's entries, or the one env (a one-entry mixture too) at
+    /// `difficulty`. The warm start and the perception examples use
+    /// `env.difficulty`.
+    fn sources_at(&self, difficulty: &str) -> Vec<TaskSource> {
         let mut sources = task_sources(&self.cfg);
         if let [one] = sources.as_mut_slice() {
-            one.difficulty = self
-                .cfg
-                .curriculum
-                .difficulty_at(step, self.state.curriculum_stage, &self.cfg.env.difficulty)
-                .to_string();
+            one.difficulty = difficulty.to_string();
         }
         sources
     }
