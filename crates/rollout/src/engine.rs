@@ -402,6 +402,7 @@ impl<'e> Episode<'e> {
             invalid_actions: 0,
             state_key: self.env.state_key(),
             observation: self.env.observation(),
+            perception: self.env.perception(),
         };
         self.error = None;
     }

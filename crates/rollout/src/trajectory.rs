@@ -28,6 +28,11 @@ pub struct Turn {
     /// The environment's observation the turn was played from.
     #[serde(default)]
     pub observation: String,
+    /// The environment's perception of that state ([`agentrl_env_core::Env::perception`]),
+    /// where it has one: the reading a perception update teaches for the
+    /// turn's own prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perception: Option<String>,
 }
 
 impl Turn {

@@ -197,6 +197,7 @@ mod tests {
             invalid_actions: 0,
             state_key: 0,
             observation: String::new(),
+            perception: None,
         }
     }
 

@@ -308,6 +308,24 @@ pub struct ActorSection {
     /// pre-training taught are not unlearnt while RL changes the weights
     /// (0 = none).
     pub perception_steps_per_update: usize,
+    /// Where those updates take their states from: the pre-training's
+    /// random walks, or the states this step's rollouts played from.
+    pub perception_states: PerceptionStates,
+}
+
+/// The states of the perception updates between RL steps
+/// (`actor.perception_states`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PerceptionStates {
+    /// The pre-training's examples: random walks from each train task's
+    /// start, most of them a few moves from it.
+    #[default]
+    Walks,
+    /// Every turn of this step's rollouts (before the filter), each with the
+    /// prompt the policy read there: the readings hold on the states the
+    /// policy reaches, late turns included.
+    Rollouts,
 }
 
 impl Default for ActorSection {
@@ -335,6 +353,7 @@ impl Default for ActorSection {
             grad_spike_factor: 0.0,
             train_thoughts: true,
             perception_steps_per_update: 0,
+            perception_states: PerceptionStates::Walks,
         }
     }
 }

@@ -187,6 +187,41 @@ pub fn perception_examples(
     Ok(examples)
 }
 
+/// Perception examples from played episodes: one for every turn whose
+/// state has a perception ([`agentrl_rollout::Turn::perception`]), with the
+/// tokens the policy read before that turn's reply (its own sequence's
+/// prefix) as the prompt and the rendered reading as the target.
+pub fn rollout_perception_examples(
+    codec: &dyn ChatCodec,
+    format: agentrl_rollout::ReplyFormat,
+    trajs: &[Trajectory],
+) -> Result<Vec<PerceptionExample>, CodecError> {
+    let mut examples = Vec::new();
+    for traj in trajs {
+        let ranges = traj.sequence_ranges();
+        for turn in &traj.turns {
+            let Some(thought) = &turn.perception else {
+                continue;
+            };
+            // The reply's own sequence: the one it starts in (a reply is
+            // never the first token of a sequence, so `start > r.start`).
+            let Some(seq) = ranges
+                .iter()
+                .find(|r| r.start < turn.start && turn.start <= r.end)
+            else {
+                continue;
+            };
+            let mut tokens = traj.tokens[seq.start..turn.start].to_vec();
+            let mut mask = vec![0u8; tokens.len()];
+            let target = codec.encode(&format.render_thought(thought))?;
+            mask.extend(std::iter::repeat_n(1u8, target.len()));
+            tokens.extend(target);
+            examples.push(PerceptionExample { tokens, mask });
+        }
+    }
+    Ok(examples)
+}
+
 /// The prompt and target tokens of one perception example.
 fn perception_tokens(
     codec: &dyn ChatCodec,
@@ -473,6 +508,77 @@ mod tests {
         let valid = read_then_move(RandomMoves::Valid);
         assert!(valid.iter().any(|r| r == "O"), "{valid:?}");
         assert!(valid.iter().any(|r| r == "edge"), "{valid:?}");
+    }
+
+    /// A perceiving expert's thought is its state's perception, so the
+    /// examples of its episodes are exactly the tokens it read and thought
+    /// at each turn: its own sequence up to the end of the thought, with
+    /// the mask on the thought; one for every turn, in both prompt layouts.
+    #[test]
+    fn rollout_perception_examples_are_each_turns_prompt_then_its_reading() {
+        let params: EnvParams = serde_json::from_str(r#"{"is_slippery": false}"#).unwrap();
+        let sft = SftSection {
+            demos: 12,
+            perceive: true,
+            expert_noise: 1.0,
+            random_moves: RandomMoves::Safe,
+            ..SftSection::default()
+        };
+        for history_turns in [Some(0), None] {
+            let rollout = RolloutConfig {
+                history_turns,
+                ..RolloutConfig::default()
+            };
+            let demos = demonstrations(
+                &make,
+                &ByteCodec,
+                "frozenlake",
+                "easy",
+                &params,
+                &rollout,
+                &sft,
+                0,
+            )
+            .unwrap();
+            let examples = rollout_perception_examples(&ByteCodec, rollout.format, &demos).unwrap();
+            let turns: Vec<(&Trajectory, &agentrl_rollout::Turn)> = demos
+                .iter()
+                .flat_map(|t| t.turns.iter().map(move |turn| (t, turn)))
+                .collect();
+            assert_eq!(examples.len(), turns.len());
+            // More turns than episodes: later turns' prompts are covered.
+            assert!(turns.len() > 2 * demos.len(), "{}", turns.len());
+            for (e, (traj, turn)) in examples.iter().zip(&turns) {
+                let seq = traj
+                    .sequence_ranges()
+                    .into_iter()
+                    .find(|r| r.contains(&turn.start))
+                    .unwrap();
+                let thought_len = turn.reply.find("</think>").unwrap() + "</think>".len();
+                assert_eq!(e.tokens, traj.tokens[seq.start..turn.start + thought_len]);
+                let prompt_len = turn.start - seq.start;
+                assert!(e.mask[..prompt_len].iter().all(|&m| m == 0));
+                assert!(e.mask[prompt_len..].iter().all(|&m| m == 1));
+                assert_eq!(e.mask.len(), e.tokens.len());
+            }
+        }
+        // No perception, no example: a turn of an env without one.
+        let mut demos = demonstrations(
+            &make,
+            &ByteCodec,
+            "frozenlake",
+            "easy",
+            &params,
+            &RolloutConfig::default(),
+            &sft,
+            0,
+        )
+        .unwrap();
+        let all = rollout_perception_examples(&ByteCodec, Default::default(), &demos).unwrap();
+        demos[0].turns[0].perception = None;
+        let fewer = rollout_perception_examples(&ByteCodec, Default::default(), &demos).unwrap();
+        assert_eq!(fewer.len() + 1, all.len());
+        assert_eq!(fewer[..], all[1..]);
     }
 
     #[test]

@@ -33,7 +33,7 @@ use crate::advantages;
 use crate::batch::{PpoBatch, Scoring};
 use crate::bootstrap::starting_policy;
 use crate::collapse::{CollapseSignal, CollapseWatch, StepSignals};
-use crate::config::{SftSection, TrainConfig};
+use crate::config::{PerceptionStates, SftSection, TrainConfig};
 use crate::evaluate::{evaluate, EnvMaker, EvalPlan, EvalStats};
 use crate::local_policy::LocalPolicy;
 use crate::mixture::{groups_per_source, task_sources, TaskSource};
@@ -528,16 +528,47 @@ impl Trainer {
         Ok(())
     }
 
+    /// The perception examples of this step's rollouts, where the
+    /// perception updates take their states from them
+    /// (`actor.perception_states = "rollouts"`); `None` otherwise.
+    fn rollout_perception_states(
+        &self,
+        trajs: &[Trajectory],
+    ) -> Result<Option<Vec<sft::PerceptionExample>>, TrainError> {
+        let actor = &self.cfg.actor;
+        if actor.perception_steps_per_update == 0
+            || actor.perception_states != PerceptionStates::Rollouts
+        {
+            return Ok(None);
+        }
+        let examples =
+            sft::rollout_perception_examples(&self.tokenizer, self.cfg.rollout.format, trajs)
+                .map_err(agentrl_rollout::RolloutError::from)?;
+        if examples.is_empty() {
+            return Err(TrainError::Config(crate::config::ConfigError::Invalid(
+                "actor.perception_states = \"rollouts\": this step's rollouts have no perception (the env defines none); use \"walks\" or actor.perception_steps_per_update = 0".into(),
+            )));
+        }
+        Ok(Some(examples))
+    }
+
     /// `actor.perception_steps_per_update` perception updates after RL
-    /// step `step`'s update; returns their mean loss.
-    fn perception_refresh(&mut self, step: usize) -> Result<Option<f32>, TrainError> {
+    /// step `step`'s update, on `rollout_states` where the config takes
+    /// them from the rollouts and on the pre-training's random walks
+    /// otherwise; returns their mean loss.
+    fn perception_refresh(
+        &mut self,
+        step: usize,
+        rollout_states: Option<Vec<sft::PerceptionExample>>,
+    ) -> Result<Option<f32>, TrainError> {
         let steps = self.cfg.actor.perception_steps_per_update;
         if steps == 0 {
             return Ok(None);
         }
-        if self.perception.is_empty() {
+        if rollout_states.is_none() && self.perception.is_empty() {
             self.perception = self.perception_examples()?.0;
         }
+        let examples = rollout_states.as_deref().unwrap_or(&self.perception);
         let sft = SftSection {
             perception_steps: steps,
             ..self.cfg.sft.clone()
@@ -550,7 +581,7 @@ impl Trainer {
         let losses = sft::pretrain_perception(
             &self.model,
             &mut self.opts.actor,
-            &self.perception,
+            examples,
             &sft,
             self.cfg.actor.grad_clip,
             seed,
@@ -1104,6 +1135,7 @@ impl Trainer {
         m.rollout_seconds = rollout_seconds;
         m.lr = lr.actor;
         m.policy_model = policy_model;
+        let rollout_states = self.rollout_perception_states(&trajs)?;
         let kept: Vec<Trajectory> = trajs
             .into_iter()
             .zip(&filter.kept_mask)
@@ -1118,7 +1150,7 @@ impl Trainer {
         let t1 = Instant::now();
         (m.update, m.rollout_is) =
             self.update_with_rollout_logprobs(kept, kept_logprobs, step, lr)?;
-        m.perception_loss = self.perception_refresh(step)?;
+        m.perception_loss = self.perception_refresh(step, rollout_states)?;
         m.update_seconds = t1.elapsed().as_secs_f64();
         Ok(m)
     }

@@ -2,7 +2,8 @@
 //! a real (tiny) FrozenLake run: the pre-training lowers the loss of
 //! reading held-out states, every RL step logs its perception updates, and
 //! a resumed run repeats them exactly (the examples are rebuilt from the
-//! config, not saved).
+//! config or from the step's rollouts, not saved), whichever states those
+//! updates read (`actor.perception_states`).
 
 use serde_json::Value;
 
@@ -16,8 +17,18 @@ const PERCEIVING: &str = "name=perception-test env.params.is_slippery=false \
 
 #[test]
 fn perception_is_learnt_before_rl_kept_during_it_and_replayed_on_resume() {
+    perceive_then_keep_reading("walks");
+}
+
+#[test]
+fn perception_updates_on_the_rollouts_states_are_logged_and_replayed_on_resume() {
+    perceive_then_keep_reading("rollouts");
+}
+
+fn perceive_then_keep_reading(states: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (whole, resumed) = whole_and_resumed(tiny_frozenlake(PERCEIVING), 1, dir.path());
+    let config = format!("{PERCEIVING} actor.perception_states={states}");
+    let (whole, resumed) = whole_and_resumed(tiny_frozenlake(&config), 1, dir.path());
     let pre = whole
         .iter()
         .find(|r| r["kind"] == "perception")
