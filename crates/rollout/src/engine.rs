@@ -102,6 +102,12 @@ pub struct RolloutConfig {
     /// state, and is trained as a sequence of its own. `0` is a Markov
     /// prompt: only the current state.
     pub history_turns: Option<usize>,
+    /// With a history window, every turn's prompt repeats the env's
+    /// instructions and the reply format (verl-agent's layout). `false`
+    /// shows them in the first turn's prompt only: a later prompt is the
+    /// window and the state, about a third of the tokens on FrozenLake,
+    /// for a policy that has learnt the task and need not reread it.
+    pub repeat_instructions: bool,
     /// Plain, plan-then-act or reflect ([`AgentStrategy`]).
     pub agent: AgentStrategy,
 }
@@ -132,6 +138,7 @@ impl Default for RolloutConfig {
             drop_zero_std_groups: false,
             kv_cache_reuse: true,
             history_turns: None,
+            repeat_instructions: true,
             agent: AgentStrategy::Plain,
         }
     }
@@ -425,7 +432,7 @@ fn user_message(
 ) -> String {
     let mut s = String::new();
     let window = cfg.history_turns;
-    if turn == 1 || window.is_some() {
+    if turn == 1 || (window.is_some() && cfg.repeat_instructions) {
         s.push_str(&env.instructions());
         s.push('\n');
         s.push_str(&cfg.format.instruction(cfg.max_actions_per_turn));

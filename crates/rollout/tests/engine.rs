@@ -366,6 +366,46 @@ fn with_an_empty_history_window_a_state_prompt_is_the_rollouts_prompt_at_every_t
     );
 }
 
+/// Without repeated instructions a window's later prompts drop the
+/// instructions and the reply format, the first keeps them, and a state
+/// prompt still matches the rollout's at every turn.
+#[test]
+fn instructions_shown_once_leave_later_window_prompts_and_state_prompts_alike() {
+    let c = RolloutConfig {
+        history_turns: Some(0),
+        repeat_instructions: false,
+        ..cfg()
+    };
+    let demo = demo(2, &c);
+    let [second_start] = demo.sequence_starts[..] else {
+        panic!("{:?}", demo.sequence_starts)
+    };
+    let first_text = CharCodec.decode(&demo.tokens[..second_start]).unwrap();
+    let second_text = CharCodec
+        .decode(&demo.tokens[second_start..demo.turns[1].start])
+        .unwrap();
+    let format = c.format.instruction(c.max_actions_per_turn);
+    assert!(first_text.contains("Go R") && first_text.contains(&format));
+    assert!(!second_text.contains("Go R") && !second_text.contains(&format));
+    assert!(second_text.contains("Turn 2:\nState:\n"), "{second_text}");
+    let repeated = crate::demo(
+        2,
+        &RolloutConfig {
+            repeat_instructions: true,
+            ..c.clone()
+        },
+    );
+    assert!(demo.tokens.len() < repeated.tokens.len());
+    let mut env = corridor();
+    env.reset();
+    let first = state_prompt(&CharCodec, &*env, &c, 1, c.max_actions, 0.0).unwrap();
+    assert_eq!(first, demo.tokens[..demo.turns[0].start]);
+    env.step("R").unwrap();
+    env.step("R").unwrap();
+    let second = state_prompt(&CharCodec, &*env, &c, 2, c.max_actions - 2, 0.0).unwrap();
+    assert_eq!(second, demo.tokens[second_start..demo.turns[1].start]);
+}
+
 /// Six steps, each of four moves valid; the expert always says "A", and
 /// only "B" is safe.
 struct Crossroads {
