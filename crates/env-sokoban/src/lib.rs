@@ -237,38 +237,48 @@ impl Sokoban {
         let (w, n) = (self.room.width, self.room.tiles.len());
         // '√' is 3 bytes in UTF-8.
         let mut s = String::with_capacity(n * 3 + self.room.height);
-        let mut has_box = [false; MAX_SIDE * MAX_SIDE];
-        for &b in self.state.boxes() {
-            has_box[b as usize] = true;
-        }
-        let player = self.state.player as usize;
-        for (i, tile) in self.room.tiles.iter().enumerate() {
+        for i in 0..n {
             if i > 0 && i % w == 0 {
                 s.push('\n');
             }
-            let target = *tile == Tile::Target;
-            let c = if *tile == Tile::Wall {
-                '#'
-            } else if i == player {
-                if target {
-                    'S'
-                } else {
-                    'P'
-                }
-            } else if has_box[i] {
-                if target {
-                    '√'
-                } else {
-                    'X'
-                }
-            } else if target {
-                'O'
-            } else {
-                '_'
-            };
-            s.push(c);
+            s.push(self.symbol(i));
         }
         s
+    }
+
+    /// RAGEN's symbol of cell `i` in the current state.
+    fn symbol(&self, i: usize) -> char {
+        let target = self.room.tiles[i] == Tile::Target;
+        if self.room.tiles[i] == Tile::Wall {
+            '#'
+        } else if i == self.state.player as usize {
+            if target {
+                'S'
+            } else {
+                'P'
+            }
+        } else if self.state.box_at(i).is_some() {
+            if target {
+                '√'
+            } else {
+                'X'
+            }
+        } else if target {
+            'O'
+        } else {
+            '_'
+        }
+    }
+
+    /// The symbol one move from the player, and for a box the symbol
+    /// beyond it (what a push runs into); off the grid reads as a wall.
+    fn look(&self, a: Action) -> (char, Option<char>) {
+        let at = |pos: Option<usize>| pos.map_or('#', |p| self.symbol(p));
+        let next = self.room.neighbour(self.state.player as usize, a);
+        let seen = at(next);
+        let beyond =
+            matches!(seen, 'X' | '√').then(|| at(next.and_then(|p| self.room.neighbour(p, a))));
+        (seen, beyond)
     }
 }
 
@@ -356,6 +366,36 @@ impl Env for Sokoban {
 
     fn episode(&self) -> Option<&Episode> {
         Some(&self.episode)
+    }
+
+    /// What lies one move away in each direction, and beyond a box what it
+    /// would be pushed into: `Up #, Down _, Left X then _, Right O`.
+    fn perception(&self) -> Option<String> {
+        let readings: Vec<String> = ACTIONS
+            .iter()
+            .map(|&a| match self.look(a) {
+                (seen, None) => format!("{} {seen}", a.name()),
+                (seen, Some(beyond)) => format!("{} {seen} then {beyond}", a.name()),
+            })
+            .collect();
+        Some(readings.join(", "))
+    }
+
+    /// The moves that change the state, as the perception shows them: not
+    /// into a wall, not pushing a box into a wall or another box; every
+    /// valid move when there is none.
+    fn safe_actions(&self) -> Vec<String> {
+        let valid = self.available_actions();
+        let safe: Vec<String> = ACTIONS
+            .iter()
+            .filter(|&&a| self.state.apply(&self.room, a).is_some())
+            .map(|a| a.name().to_string())
+            .filter(|name| valid.contains(name))
+            .collect();
+        match safe.is_empty() {
+            true => valid,
+            false => safe,
+        }
     }
 }
 

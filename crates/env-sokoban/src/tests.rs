@@ -338,3 +338,69 @@ fn default_generation_uses_a_small_part_of_the_work_budget() {
 fn actions_parse_by_name_in_any_case_and_by_ragen_index() {
     testing::check_named_actions(parse_action, &ACTIONS, &["Up", "Down", "Left", "Right"]);
 }
+
+/// The reading names the cell one move away in each direction and, beyond
+/// a box, what a push runs into; the safe moves are those the reading
+/// leaves open.
+#[test]
+fn perception_reads_each_neighbour_and_what_a_push_runs_into() {
+    // Box to the right with floor beyond; wall above; target below.
+    let e = hand("######\n#_#__#\n#_PX_#\n#_O__#\n######");
+    assert_eq!(
+        e.perception().unwrap(),
+        "Up #, Down O, Left _, Right X then _"
+    );
+    assert_eq!(e.safe_actions(), ["Down", "Left", "Right"]);
+    // A box against the wall cannot be pushed; a box on a target reads √.
+    let e = hand("######\n#√___#\n#P_X_#\n#___O#\n######");
+    assert_eq!(
+        e.perception().unwrap(),
+        "Up √ then #, Down _, Left #, Right _"
+    );
+    assert_eq!(e.safe_actions(), ["Down", "Right"]);
+    let e = hand("######\n#O___#\n#_PXX#\n#O___#\n######");
+    assert_eq!(
+        e.perception().unwrap(),
+        "Up _, Down _, Left _, Right X then X"
+    );
+    assert_eq!(e.safe_actions(), ["Up", "Down", "Left"]);
+    // Every move the safe set allows changes the state; the others do not.
+    for a in ["Up", "Down", "Left", "Right"] {
+        let mut probe = e.clone();
+        let before = probe.state_key();
+        probe.step(a).unwrap();
+        assert_eq!(
+            probe.state_key() != before,
+            e.safe_actions().contains(&a.to_string()),
+            "{a}"
+        );
+    }
+}
+
+/// On generated rooms the safe moves are exactly the state-changing ones.
+#[test]
+fn safe_moves_are_the_moves_that_change_the_state_on_generated_rooms() {
+    for seed in 0..30 {
+        let mut e = env("easy", seed);
+        e.reset();
+        for step in 0..12 {
+            let safe = e.safe_actions();
+            assert!(!safe.is_empty());
+            for a in ["Up", "Down", "Left", "Right"] {
+                let mut probe = e.clone();
+                let before = probe.state_key();
+                probe.step(a).unwrap();
+                assert_eq!(
+                    probe.state_key() != before,
+                    safe.contains(&a.to_string()),
+                    "seed {seed} step {step} {a}:\n{}",
+                    e.observation()
+                );
+            }
+            let a = safe[(seed as usize + step) % safe.len()].clone();
+            if e.step(&a).unwrap().done {
+                break;
+            }
+        }
+    }
+}
