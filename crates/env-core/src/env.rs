@@ -2,6 +2,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Episode, StepError, TaskSpec};
 
+/// The [`Env::safe_actions`] of an env whose reading rules out some moves:
+/// those of `safe` that are valid now, or every valid action when none is
+/// (a player boxed in still has to move).
+pub fn safe_or_valid(valid: Vec<String>, safe: Vec<String>) -> Vec<String> {
+    let safe: Vec<String> = safe.into_iter().filter(|a| valid.contains(a)).collect();
+    match safe.is_empty() {
+        true => valid,
+        false => safe,
+    }
+}
+
 /// Extra facts about one step, for metrics and analysis.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepInfo {

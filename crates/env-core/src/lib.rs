@@ -26,7 +26,7 @@ pub mod testing;
 pub use cache::SharedCache;
 pub use descriptor::{EnvDescriptor, EnvFactory, EnvParams};
 pub use direction::{direction_names, parse_direction, Direction};
-pub use env::{Env, Step, StepInfo};
+pub use env::{safe_or_valid, Env, Step, StepInfo};
 pub use episode::{Episode, Outcome};
 pub use error::{ActionError, EnvError, StepError};
 pub use params::{param_error, param_in_range, parse_params, TaskConfig, MAX_STEPS_PARAM};

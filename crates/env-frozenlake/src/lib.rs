@@ -11,9 +11,9 @@ mod parser;
 mod solver;
 
 use agentrl_env_core::{
-    direction_names, param_error, param_in_range, parse_params, stable_hash, stable_hash_words,
-    task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome, Step, StepError,
-    TaskConfig, TaskSpec, MAX_STEPS_PARAM,
+    direction_names, param_error, param_in_range, parse_params, safe_or_valid, stable_hash,
+    stable_hash_words, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome, Step,
+    StepError, TaskConfig, TaskSpec, MAX_STEPS_PARAM,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -360,17 +360,12 @@ impl Env for FrozenLake {
     /// The moves onto a lake cell that is not a hole (the perception's `_`
     /// and `G`; not `O`, not `edge`); every valid move when there is none.
     fn safe_actions(&self) -> Vec<String> {
-        let valid = self.available_actions();
-        let safe: Vec<String> = ACTIONS
+        let safe = ACTIONS
             .iter()
             .filter(|&&a| matches!(self.neighbour(a), Some(t) if t != Tile::Hole))
             .map(|a| a.name().to_string())
-            .filter(|name| valid.contains(name))
             .collect();
-        match safe.is_empty() {
-            true => valid,
-            false => safe,
-        }
+        safe_or_valid(self.available_actions(), safe)
     }
 }
 

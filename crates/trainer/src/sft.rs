@@ -524,22 +524,25 @@ mod tests {
             random_moves: RandomMoves::Safe,
             ..SftSection::default()
         };
-        for history_turns in [Some(0), None] {
-            let rollout = RolloutConfig {
-                history_turns,
-                ..RolloutConfig::default()
-            };
-            let demos = demonstrations(
+        let demos_with = |rollout: &RolloutConfig| {
+            demonstrations(
                 &make,
                 &ByteCodec,
                 "frozenlake",
                 "easy",
                 &params,
-                &rollout,
+                rollout,
                 &sft,
                 0,
             )
-            .unwrap();
+            .unwrap()
+        };
+        for history_turns in [Some(0), None] {
+            let rollout = RolloutConfig {
+                history_turns,
+                ..RolloutConfig::default()
+            };
+            let demos = demos_with(&rollout);
             let examples = rollout_perception_examples(&ByteCodec, rollout.format, &demos).unwrap();
             let turns: Vec<(&Trajectory, &agentrl_rollout::Turn)> = demos
                 .iter()
@@ -563,17 +566,7 @@ mod tests {
             }
         }
         // No perception, no example: a turn of an env without one.
-        let mut demos = demonstrations(
-            &make,
-            &ByteCodec,
-            "frozenlake",
-            "easy",
-            &params,
-            &RolloutConfig::default(),
-            &sft,
-            0,
-        )
-        .unwrap();
+        let mut demos = demos_with(&RolloutConfig::default());
         let all = rollout_perception_examples(&ByteCodec, Default::default(), &demos).unwrap();
         demos[0].turns[0].perception = None;
         let fewer = rollout_perception_examples(&ByteCodec, Default::default(), &demos).unwrap();
