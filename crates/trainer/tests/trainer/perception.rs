@@ -50,3 +50,23 @@ fn perceive_then_keep_reading(states: &str) {
     // Steps 2 and 3 of the resumed run are those of the whole run.
     assert_eq!(whole[whole.len() - 2..], resumed[resumed.len() - 2..]);
 }
+
+/// Perception updates on the rollouts' states of an env without a
+/// perception stop the run at its first step with an error naming the key.
+#[test]
+fn rollout_perception_on_an_env_without_one_is_an_error_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::common::smoke_with(&[
+        "actor.perception_steps_per_update=1",
+        "actor.perception_states=rollouts",
+        "trainer.total_training_steps=1",
+    ]);
+    let err = agentrl_trainer::Trainer::start(cfg, dir.path(), &mut agentrl_trainer::Silent)
+        .and_then(|mut t| t.train(&mut agentrl_trainer::Silent).map(|_| ()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("actor.perception_states") && err.contains("no perception"),
+        "{err}"
+    );
+}
