@@ -320,20 +320,27 @@ fn a_perceiving_expert_thinks_what_it_sees_before_it_moves() {
         .all(|&m| m == 1));
 }
 
+/// The state prompts of the corridor's turn 1 (fresh) and turn 2 (after
+/// the two-move expert's first turn, `R || R`).
+fn corridor_state_prompts(c: &RolloutConfig) -> (Vec<u32>, Vec<u32>) {
+    let mut env = corridor();
+    env.reset();
+    let first = state_prompt(&CharCodec, &*env, c, 1, c.max_actions, 0.0).unwrap();
+    env.step("R").unwrap();
+    env.step("R").unwrap();
+    let second = state_prompt(&CharCodec, &*env, c, 2, c.max_actions - 2, 0.0).unwrap();
+    (first, second)
+}
+
 #[test]
 fn a_state_prompt_ends_as_the_rollouts_prompt_of_that_state_does() {
     let c = cfg();
     let demo = demo(2, &c);
-    let mut env = corridor();
-    env.reset();
+    let (first, second) = corridor_state_prompts(&c);
     // Turn 1: exactly the episode's opening.
-    let first = state_prompt(&CharCodec, &*env, &c, 1, c.max_actions, 0.0).unwrap();
     assert_eq!(first, demo.tokens[..demo.turns[0].start]);
     // Turn 2 (two steps in): the system prompt, then the state's message
     // and the assistant header just as the dialogue's second prompt ends.
-    env.step("R").unwrap();
-    env.step("R").unwrap();
-    let second = state_prompt(&CharCodec, &*env, &c, 2, c.max_actions - 2, 0.0).unwrap();
     let system = CharCodec.message("system", SYSTEM_PROMPT).unwrap();
     let user_header = CharCodec.assistant_header_for("user").unwrap();
     assert_eq!(second[..system.len()], system[..]);
@@ -353,13 +360,8 @@ fn with_an_empty_history_window_a_state_prompt_is_the_rollouts_prompt_at_every_t
     };
     let demo = demo(2, &c);
     assert_eq!(demo.sequence_starts.len(), 1);
-    let mut env = corridor();
-    env.reset();
-    let first = state_prompt(&CharCodec, &*env, &c, 1, c.max_actions, 0.0).unwrap();
+    let (first, second) = corridor_state_prompts(&c);
     assert_eq!(first, demo.tokens[..demo.turns[0].start]);
-    env.step("R").unwrap();
-    env.step("R").unwrap();
-    let second = state_prompt(&CharCodec, &*env, &c, 2, c.max_actions - 2, 0.0).unwrap();
     assert_eq!(
         second,
         demo.tokens[demo.sequence_starts[0]..demo.turns[1].start]
@@ -396,13 +398,8 @@ fn instructions_shown_once_leave_later_window_prompts_and_state_prompts_alike() 
         },
     );
     assert!(demo.tokens.len() < repeated.tokens.len());
-    let mut env = corridor();
-    env.reset();
-    let first = state_prompt(&CharCodec, &*env, &c, 1, c.max_actions, 0.0).unwrap();
+    let (first, second) = corridor_state_prompts(&c);
     assert_eq!(first, demo.tokens[..demo.turns[0].start]);
-    env.step("R").unwrap();
-    env.step("R").unwrap();
-    let second = state_prompt(&CharCodec, &*env, &c, 2, c.max_actions - 2, 0.0).unwrap();
     assert_eq!(second, demo.tokens[second_start..demo.turns[1].start]);
 }
 
