@@ -270,6 +270,47 @@ impl Sokoban {
         }
     }
 
+    /// Each box off a target with the nearest target no box stands on
+    /// (fewest moves ignoring walls; the first in reading order on a tie).
+    fn unplaced_boxes(&self) -> Vec<(usize, usize)> {
+        let free_targets: Vec<usize> = (0..self.room.tiles.len())
+            .filter(|&i| self.room.tiles[i] == Tile::Target && self.state.box_at(i).is_none())
+            .collect();
+        self.state
+            .boxes()
+            .iter()
+            .map(|&b| b as usize)
+            .filter(|&b| self.room.tiles[b] != Tile::Target)
+            .filter_map(|b| {
+                let nearest = free_targets.iter().min_by_key(|&&t| self.distance(b, t))?;
+                Some((b, *nearest))
+            })
+            .collect()
+    }
+
+    /// Rows plus columns between two cells.
+    fn distance(&self, a: usize, b: usize) -> usize {
+        let w = self.room.width;
+        (a / w).abs_diff(b / w) + (a % w).abs_diff(b % w)
+    }
+
+    /// Where cell `to` is from cell `from`, rows first: `Up 2 Left 1`,
+    /// `Right 3`.
+    fn offset(&self, from: usize, to: usize) -> String {
+        let w = self.room.width;
+        let (fr, fc, tr, tc) = (from / w, from % w, to / w, to % w);
+        let mut parts = Vec::new();
+        if tr != fr {
+            let dir = if tr < fr { Action::Up } else { Action::Down };
+            parts.push(format!("{} {}", dir.name(), tr.abs_diff(fr)));
+        }
+        if tc != fc {
+            let dir = if tc < fc { Action::Left } else { Action::Right };
+            parts.push(format!("{} {}", dir.name(), tc.abs_diff(fc)));
+        }
+        parts.join(" ")
+    }
+
     /// The symbol one move from the player, and for a box the symbol
     /// beyond it (what a push runs into); off the grid reads as a wall.
     fn look(&self, a: Action) -> (char, Option<char>) {
@@ -369,7 +410,12 @@ impl Env for Sokoban {
     }
 
     /// What lies one move away in each direction, and beyond a box what it
-    /// would be pushed into: `Up #, Down _, Left X then _, Right O`.
+    /// would be pushed into; then, for each box off a target, where it is
+    /// from the player and where the nearest free target is from the box:
+    /// `Up #, Down _, Left X then _, Right O; box Left 1; target from box
+    /// Down 2 Right 1`. The neighbours say which moves do anything; the
+    /// offsets say which way to walk and which way to push, which a reading
+    /// of neighbours alone cannot.
     fn perception(&self) -> Option<String> {
         let readings: Vec<String> = ACTIONS
             .iter()
@@ -378,7 +424,16 @@ impl Env for Sokoban {
                 (seen, Some(beyond)) => format!("{} {seen} then {beyond}", a.name()),
             })
             .collect();
-        Some(readings.join(", "))
+        let mut text = readings.join(", ");
+        for (box_at, target) in self.unplaced_boxes() {
+            let player = self.state.player as usize;
+            text.push_str(&format!(
+                "; box {}; target from box {}",
+                self.offset(player, box_at),
+                self.offset(box_at, target)
+            ));
+        }
+        Some(text)
     }
 
     /// The moves that change the state, as the perception shows them: not
