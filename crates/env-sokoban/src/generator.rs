@@ -51,6 +51,13 @@ impl Room {
         self.tiles[pos] != Tile::Wall
     }
 
+    /// Rows plus columns between two cells (moves ignoring walls).
+    #[inline]
+    pub fn distance(&self, a: usize, b: usize) -> usize {
+        let w = self.width;
+        (a / w).abs_diff(b / w) + (a % w).abs_diff(b % w)
+    }
+
     /// Bytes identifying the room, for state keys.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = vec![self.width as u8, self.height as u8];
@@ -238,7 +245,6 @@ pub fn topology<R: Rng>(rng: &mut R, size: usize) -> Room {
 /// How far the boxes are from being solved: the sum over boxes of the
 /// Manhattan distance to the nearest target.
 pub fn displacement(room: &Room, state: &State) -> usize {
-    let w = room.width;
     let targets = room
         .tiles
         .iter()
@@ -248,10 +254,9 @@ pub fn displacement(room: &Room, state: &State) -> usize {
         .boxes()
         .iter()
         .map(|&b| {
-            let (br, bc) = (b as usize / w, b as usize % w);
             targets
                 .clone()
-                .map(|(t, _)| (t / w).abs_diff(br) + (t % w).abs_diff(bc))
+                .map(|(t, _)| room.distance(t, b as usize))
                 .min()
                 .unwrap_or(0)
         })

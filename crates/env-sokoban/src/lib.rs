@@ -282,16 +282,12 @@ impl Sokoban {
             .map(|&b| b as usize)
             .filter(|&b| self.room.tiles[b] != Tile::Target)
             .filter_map(|b| {
-                let nearest = free_targets.iter().min_by_key(|&&t| self.distance(b, t))?;
+                let nearest = free_targets
+                    .iter()
+                    .min_by_key(|&&t| self.room.distance(b, t))?;
                 Some((b, *nearest))
             })
             .collect()
-    }
-
-    /// Rows plus columns between two cells.
-    fn distance(&self, a: usize, b: usize) -> usize {
-        let w = self.room.width;
-        (a / w).abs_diff(b / w) + (a % w).abs_diff(b % w)
     }
 
     /// Where cell `to` is from cell `from`, rows first: `Up 2 Left 1`,
@@ -425,8 +421,8 @@ impl Env for Sokoban {
             })
             .collect();
         let mut text = readings.join(", ");
+        let player = self.state.player as usize;
         for (box_at, target) in self.unplaced_boxes() {
-            let player = self.state.player as usize;
             text.push_str(&format!(
                 "; box {}; target from box {}",
                 self.offset(player, box_at),

@@ -409,17 +409,12 @@ fn safe_moves_are_the_moves_that_change_the_state_on_generated_rooms() {
 /// behind the box (opposite a direction its target lies in) and push; never
 /// a move the neighbours show does nothing. Returns the move.
 fn move_from_reading(reading: &str, turn: usize) -> String {
-    let unit = |d: &str| match d {
-        "Up" => (-1, 0),
-        "Down" => (1, 0),
-        "Left" => (0, -1),
-        _ => (0, 1),
-    };
-    let offset = |text: &str| -> (i32, i32) {
+    let unit = |d: &str| parse_action(d).unwrap().delta();
+    let offset = |text: &str| -> (isize, isize) {
         let words: Vec<&str> = text.split_whitespace().collect();
         words.chunks(2).fold((0, 0), |(r, c), w| {
             let (dr, dc) = unit(w[0]);
-            let n: i32 = w[1].parse().unwrap();
+            let n: isize = w[1].parse().unwrap();
             (r + dr * n, c + dc * n)
         })
     };
@@ -437,8 +432,9 @@ fn move_from_reading(reading: &str, turn: usize) -> String {
         .collect();
     let box_at = offset(parts[1].strip_prefix("box ").unwrap());
     let target = offset(parts[2].strip_prefix("target from box ").unwrap());
-    let pushes: Vec<&str> = ["Up", "Down", "Left", "Right"]
-        .into_iter()
+    let pushes: Vec<&str> = ACTIONS
+        .iter()
+        .map(|a| a.name())
         .filter(|d| {
             let (dr, dc) = unit(d);
             target.0 * dr > 0 || target.1 * dc > 0
@@ -453,7 +449,7 @@ fn move_from_reading(reading: &str, turn: usize) -> String {
     // Walk towards the cell behind the box, without touching the box.
     let (dr, dc) = unit(pushes[turn % pushes.len()]);
     let stand = (box_at.0 - dr, box_at.1 - dc);
-    let distance = |(r, c): (i32, i32)| (r - stand.0).abs() + (c - stand.1).abs();
+    let distance = |(r, c): (isize, isize)| (r - stand.0).abs() + (c - stand.1).abs();
     let walks: Vec<&str> = safe.iter().copied().filter(|d| unit(d) != box_at).collect();
     let closer: Vec<&str> = walks
         .iter()
