@@ -78,6 +78,11 @@ pub struct RolloutConfig {
     pub format_penalty: f32,
     /// Show the list of currently valid actions (off by default: it hurts transfer).
     pub show_valid_actions: bool,
+    /// Show the env's reading of the state ([`Env::perception`]: on
+    /// Sokoban each neighbour, where the box and its target are) under the
+    /// observation, so the policy acts on it without writing it first.
+    /// An env without a perception shows nothing more.
+    pub show_perception: bool,
     /// Feed the last turn's reward back in the next observation.
     pub feed_reward: bool,
     /// Which group filter picks the groups the update trains on.
@@ -130,6 +135,7 @@ impl Default for RolloutConfig {
             format: ReplyFormat::ThinkAnswer,
             format_penalty: -0.1,
             show_valid_actions: false,
+            show_perception: false,
             feed_reward: true,
             rollout_filter_type: GroupFilterType::Std,
             rollout_filter_ratio: 0.25,
@@ -495,6 +501,9 @@ pub fn state_message(
     actions_left: usize,
 ) -> String {
     let mut s = format!("Turn {turn}:\nState:\n{}\n", env.observation());
+    if let Some(reading) = env.perception().filter(|_| cfg.show_perception) {
+        s.push_str(&format!("Reading: {reading}\n"));
+    }
     if cfg.show_valid_actions {
         s.push_str(&format!(
             "Valid actions: {}\n",

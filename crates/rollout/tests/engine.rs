@@ -320,6 +320,34 @@ fn a_perceiving_expert_thinks_what_it_sees_before_it_moves() {
         .all(|&m| m == 1));
 }
 
+#[test]
+fn show_perception_puts_the_reading_under_each_state_and_out_of_the_loss() {
+    let shown = RolloutConfig {
+        show_perception: true,
+        ..cfg()
+    };
+    let played = demo(2, &shown);
+    let text = CharCodec.decode(&played.tokens).unwrap();
+    // Each turn's state message carries the reading of that state.
+    let first = text.find("Reading: at 0\n").expect("turn 1's reading");
+    let second = text.find("Reading: at 2\n").expect("turn 2's reading");
+    assert!(text[..first].contains("Turn 1:\nState:\n"));
+    assert!(text[first..second].contains("Turn 2:\nState:\n"));
+    // Context, never trained: every reading lies before its turn's reply.
+    for (turn, reading) in played.turns.iter().zip([first, second]) {
+        assert!(reading < turn.start);
+        assert!(played.loss_mask[reading..reading + 13]
+            .iter()
+            .all(|&m| m == 0));
+    }
+    // Off (the default), the prompt shows no reading at all.
+    let plain = CharCodec.decode(&demo(2, &cfg()).tokens).unwrap();
+    assert!(!plain.contains("Reading:"));
+    // The perception prompts match the rollout's.
+    let (first_prompt, _) = corridor_state_prompts(&shown);
+    assert_eq!(first_prompt, played.tokens[..played.turns[0].start]);
+}
+
 /// The state prompts of the corridor's turn 1 (fresh) and turn 2 (after
 /// the two-move expert's first turn, `R || R`).
 fn corridor_state_prompts(c: &RolloutConfig) -> (Vec<u32>, Vec<u32>) {

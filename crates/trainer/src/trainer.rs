@@ -234,6 +234,27 @@ fn remote_generation(
     }
 }
 
+/// With `rollout.show_perception`, every task source's env must have a
+/// reading to show: an error naming the key and the env otherwise, rather
+/// than a run whose prompts silently lack what the config asked for.
+fn check_readings_exist(cfg: &TrainConfig, make: &EnvMaker<'_>) -> Result<(), TrainError> {
+    if !cfg.rollout.show_perception {
+        return Ok(());
+    }
+    for source in task_sources(cfg) {
+        let spec = TaskSpec::new(&source.env, Split::Train, &source.difficulty, 0);
+        let mut env = make(&spec, &source.params)?;
+        env.reset();
+        if env.perception().is_none() {
+            return Err(TrainError::Config(crate::config::ConfigError::Invalid(format!(
+                "rollout.show_perception: env {:?} has no reading of its state to show; set rollout.show_perception = false",
+                source.env
+            ))));
+        }
+    }
+    Ok(())
+}
+
 /// The learning rates at RL step `step` (1-based): `actor.lr` and
 /// `critic.lr`, each on a linear ramp over `actor.lr_warmup_steps`, then
 /// constant. A pure function of the step, so a resumed run continues the
@@ -280,6 +301,7 @@ impl Trainer {
         run.write_config(&cfg.to_toml()?)?;
         let device = cfg.trainer.device.open()?;
         let make = env_maker(&cfg)?;
+        check_readings_exist(&cfg, make.as_ref())?;
         let remote = remote_generation(&cfg, &run.path)?;
         progress.message("creating tokenizer and model");
         let (tokenizer, model) = starting_policy(&cfg, make.as_ref(), uses_critic(&cfg), &device)?;

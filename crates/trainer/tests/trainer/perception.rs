@@ -70,3 +70,19 @@ fn rollout_perception_on_an_env_without_one_is_an_error_naming_the_key() {
         "{err}"
     );
 }
+
+/// Showing the reading in the prompt on an env that has none (the smoke
+/// config's bandit) stops the run before any work, naming the key.
+#[test]
+fn showing_readings_of_an_env_without_one_is_an_error_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::common::smoke_with(&["rollout.show_perception=true"]);
+    let err = agentrl_trainer::Trainer::start(cfg, dir.path(), &mut agentrl_trainer::Silent)
+        .err()
+        .expect("a run that cannot show readings does not start")
+        .to_string();
+    assert!(
+        err.contains("rollout.show_perception") && err.contains("no reading"),
+        "{err}"
+    );
+}
