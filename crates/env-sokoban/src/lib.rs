@@ -44,7 +44,7 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "push boxes onto targets in generated rooms (RAGEN Sokoban; easy 6×6 1 box, hard 8×8 2 boxes)",
         difficulties: DIFFICULTIES,
         default_max_turns: 5,
-        request_params: &["size", "boxes", "reverse_steps", "min_solution_len", "max_solution_len", "max_steps"],
+        request_params: &["size", "boxes", "reverse_steps", "min_solution_len", "max_solution_len", "max_steps", "reading_stand"],
         operator_params: &[],
         factory: |spec, params| Ok(Box::new(Sokoban::new(spec, params)?)),
     }
@@ -56,6 +56,11 @@ pub struct Config {
     pub generation: GenConfig,
     /// Valid steps before the episode ends unsuccessfully.
     pub max_steps: usize,
+    /// The reading also names, for each box off a target, the push that
+    /// moves it toward its target and where the player stands for it
+    /// (`stand Up 1 Right 1 to push Down`): the sub-goal a player walks to,
+    /// as FrozenLake's reading names the goal.
+    pub reading_stand: bool,
 }
 
 impl TaskConfig for Config {
@@ -83,12 +88,13 @@ impl TaskConfig for Config {
         Ok(Self {
             generation,
             max_steps: 100,
+            reading_stand: false,
         })
     }
 
     /// This config with `[env]` params applied: `size` (5–16), `boxes`
     /// (1–4), `reverse_steps`, `min_solution_len`, `max_solution_len`
-    /// (≤ `max_steps`), `max_steps` (1–1000).
+    /// (≤ `max_steps`), `max_steps` (1–1000), `reading_stand` (bool).
     fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
         let p: Params = parse_params(NAME, params)?;
         let g = &mut self.generation;
@@ -112,6 +118,9 @@ impl TaskConfig for Config {
         }
         if let Some(max_steps) = p.max_steps {
             self.max_steps = param_in_range(NAME, "max_steps", max_steps, 1..=MAX_STEPS_PARAM)?;
+        }
+        if let Some(stand) = p.reading_stand {
+            self.reading_stand = stand;
         }
         let g = &self.generation;
         if g.max_solution_len > self.max_steps {
@@ -139,6 +148,7 @@ struct Params {
     min_solution_len: Option<usize>,
     max_solution_len: Option<usize>,
     max_steps: Option<usize>,
+    reading_stand: Option<bool>,
 }
 
 /// One Sokoban task.
@@ -290,6 +300,32 @@ impl Sokoban {
             .collect()
     }
 
+    /// The push that moves the box at `box_at` toward `target` (rows
+    /// first; the first whose stand cell and destination are free, else
+    /// the first) and the cell the player pushes it from, `None` off the
+    /// grid.
+    fn push_toward(&self, box_at: usize, target: usize) -> (Action, Option<usize>) {
+        let w = self.room.width;
+        let (br, bc, tr, tc) = (box_at / w, box_at % w, target / w, target % w);
+        let mut pushes = Vec::new();
+        if tr != br {
+            pushes.push(if tr < br { Action::Up } else { Action::Down });
+        }
+        if tc != bc {
+            pushes.push(if tc < bc { Action::Left } else { Action::Right });
+        }
+        let free = |cell: Option<usize>| {
+            cell.is_some_and(|c| self.room.tiles[c] != Tile::Wall && self.state.box_at(c).is_none())
+        };
+        let stand = |a: Action| self.room.neighbour(box_at, a.reverse());
+        let first = pushes[0];
+        let chosen = pushes
+            .into_iter()
+            .find(|&a| free(stand(a)) && free(self.room.neighbour(box_at, a)))
+            .unwrap_or(first);
+        (chosen, stand(chosen))
+    }
+
     /// Where cell `to` is from cell `from`, rows first: `Up 2 Left 1`,
     /// `Right 3`.
     fn offset(&self, from: usize, to: usize) -> String {
@@ -428,6 +464,15 @@ impl Env for Sokoban {
                 self.offset(player, box_at),
                 self.offset(box_at, target)
             ));
+            if self.config.reading_stand {
+                let (push, stand) = self.push_toward(box_at, target);
+                let from_player = match stand {
+                    Some(cell) if cell == player => "here".to_string(),
+                    Some(cell) => self.offset(player, cell),
+                    None => "nowhere".to_string(),
+                };
+                text.push_str(&format!("; stand {from_player} to push {}", push.name()));
+            }
         }
         Some(text)
     }
