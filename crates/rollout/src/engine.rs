@@ -501,7 +501,7 @@ pub fn state_message(
     actions_left: usize,
 ) -> String {
     let mut s = format!("Turn {turn}:\nState:\n{}\n", env.observation());
-    if let Some(reading) = env.perception().filter(|_| cfg.show_perception) {
+    if let Some(reading) = cfg.show_perception.then(|| env.perception()).flatten() {
         s.push_str(&format!("Reading: {reading}\n"));
     }
     if cfg.show_valid_actions {
