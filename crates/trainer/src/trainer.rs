@@ -297,11 +297,12 @@ impl Trainer {
         // Before any work: values (a config built in code has not been
         // through `TrainConfig::load`) and the model directory.
         cfg.validate_for_new_run()?;
+        let make = env_maker(&cfg)?;
+        // Before the run directory exists, so a fixed config can rerun there.
+        check_readings_exist(&cfg, make.as_ref())?;
         let run = RunDir::create(run_path)?.watch_in_tensorboard()?;
         run.write_config(&cfg.to_toml()?)?;
         let device = cfg.trainer.device.open()?;
-        let make = env_maker(&cfg)?;
-        check_readings_exist(&cfg, make.as_ref())?;
         let remote = remote_generation(&cfg, &run.path)?;
         progress.message("creating tokenizer and model");
         let (tokenizer, model) = starting_policy(&cfg, make.as_ref(), uses_critic(&cfg), &device)?;

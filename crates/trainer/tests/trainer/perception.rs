@@ -72,7 +72,8 @@ fn rollout_perception_on_an_env_without_one_is_an_error_naming_the_key() {
 }
 
 /// Showing the reading in the prompt on an env that has none (the smoke
-/// config's bandit) stops the run before any work, naming the key.
+/// config's bandit) stops the run before anything is written, naming the
+/// key.
 #[test]
 fn showing_readings_of_an_env_without_one_is_an_error_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -85,4 +86,6 @@ fn showing_readings_of_an_env_without_one_is_an_error_naming_the_key() {
         err.contains("rollout.show_perception") && err.contains("no reading"),
         "{err}"
     );
+    // Nothing written: the same directory takes the corrected run.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
