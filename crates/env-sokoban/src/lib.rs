@@ -305,17 +305,13 @@ impl Sokoban {
     /// the first) and the cell the player pushes it from, `None` off the
     /// grid.
     fn push_toward(&self, box_at: usize, target: usize) -> (Action, Option<usize>) {
-        let w = self.room.width;
-        let (br, bc, tr, tc) = (box_at / w, box_at % w, target / w, target % w);
-        let mut pushes = Vec::new();
-        if tr != br {
-            pushes.push(if tr < br { Action::Up } else { Action::Down });
-        }
-        if tc != bc {
-            pushes.push(if tc < bc { Action::Left } else { Action::Right });
-        }
+        let pushes: Vec<Action> = self
+            .moves_between(box_at, target)
+            .into_iter()
+            .map(|(a, _)| a)
+            .collect();
         let free = |cell: Option<usize>| {
-            cell.is_some_and(|c| self.room.tiles[c] != Tile::Wall && self.state.box_at(c).is_none())
+            cell.is_some_and(|c| self.room.is_open(c) && self.state.box_at(c).is_none())
         };
         let stand = |a: Action| self.room.neighbour(box_at, a.reverse());
         let first = pushes[0];
@@ -326,21 +322,31 @@ impl Sokoban {
         (chosen, stand(chosen))
     }
 
-    /// Where cell `to` is from cell `from`, rows first: `Up 2 Left 1`,
-    /// `Right 3`.
-    fn offset(&self, from: usize, to: usize) -> String {
+    /// The moves from cell `from` to cell `to` ignoring walls, rows first,
+    /// each with its count: `[(Up, 2), (Left, 1)]`.
+    fn moves_between(&self, from: usize, to: usize) -> Vec<(Action, usize)> {
         let w = self.room.width;
         let (fr, fc, tr, tc) = (from / w, from % w, to / w, to % w);
-        let mut parts = Vec::new();
+        let mut steps = Vec::new();
         if tr != fr {
             let dir = if tr < fr { Action::Up } else { Action::Down };
-            parts.push(format!("{} {}", dir.name(), tr.abs_diff(fr)));
+            steps.push((dir, tr.abs_diff(fr)));
         }
         if tc != fc {
             let dir = if tc < fc { Action::Left } else { Action::Right };
-            parts.push(format!("{} {}", dir.name(), tc.abs_diff(fc)));
+            steps.push((dir, tc.abs_diff(fc)));
         }
-        parts.join(" ")
+        steps
+    }
+
+    /// Where cell `to` is from cell `from`, rows first: `Up 2 Left 1`,
+    /// `Right 3`.
+    fn offset(&self, from: usize, to: usize) -> String {
+        self.moves_between(from, to)
+            .iter()
+            .map(|(dir, n)| format!("{} {n}", dir.name()))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// The symbol one move from the player, and for a box the symbol
