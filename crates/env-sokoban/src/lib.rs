@@ -56,10 +56,12 @@ pub struct Config {
     pub generation: GenConfig,
     /// Valid steps before the episode ends unsuccessfully.
     pub max_steps: usize,
-    /// The reading also names, for each box off a target, the push that
-    /// moves it toward its target and where the player stands for it
-    /// (`stand Up 1 Right 1 to push Down`): the sub-goal a player walks to,
-    /// as FrozenLake's reading names the goal.
+    /// The reading names, for each box off a target, the push that moves
+    /// it toward its target and where the player stands for it (`stand Up
+    /// 1 Right 1 to push Down`) in place of the box's and the target's
+    /// offsets: the sub-goal a player walks to, as FrozenLake's reading
+    /// names the goal, with nothing beside it for a small model to confuse
+    /// it with.
     pub reading_stand: bool,
 }
 
@@ -453,7 +455,9 @@ impl Env for Sokoban {
     /// `Up #, Down _, Left X then _, Right O; box Left 1; target from box
     /// Down 2 Right 1`. The neighbours say which moves do anything; the
     /// offsets say which way to walk and which way to push, which a reading
-    /// of neighbours alone cannot.
+    /// of neighbours alone cannot. With `reading_stand` the offsets give way
+    /// to where to stand and which way to push: `…; stand Up 1 Right 1 to
+    /// push Down`.
     fn perception(&self) -> Option<String> {
         let readings: Vec<String> = ACTIONS
             .iter()
@@ -465,11 +469,6 @@ impl Env for Sokoban {
         let mut text = readings.join(", ");
         let player = self.state.player as usize;
         for (box_at, target) in self.unplaced_boxes() {
-            text.push_str(&format!(
-                "; box {}; target from box {}",
-                self.offset(player, box_at),
-                self.offset(box_at, target)
-            ));
             if self.config.reading_stand {
                 let (push, stand) = self.push_toward(box_at, target);
                 let from_player = match stand {
@@ -478,6 +477,12 @@ impl Env for Sokoban {
                     None => "nowhere".to_string(),
                 };
                 text.push_str(&format!("; stand {from_player} to push {}", push.name()));
+            } else {
+                text.push_str(&format!(
+                    "; box {}; target from box {}",
+                    self.offset(player, box_at),
+                    self.offset(box_at, target)
+                ));
             }
         }
         Some(text)

@@ -371,9 +371,10 @@ fn perception_reads_each_neighbour_and_what_a_push_runs_into() {
     assert_safe_exactly_when_the_state_changes(&e);
 }
 
-/// With `reading_stand`, the reading also names the push toward the
-/// target (rows first, unless its stand cell or destination is blocked)
-/// and where the player stands for it; off by default.
+/// With `reading_stand`, the reading names the push toward the target
+/// (rows first, unless its stand cell or destination is blocked) and where
+/// the player stands for it, in place of the box's and target's offsets;
+/// off by default.
 #[test]
 fn reading_stand_names_the_push_toward_the_target_and_where_to_stand_for_it() {
     let standing = |text: &str| {
@@ -389,21 +390,21 @@ fn reading_stand_names_the_push_toward_the_target_and_where_to_stand_for_it() {
     let room = "######\n#_#__#\n#_PX_#\n#_O__#\n######";
     assert_eq!(
         standing(room),
-        "Up #, Down O, Left _, Right X then _; box Right 1; target from box Down 1 Left 1; \
-         stand Up 1 Right 1 to push Down"
+        "Up #, Down O, Left _, Right X then _; stand Up 1 Right 1 to push Down"
     );
-    assert!(!hand(room).perception().unwrap().contains("stand"));
+    assert_eq!(
+        hand(room).perception().unwrap(),
+        "Up #, Down O, Left _, Right X then _; box Right 1; target from box Down 1 Left 1"
+    );
     // Below the box is a wall: the push goes Left, from its right.
     assert_eq!(
         standing("#######\n#_____#\n#_P_X_#\n#O#####\n#######"),
-        "Up _, Down #, Left _, Right _; box Right 2; target from box Down 1 Left 3; \
-         stand Right 3 to push Left"
+        "Up _, Down #, Left _, Right _; stand Right 3 to push Left"
     );
     // Already behind the box.
     assert_eq!(
         standing("######\n#P___#\n#X___#\n#O___#\n######"),
-        "Up #, Down X then O, Left #, Right _; box Down 1; target from box Down 1; \
-         stand here to push Down"
+        "Up #, Down X then O, Left #, Right _; stand here to push Down"
     );
 }
 
