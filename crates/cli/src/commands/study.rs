@@ -245,6 +245,9 @@ const PANELS: [(&str, &str); 6] = [
 
 /// Both arms' curves, one panel per figure.
 fn plot(rows: &[Value], path: &Path) -> anyhow::Result<()> {
+    // Every text below (captions, ticks, legends) is in plotters' default
+    // family, which is the embedded font once registered.
+    super::report::plots::register_font();
     let root = SVGBackend::new(path, (1200, 700)).into_drawing_area();
     root.fill(&WHITE)?;
     let panels = root.split_evenly((2, 3));
@@ -374,5 +377,32 @@ mod tests {
         plot(&rows, &svg).unwrap();
         let text = fs::read_to_string(&svg).unwrap();
         assert!(text.contains("<svg") && text.contains("entropy"));
+    }
+
+    /// The plot in a process where nothing else drew first: the font is
+    /// registered once per process, so in this test binary another test may
+    /// have done it (a study once failed at its very end for want of it).
+    #[test]
+    fn curves_plot_in_a_fresh_process() {
+        const CHILD: &str = "AGENTRL_STUDY_PLOT_CHILD";
+        let name = "commands::study::tests::curves_plot_in_a_fresh_process";
+        if let Some(dir) = std::env::var_os(CHILD) {
+            let rows = vec![json!({"arm": ARMS[0].name, "step": 1, "success": 0.5})];
+            plot(&rows, &Path::new(&dir).join("curves.svg")).unwrap();
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads", "1"])
+            .env(CHILD, dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let text = fs::read_to_string(dir.path().join("curves.svg")).unwrap();
+        assert!(text.contains("training success"), "{text}");
     }
 }

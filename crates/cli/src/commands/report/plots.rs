@@ -17,7 +17,10 @@ const FAMILY: &str = "sans-serif";
 
 static REGISTER_FONT: Once = Once::new();
 
-fn register_font() {
+/// Registers the embedded font as the family every plotters text uses by
+/// default; call it before drawing any text (plotters has no font of its
+/// own, and a machine may have none).
+pub(crate) fn register_font() {
     REGISTER_FONT.call_once(|| {
         // The font is a constant of the binary: it parses or the build is broken.
         if plotters::style::register_font(FAMILY, FontStyle::Normal, FONT).is_err() {
