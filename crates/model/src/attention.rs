@@ -12,7 +12,9 @@
 //! Sequence `s` owns rows `offsets[s]..offsets[s + 1]`; its row `i` attends
 //! to its rows `0..=i` only (no padding exists).
 
-use crate::kernels::{dot, exp_shifted_sum, par_chunks_mut, par_map, Mm, Real};
+use crate::kernels::{
+    dot, exp_shifted_sum, par_chunks_mut, par_fill, par_map, write_slice, Mm, Real,
+};
 
 /// Query rows per block.
 const BLOCK: usize = 64;
@@ -109,14 +111,27 @@ pub(crate) fn forward<T: Real>(
         }
         (out, lse)
     });
-    let mut out = vec![T::ZERO; heads * n * hd];
-    let mut lse = vec![T::ZERO; heads * n];
-    for (task, (o, l)) in parts.into_iter().enumerate() {
-        let (s, h) = (task / heads, task % heads);
-        let base = offsets[s];
-        out[(h * n + base) * hd..(h * n + base) * hd + o.len()].copy_from_slice(&o);
-        lse[h * n + base..h * n + base + l.len()].copy_from_slice(&l);
-    }
+    // Head h's rows, gathered from its tasks: the sequences' rows tile 0..n.
+    let copy = n * hd * heads;
+    // SAFETY: the offsets run from 0 to n without gaps, so the sequences'
+    // parts fill each head's n rows.
+    let out = unsafe {
+        par_fill(heads * n * hd, n * hd, copy, |h, dst| {
+            for s in 0..seqs {
+                let (base, o) = (offsets[s], &parts[s * heads + h].0);
+                write_slice(&mut dst[base * hd..base * hd + o.len()], o);
+            }
+        })
+    };
+    // SAFETY: as above, one value per row.
+    let lse = unsafe {
+        par_fill(heads * n, n, copy, |h, dst| {
+            for s in 0..seqs {
+                let (base, l) = (offsets[s], &parts[s * heads + h].1);
+                write_slice(&mut dst[base..base + l.len()], l);
+            }
+        })
+    };
     (out, lse)
 }
 
@@ -188,20 +203,34 @@ pub(crate) fn backward<T: Real>(
         }
         (dq, dk, dv)
     });
-    let mut dq = vec![T::ZERO; shape.heads * n * hd];
-    let mut dk = vec![T::ZERO; kvh * n * hd];
-    let mut dv = vec![T::ZERO; kvh * n * hd];
-    for (task, (q_part, k_part, v_part)) in parts.into_iter().enumerate() {
-        let (s, g) = (task / kvh, task % kvh);
-        let (base, len) = (offsets[s], offsets[s + 1] - offsets[s]);
-        for (hr, part) in q_part.chunks_exact(len * hd).enumerate() {
-            let at = ((g * rep + hr) * n + base) * hd;
-            dq[at..at + part.len()].copy_from_slice(part);
+    // Each head's rows gathered from its tasks: the sequences' rows tile 0..n.
+    let copy = n * hd * shape.heads;
+    // SAFETY: the offsets run from 0 to n without gaps, so for every head the
+    // sequences' parts fill its n rows.
+    let dq = unsafe {
+        par_fill(shape.heads * n * hd, n * hd, copy, |h, dst| {
+            let (g, hr) = (h / rep, h % rep);
+            for s in 0..seqs {
+                let (base, len) = (offsets[s], offsets[s + 1] - offsets[s]);
+                let part = &parts[s * kvh + g].0[hr * len * hd..(hr + 1) * len * hd];
+                write_slice(&mut dst[base * hd..(base + len) * hd], part);
+            }
+        })
+    };
+    // The kv heads' dk (`which` 1) or dv (2), gathered the same way.
+    let gather_kv = |which: usize| {
+        // SAFETY: as for dq.
+        unsafe {
+            par_fill(kvh * n * hd, n * hd, copy, |g, dst| {
+                for s in 0..seqs {
+                    let (base, task) = (offsets[s], &parts[s * kvh + g]);
+                    let part = if which == 1 { &task.1 } else { &task.2 };
+                    write_slice(&mut dst[base * hd..base * hd + part.len()], part);
+                }
+            })
         }
-        let at = (g * n + base) * hd;
-        dk[at..at + k_part.len()].copy_from_slice(&k_part);
-        dv[at..at + v_part.len()].copy_from_slice(&v_part);
-    }
+    };
+    let (dk, dv) = (gather_kv(1), gather_kv(2));
     (dq, dk, dv)
 }
 

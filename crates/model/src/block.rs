@@ -16,6 +16,7 @@
 //! this op returns. Activations the backward needs are kept inside the op
 //! (the graph holds the op as long as it holds the output).
 
+use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
@@ -23,8 +24,8 @@ use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use crate::attention::{self, Heads};
 use crate::host::{storage_slice, tensor_from, with_slices};
 use crate::kernels::{
-    par_chunks2_mut, par_chunks_map, par_chunks_mut, par_map, rms_norm_rows, swiglu_bwd_into,
-    swiglu_into, Mm, Real,
+    assume_written, par_chunks2_mut, par_chunks_map, par_fill, par_map, rms_norm_rows,
+    swiglu_bwd_into, swiglu_into, write_slice, Mm, Real,
 };
 
 /// Where each packed token sits: sequence `s` owns rows
@@ -195,19 +196,26 @@ impl<T: Real> DecoderLayerOp<T> {
 /// Rotate-half RoPE of one head-wide row at cos/sin `c`, `s`, scaled;
 /// `adjoint` applies the transpose rotation (the forward's gradient).
 #[inline]
-fn rotate_row<T: Real>(src: &[T], dst: &mut [T], c: &[T], s: &[T], scale: T, adjoint: bool) {
+fn rotate_row<T: Real>(
+    src: &[T],
+    dst: &mut [MaybeUninit<T>],
+    c: &[T],
+    s: &[T],
+    scale: T,
+    adjoint: bool,
+) {
     let half = c.len();
     let (a, b) = src[..2 * half].split_at(half);
     let (d1, d2) = dst[..2 * half].split_at_mut(half);
     if adjoint {
         for i in 0..half {
-            d1[i] = (a[i] * c[i] + b[i] * s[i]) * scale;
-            d2[i] = (b[i] * c[i] - a[i] * s[i]) * scale;
+            d1[i].write((a[i] * c[i] + b[i] * s[i]) * scale);
+            d2[i].write((b[i] * c[i] - a[i] * s[i]) * scale);
         }
     } else {
         for i in 0..half {
-            d1[i] = (a[i] * c[i] - b[i] * s[i]) * scale;
-            d2[i] = (b[i] * c[i] + a[i] * s[i]) * scale;
+            d1[i].write((a[i] * c[i] - b[i] * s[i]) * scale);
+            d2[i].write((b[i] * c[i] + a[i] * s[i]) * scale);
         }
     }
 }
@@ -226,9 +234,8 @@ fn to_heads<T: Real>(
 ) -> Vec<T> {
     let n = pos.len();
     let half = hd / 2;
-    let mut out = vec![T::ZERO; heads * n * hd];
     // One task per head of the head-major output.
-    par_chunks_mut(&mut out, n * hd, heads * n * hd * 4, |h, dst| {
+    let fill = |h: usize, dst: &mut [MaybeUninit<T>]| {
         for r in 0..n {
             let at = r * stride + off + h * hd;
             let (src, d) = (&x[at..at + hd], &mut dst[r * hd..(r + 1) * hd]);
@@ -241,11 +248,13 @@ fn to_heads<T: Real>(
                     );
                     rotate_row(src, d, c, s, scale, false);
                 }
-                None => d.copy_from_slice(src),
+                None => write_slice(d, src),
             }
         }
-    });
-    out
+    };
+    // SAFETY: each task writes all n rows of its head, `hd` wide (the rotation
+    // writes both halves of an even `hd`).
+    unsafe { par_fill(heads * n * hd, n * hd, heads * n * hd * 4, fill) }
 }
 
 /// The adjoint of [`to_heads`] for q, k and v at once: the `[N, q + 2·kv]`
@@ -265,9 +274,8 @@ fn qkv_from_heads<T: Real>(
     let half = hd / 2;
     let (q_dim, kv_dim) = (nh * hd, nkv * hd);
     let width = q_dim + 2 * kv_dim;
-    let mut out = vec![T::ZERO; n * width];
     // One task per row of the row-major output.
-    par_chunks_mut(&mut out, width, n * width * 4, |r, row| {
+    let fill = |r: usize, row: &mut [MaybeUninit<T>]| {
         let p = pos[r];
         let (c, s) = (
             &rope.cos[p * half..(p + 1) * half],
@@ -289,21 +297,23 @@ fn qkv_from_heads<T: Real>(
                 T::ONE,
                 true,
             );
-            rv[g * hd..(g + 1) * hd].copy_from_slice(&dv[at(g)]);
+            write_slice(&mut rv[g * hd..(g + 1) * hd], &dv[at(g)]);
         }
-    });
-    out
+    };
+    // SAFETY: each row's q, k and v columns (`width` in all) are written above.
+    unsafe { par_fill(n * width, width, n * width * 4, fill) }
 }
 
 /// `[heads, N, hd]` → `[N, heads · hd]` (the attention output).
 fn heads_to_rows<T: Real>(x: &[T], heads: usize, hd: usize, n: usize) -> Vec<T> {
-    let mut out = vec![T::ZERO; x.len()];
-    par_chunks_mut(&mut out, heads * hd, x.len(), |r, dst| {
+    let fill = |r: usize, dst: &mut [MaybeUninit<T>]| {
         for h in 0..heads {
-            dst[h * hd..(h + 1) * hd].copy_from_slice(&x[(h * n + r) * hd..(h * n + r + 1) * hd]);
+            let at = (h * n + r) * hd;
+            write_slice(&mut dst[h * hd..(h + 1) * hd], &x[at..at + hd]);
         }
-    });
-    out
+    };
+    // SAFETY: each row's `heads` blocks of `hd` fill its `heads · hd` columns.
+    unsafe { par_fill(x.len(), heads * hd, x.len(), fill) }
 }
 
 /// `y = x · wᵀ (+ b)` over rows; a new buffer.
@@ -564,26 +574,29 @@ impl<T: Real> DecoderLayerOp<T> {
 
 /// `silu(gate) ⊙ up` per row of `gate_up: [N, 2f]` (gate then up), as `[N, f]`.
 fn swiglu<T: Real>(gate_up: &[T], f: usize) -> Vec<T> {
-    let mut act = vec![T::ZERO; gate_up.len() / 2];
-    let work = act.len() * 8;
-    par_chunks_mut(&mut act, f, work, |r, out| {
+    let len = gate_up.len() / 2;
+    let fill = |r: usize, out: &mut [MaybeUninit<T>]| {
         let (gate, up) = gate_up[2 * f * r..2 * f * (r + 1)].split_at(f);
         swiglu_into(out, gate, up);
-    });
-    act
+    };
+    // SAFETY: swiglu_into writes every element of each f-wide row.
+    unsafe { par_fill(len, f, len * 8, fill) }
 }
 
 /// Backward of [`swiglu`]: from `da: [N, f]`, `[N, 2f]` rows of d gate then
 /// d up (see [`swiglu_bwd_into`]).
 fn swiglu_bwd<T: Real>(da: &[T], gate_up: &[T], f: usize) -> Vec<T> {
-    let mut d_gate_up = vec![T::ZERO; gate_up.len()];
-    par_chunks_mut(&mut d_gate_up, 2 * f, gate_up.len() * 5, |r, out| {
+    let fill = |r: usize, out: &mut [MaybeUninit<T>]| {
         let (dg, du) = out.split_at_mut(f);
-        dg.copy_from_slice(&da[f * r..f * (r + 1)]);
+        write_slice(dg, &da[f * r..f * (r + 1)]);
+        // SAFETY: every element of dg was just written.
+        let dg = unsafe { assume_written(dg) };
         let (gate, up) = gate_up[2 * f * r..2 * f * (r + 1)].split_at(f);
         swiglu_bwd_into(dg, du, gate, up);
-    });
-    d_gate_up
+    };
+    // SAFETY: each row's d gate half is copied then updated, and
+    // swiglu_bwd_into writes its d up half.
+    unsafe { par_fill(gate_up.len(), 2 * f, gate_up.len() * 5, fill) }
 }
 
 impl<T: Real> CustomOp2 for DecoderLayerOp<T> {

@@ -4,13 +4,16 @@
 //! with its own backward. The `[N, V]` logits are the only vocabulary-wide
 //! buffer, made once and read once more by the backward.
 
+use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::block::Packing;
 use crate::host::{storage_slice, tensor_from, with_slices};
-use crate::kernels::{dot, exp_shifted_sum, par_chunks_mut, Mm, Real};
+use crate::kernels::{
+    assume_written, dot, exp_shifted_sum, par_chunks_mut, par_fill, write_slice, Mm, Real,
+};
 
 /// Marks a row with no next token (the last of its sequence).
 const NO_TARGET: u32 = u32::MAX;
@@ -153,22 +156,29 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
         let (dh, dw) = with_slices::<T, _>(&[h, w, grad], "lm head backward", |v| {
             let (hv, wv, g) = (v[0], v[1], v[2]);
             // dz_j = −p_j (g_lp + g_H (z_j − lse + H)) + g_lp [j = target].
-            let mut dz = vec![T::ZERO; n * vocab];
-            par_chunks_mut(&mut dz, vocab, n * vocab * 4, |r, dr| {
+            let fill = |r: usize, dr: &mut [MaybeUninit<T>]| {
                 let Some(at) = self.slot(r, row_seq[r]) else {
+                    // A row no output reads: no gradient.
+                    dr.iter_mut().for_each(|x| {
+                        x.write(T::ZERO);
+                    });
                     return;
                 };
                 let (glp, gh) = (g[at], g[b * width + at]);
                 let (lse, ent) = (s.lse[r], s.entropy[r]);
                 let z = &s.logits[r * vocab..(r + 1) * vocab];
                 // dr ← p = exp(z − lse) (the vector exp for f32), then the gradient.
-                dr.copy_from_slice(z);
+                write_slice(dr, z);
+                // SAFETY: every element of dr was just written.
+                let dr = unsafe { assume_written(dr) };
                 exp_shifted_sum(dr, lse);
                 for (o, &x) in dr.iter_mut().zip(z) {
                     *o = -*o * (glp + gh * (x - lse + ent));
                 }
                 dr[self.targets[r] as usize] += glp;
-            });
+            };
+            // SAFETY: each row is written whole, zeros or the gradient.
+            let dz = unsafe { par_fill(n * vocab, vocab, n * vocab * 4, fill) };
             let dh = Mm::nn(n, d, vocab).product(&dz, wv);
             let dw = Mm::tn(vocab, d, n).product(&dz, hv);
             (dh, dw)
