@@ -111,27 +111,9 @@ pub(crate) fn forward<T: Real>(
         }
         (out, lse)
     });
-    // Head h's rows, gathered from its tasks: the sequences' rows tile 0..n.
-    let copy = n * hd * heads;
-    // SAFETY: the offsets run from 0 to n without gaps, so the sequences'
-    // parts fill each head's n rows.
-    let out = unsafe {
-        par_fill(heads * n * hd, n * hd, copy, |h, dst| {
-            for s in 0..seqs {
-                let (base, o) = (offsets[s], &parts[s * heads + h].0);
-                write_slice(&mut dst[base * hd..base * hd + o.len()], o);
-            }
-        })
-    };
-    // SAFETY: as above, one value per row.
-    let lse = unsafe {
-        par_fill(heads * n, n, copy, |h, dst| {
-            for s in 0..seqs {
-                let (base, l) = (offsets[s], &parts[s * heads + h].1);
-                write_slice(&mut dst[base..base + l.len()], l);
-            }
-        })
-    };
+    let part = |s: usize, h: usize| &parts[s * heads + h];
+    let out = gather_heads(heads, n, hd, offsets, |s, h| &part(s, h).0[..]);
+    let lse = gather_heads(heads, n, 1, offsets, |s, h| &part(s, h).1[..]);
     (out, lse)
 }
 
@@ -203,35 +185,38 @@ pub(crate) fn backward<T: Real>(
         }
         (dq, dk, dv)
     });
-    // Each head's rows gathered from its tasks: the sequences' rows tile 0..n.
-    let copy = n * hd * shape.heads;
-    // SAFETY: the offsets run from 0 to n without gaps, so for every head the
-    // sequences' parts fill its n rows.
-    let dq = unsafe {
-        par_fill(shape.heads * n * hd, n * hd, copy, |h, dst| {
-            let (g, hr) = (h / rep, h % rep);
-            for s in 0..seqs {
-                let (base, len) = (offsets[s], offsets[s + 1] - offsets[s]);
-                let part = &parts[s * kvh + g].0[hr * len * hd..(hr + 1) * len * hd];
-                write_slice(&mut dst[base * hd..(base + len) * hd], part);
-            }
-        })
-    };
-    // The kv heads' dk (`which` 1) or dv (2), gathered the same way.
-    let gather_kv = |which: usize| {
-        // SAFETY: as for dq.
-        unsafe {
-            par_fill(kvh * n * hd, n * hd, copy, |g, dst| {
-                for s in 0..seqs {
-                    let (base, task) = (offsets[s], &parts[s * kvh + g]);
-                    let part = if which == 1 { &task.1 } else { &task.2 };
-                    write_slice(&mut dst[base * hd..base * hd + part.len()], part);
-                }
-            })
+    let part = |s: usize, g: usize| &parts[s * kvh + g];
+    let dq = gather_heads(shape.heads, n, hd, offsets, |s, h| {
+        let (len, hr) = (offsets[s + 1] - offsets[s], h % rep);
+        &part(s, h / rep).0[hr * len * hd..(hr + 1) * len * hd]
+    });
+    let dk = gather_heads(kvh, n, hd, offsets, |s, g| &part(s, g).1[..]);
+    let dv = gather_heads(kvh, n, hd, offsets, |s, g| &part(s, g).2[..]);
+    (dq, dk, dv)
+}
+
+/// A head-major `[heads, N, width]` buffer gathered from per-task parts:
+/// `part(s, h)` is head `h`'s `width`-wide rows of sequence `s`, in order.
+fn gather_heads<'a, T: Real>(
+    heads: usize,
+    n: usize,
+    width: usize,
+    offsets: &[usize],
+    part: impl Fn(usize, usize) -> &'a [T] + Sync + Send,
+) -> Vec<T> {
+    assert_eq!(offsets.first(), Some(&0), "packed rows start at 0");
+    assert_eq!(offsets.last(), Some(&n), "packed rows end at N");
+    let fill = |h: usize, dst: &mut [std::mem::MaybeUninit<T>]| {
+        for s in 0..offsets.len() - 1 {
+            let rows = offsets[s] * width..offsets[s + 1] * width;
+            // Panics unless the part is exactly its sequence's rows.
+            write_slice(&mut dst[rows], part(s, h));
         }
     };
-    let (dk, dv) = (gather_kv(1), gather_kv(2));
-    (dq, dk, dv)
+    // SAFETY: the offsets run from 0 to n in order (asserted above, and
+    // ascending by construction), so the sequences' row ranges tile each
+    // head's n rows, and write_slice fills each range whole or panics.
+    unsafe { par_fill(heads * n * width, n * width, heads * n * width, fill) }
 }
 
 /// `delta[h, i] = d_out[h, i] · out[h, i]` (the softmax backward's row term).
