@@ -13,7 +13,6 @@ use std::mem::MaybeUninit;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
 use candle_core::CpuStorage;
-
 use gemm::Parallelism;
 
 /// The float types the fused kernels run in.
@@ -560,6 +559,23 @@ pub(crate) mod simd {
         }
     }
 
+    /// [`exp8`]'s constants, shared with its sixteen-lane form in
+    /// [`super::simd512`], which must give the same bits: the clamp, ln 2
+    /// split into a high and a low part, and Cephes' `expf` polynomial from
+    /// its highest degree down.
+    pub(super) const EXP_HI: f32 = 88.722_84;
+    pub(super) const EXP_LO: f32 = -87.336_55;
+    pub(super) const LN2_HI: f32 = 0.693_359_4;
+    pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
+    pub(super) const EXP_POLY: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ];
+
     /// e^x in eight lanes: x = n·ln2 + r with |r| ≤ ln2/2, e^r by a
     /// degree-6 polynomial (Cephes' `expf` coefficients, relative error
     /// below 2e-7 over the f32 range), 2^n put into the exponent bits.
@@ -568,22 +584,20 @@ pub(crate) mod simd {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn exp8(x: __m256) -> __m256 {
-        let hi = _mm256_set1_ps(88.722_84);
-        let lo = _mm256_set1_ps(-87.336_55);
+        let hi = _mm256_set1_ps(EXP_HI);
+        let lo = _mm256_set1_ps(EXP_LO);
         // max/min return their second operand when one is NaN: NaN stays.
         let xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_ps(xc, _mm256_set1_ps(std::f32::consts::LOG2_E)),
         );
         // r = x − n·ln2 in two steps (ln2 split into a high and a low part).
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), xc);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+        let mut p = _mm256_set1_ps(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+        }
         let r2 = _mm256_mul_ps(r, r);
         let er = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
         // 2^n: n + 127 in the exponent field. n ∈ [−126, 128]; 2^128 is
@@ -778,24 +792,24 @@ pub(crate) mod simd {
 pub(crate) mod simd512 {
     use std::arch::x86_64::*;
 
+    use super::simd::{EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO};
+
     /// [`super::simd::exp8`] on sixteen lanes.
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn exp16(x: __m512) -> __m512 {
-        let hi = _mm512_set1_ps(88.722_84);
-        let lo = _mm512_set1_ps(-87.336_55);
+        let hi = _mm512_set1_ps(EXP_HI);
+        let lo = _mm512_set1_ps(EXP_LO);
         let xc = _mm512_min_ps(hi, _mm512_max_ps(lo, x));
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E)),
         );
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), xc);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm512_set1_ps(1.987_569_1e-4);
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.398_199_9e-3));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), xc);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+        let mut p = _mm512_set1_ps(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
+        }
         let r2 = _mm512_mul_ps(r, r);
         let er = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
         let n1 = _mm512_min_ps(n, _mm512_set1_ps(127.0));
