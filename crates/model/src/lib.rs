@@ -10,7 +10,10 @@ mod blas;
 mod block;
 pub mod checkpoint;
 pub mod config;
+#[cfg(feature = "cuda")]
+mod cuda;
 pub mod decode;
+pub mod device;
 pub mod error;
 mod graph_decode;
 mod head;
@@ -22,6 +25,7 @@ pub mod optim;
 pub mod policy;
 pub mod qwen2;
 pub mod sampling;
+pub mod token_loss;
 
 /// The tensor library, re-exported so callers need no direct dependency.
 pub use candle_core;
@@ -30,6 +34,7 @@ pub use candle_nn;
 
 pub use config::{ModelConfig, RopeParameters, MAX_PARAMETERS, MAX_POSITIONS};
 pub use decode::SequenceCache;
+pub use device::open_cuda;
 pub use error::ModelError;
 pub use lora::{LoraAdapter, LoraConfig, LoraTarget};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};

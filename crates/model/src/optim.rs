@@ -252,6 +252,11 @@ impl AdamW {
                 (Moment::F32(m), Moment::F32(v)) => fused_step::<f32>(theta, g, m, v, consts)?,
                 (Moment::F64(m), Moment::F64(v)) => fused_step::<f64>(theta, g, m, v, consts)?,
                 (Moment::Tensor(m), Moment::Tensor(v)) => {
+                    if let Some((next_m, next_v)) = device_step(theta, g, m, v, consts)? {
+                        *m = next_m;
+                        *v = next_v;
+                        continue;
+                    }
                     let next_m = ((&*m * c.beta1)? + (g * (1.0 - c.beta1))?)?;
                     let next_v = ((&*v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
                     let denom = ((&next_v / bc2)?.sqrt()? + c.eps)?;
@@ -432,6 +437,144 @@ fn scale(g: &Tensor, coef: f64) -> candle_core::Result<Tensor> {
         (true, DType::F32) => host::<f32>(g, coef),
         (true, DType::F64) => host::<f64>(g, coef),
         _ => g * coef,
+    }
+}
+
+/// One parameter's update by the GPU kernel (`kernels/adamw.cu`): θ in
+/// place, and the new moments as views of one `[2, ..]` buffer; `None`
+/// where the kernel does not apply (not CUDA, not f32/bf16/f16,
+/// non-contiguous θ), so the caller uses candle's ops.
+fn device_step(
+    theta: &Tensor,
+    g: &Tensor,
+    m: &Tensor,
+    v: &Tensor,
+    c: StepConsts,
+) -> candle_core::Result<Option<(Tensor, Tensor)>> {
+    #[cfg(feature = "cuda")]
+    {
+        let fits = theta.device().is_cuda()
+            && theta.is_contiguous()
+            && matches!(theta.dtype(), DType::F32 | DType::BF16 | DType::F16)
+            && [g, m, v]
+                .iter()
+                .all(|t| t.dtype() == theta.dtype() && t.dims() == theta.dims());
+        if fits {
+            // Both moments in one buffer: the op takes θ and two more inputs.
+            let mv = Tensor::stack(&[m, v], 0)?;
+            theta.inplace_op3(&g.contiguous()?, &mv, &cuda_adamw::Step(c))?;
+            return Ok(Some((mv.get(0)?, mv.get(1)?)));
+        }
+    }
+    let _ = (theta, g, m, v, c);
+    Ok(None)
+}
+
+/// The AdamW kernel as candle's in-place op on θ.
+#[cfg(feature = "cuda")]
+mod cuda_adamw {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
+    use candle_core::cuda_backend::{CudaDType, CudaStorageSlice};
+    use candle_core::{CpuStorage, CudaDevice, CudaStorage, InplaceOp3, Layout, Result};
+
+    use super::StepConsts;
+    use crate::cuda::{launch, view, ADAMW};
+
+    /// θ ← AdamW(θ, g, [m; v]), rewriting `[m; v]` too.
+    pub struct Step(pub StepConsts);
+
+    impl InplaceOp3 for Step {
+        fn name(&self) -> &'static str {
+            "agentrl-adamw-cuda"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &mut CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<()> {
+            candle_core::bail!(
+                "agentrl-adamw-cuda runs on CUDA only (the CPU has its own fused step)"
+            )
+        }
+
+        fn cuda_fwd(
+            &self,
+            theta: &mut CudaStorage,
+            tl: &Layout,
+            g: &CudaStorage,
+            gl: &Layout,
+            mv: &CudaStorage,
+            ml: &Layout,
+        ) -> Result<()> {
+            let dev = theta.device().clone();
+            let args = Args {
+                dev: &dev,
+                tl,
+                g: (g, gl),
+                mv: (mv, ml),
+                c: self.0,
+            };
+            match &mut theta.slice {
+                CudaStorageSlice::F32(t) => args.run("adamw_f32", t),
+                CudaStorageSlice::BF16(t) => args.run("adamw_bf16", t),
+                CudaStorageSlice::F16(t) => args.run("adamw_f16", t),
+                _ => candle_core::bail!("adamw: no kernel for {:?}", g.dtype()),
+            }
+        }
+    }
+
+    struct Args<'a> {
+        dev: &'a CudaDevice,
+        tl: &'a Layout,
+        g: (&'a CudaStorage, &'a Layout),
+        mv: (&'a CudaStorage, &'a Layout),
+        c: StepConsts,
+    }
+
+    impl Args<'_> {
+        fn run<T: DeviceRepr + CudaDType>(
+            &self,
+            kernel: &str,
+            theta: &mut CudaSlice<T>,
+        ) -> Result<()> {
+            let n = self.tl.shape().elem_count();
+            let ((g, gl), (mv, ml)) = (self.g, self.mv);
+            if gl.shape().elem_count() != n || ml.shape().elem_count() != 2 * n {
+                candle_core::bail!("adamw: parameter, gradient and moments differ in size")
+            }
+            let g = view(T::as_cuda_slice(g)?, gl, "adamw gradient")?;
+            let mv = view(T::as_cuda_slice(mv)?, ml, "adamw moments")?;
+            let Some((a, b)) = self.tl.contiguous_offsets() else {
+                candle_core::bail!("adamw: the parameter must be contiguous")
+            };
+            let mut theta = theta.slice_mut(a..b);
+            let threads = 256u32;
+            let blocks = n.div_ceil(threads as usize).clamp(1, 1 << 16) as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let c = self.c;
+            let f = |x: f64| x as f32;
+            let (lr, b1, b2, eps) = (f(c.lr), f(c.beta1), f(c.beta2), f(c.eps));
+            let (keep, bc1, bc2, n) = (f(1.0 - c.lr * c.decay), f(c.bc1), f(c.bc2), n as u64);
+            // adamw_T(θ, g, mv, n, lr, β1, β2, ε, keep, bc1, bc2) over n
+            // parameters and 2n moments, grid-strided. `mv` is written
+            // through although candle hands it over shared: it is the
+            // optimizer's own fresh buffer, and the one stream orders it.
+            let dev = self.dev;
+            launch!(
+                dev, ADAMW, kernel, cfg, &mut theta, &g, &mv, &n, &lr, &b1, &b2, &eps, &keep, &bc1,
+                &bc2
+            )
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor, Var, D};
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -577,13 +577,8 @@ impl PolicyModel {
         let values = model.values(&h)?; // [B, T]
                                         // Only positions 0..T-1 predict a token: skip the last row's LM head.
         let logits = model.logits(&h.narrow(1, 0, t - 1)?)?; // [B, T-1, V]
-                                                             // grad: fused log-softmax with its own bwd (crate::ops).
-        let logp = crate::ops::log_softmax(&logits)?;
-        let targets = ids.narrow(1, 1, t - 1)?.contiguous()?.unsqueeze(2)?; // [B, T-1, 1]
-                                                                            // grad: gather's backward scatters the gradient into the target column.
-        let logprobs = logp.gather(&targets, 2)?.squeeze(2)?;
-        // grad: exp, mul and sum differentiate; entropy = -Σ softmax · log_softmax.
-        let entropy = (logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?;
+        let targets = ids.narrow(1, 1, t - 1)?.contiguous()?; // [B, T-1]
+        let (logprobs, entropy) = crate::token_loss::token_logprobs_entropy(&logits, &targets)?;
         Ok((logprobs, entropy, values))
     }
 

@@ -424,7 +424,7 @@ impl TrainDevice {
     pub fn open(self) -> Result<candle_core::Device, ConfigError> {
         match self {
             TrainDevice::Cpu => Ok(candle_core::Device::Cpu),
-            TrainDevice::Cuda => candle_core::Device::new_cuda(0).map_err(|e| {
+            TrainDevice::Cuda => agentrl_model::open_cuda(0).map_err(|e| {
                 ConfigError::Invalid(format!(
                     "trainer.device = \"cuda\": no CUDA device 0 ({e}); build with \
                      `--features agentrl-model/cuda` on a machine with a GPU"

@@ -17,7 +17,7 @@ impl DeviceArg {
     pub fn open(self) -> anyhow::Result<Device> {
         match self {
             DeviceArg::Cpu => Ok(Device::Cpu),
-            DeviceArg::Cuda => Device::new_cuda(0).context(
+            DeviceArg::Cuda => agentrl_model::open_cuda(0).context(
                 "--device cuda: no CUDA device 0 (build with `--features agentrl-model/cuda`)",
             ),
         }

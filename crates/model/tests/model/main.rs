@@ -12,3 +12,4 @@ mod gradients;
 mod infer_tracks_updates;
 mod lora;
 mod qwen2_tiny;
+mod token_loss;

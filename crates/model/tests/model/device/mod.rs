@@ -9,7 +9,9 @@ use candle_core::Device;
 pub fn test_device() -> Device {
     match std::env::var("AGENTRL_TEST_DEVICE").as_deref() {
         Err(_) | Ok("") | Ok("cpu") => Device::Cpu,
-        Ok("cuda") => Device::new_cuda(0).expect("AGENTRL_TEST_DEVICE=cuda: no CUDA device 0"),
+        Ok("cuda") => {
+            agentrl_model::open_cuda(0).expect("AGENTRL_TEST_DEVICE=cuda: no CUDA device 0")
+        }
         Ok(other) => panic!("AGENTRL_TEST_DEVICE={other}: expected cpu or cuda"),
     }
 }

@@ -1,0 +1,512 @@
+//! The loss end of the LM head where the CPU's fused path does not run: for
+//! logits `[.., V]` and target ids `[..]`, each row's log-prob of its target
+//! and the entropy of its next-token distribution, differentiably.
+//!
+//! On a GPU this is one op with its own backward (`kernels/token_loss.cu`):
+//! it reads the logits once forward and once backward. The composite it
+//! replaces there (log-softmax, gather, exp·mul·sum) makes about a dozen
+//! passes over `[N, V]` tensors and keeps several alive for the backward;
+//! with Qwen2.5's 151,936-word vocabulary each is 2.5 GB at 4,096 tokens in
+//! f32. Elsewhere the composite stays: it is the reference the op is tested
+//! against.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+
+/// `(logprobs, entropy)`, each shaped like `targets`: `logprobs = log
+/// softmax(logits)[target]`, `entropy = -Σ p log p`, both differentiable with
+/// respect to `logits`. `targets` holds u32 ids below V.
+pub fn token_logprobs_entropy(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+    if logits.device().is_cuda() {
+        return fused(logits, targets);
+    }
+    composite(logits, targets)
+}
+
+/// The same through [`TokenLoss`] (on the host in tests).
+fn fused(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+    let out = TokenLoss::apply(logits, targets)?;
+    // grad: narrow + squeeze pass the gradient to their column of the op's output.
+    let column = |i| out.narrow(D::Minus1, i, 1)?.squeeze(D::Minus1);
+    Ok((column(0)?, column(1)?))
+}
+
+/// The same from candle's differentiable ops.
+fn composite(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+    // grad: fused log-softmax with its own bwd on the CPU, composite elsewhere (crate::ops).
+    let logp = crate::ops::log_softmax(logits)?;
+    // grad: gather's backward scatters the gradient into the target column.
+    let logprobs = logp.gather(&targets.unsqueeze(D::Minus1)?, D::Minus1)?;
+    // grad: exp, mul and sum differentiate; entropy = -Σ softmax · log_softmax.
+    let entropy = (logp.exp()? * &logp)?.sum(D::Minus1)?.neg()?;
+    Ok((logprobs.squeeze(D::Minus1)?, entropy))
+}
+
+/// Per row of logits: `(log p(target), H, logsumexp)` → `[.., 3]`. The
+/// logsumexp is what the backward needs; callers see the first two.
+struct TokenLoss;
+
+/// The backward of [`TokenLoss`]: `(logits, targets, aux)` with `aux[.., 6]`
+/// the forward's three outputs then their three upstream gradients →
+/// `dlogits`.
+struct TokenLossGrad;
+
+impl TokenLoss {
+    fn apply(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let logits = logits.contiguous()?;
+        let targets = targets.contiguous()?;
+        let (rows, _) = rows_and_width(logits.dims())?;
+        if targets.dtype() != DType::U32 || targets.elem_count() != rows {
+            candle_core::bail!(
+                "token loss: {} {:?} targets for logits {:?} (one u32 per row)",
+                targets.elem_count(),
+                targets.dtype(),
+                logits.dims()
+            )
+        }
+        logits.apply_op2(&targets, TokenLoss)
+    }
+}
+
+/// `(rows, V)` of logits `[.., V]`.
+fn rows_and_width(dims: &[usize]) -> Result<(usize, usize)> {
+    match dims.split_last() {
+        Some((&v, lead)) if v > 0 => Ok((lead.iter().product(), v)),
+        _ => candle_core::bail!("token loss: logits {dims:?} need a non-empty last dimension"),
+    }
+}
+
+/// `[.., V]` → `[.., k]`.
+fn rows_shape(dims: &[usize], k: usize) -> Shape {
+    let mut d = dims.to_vec();
+    if let Some(last) = d.last_mut() {
+        *last = k;
+    }
+    Shape::from(d)
+}
+
+/// The host arithmetic of both ops in f64, for each CPU float type.
+macro_rules! on_host {
+    ($storage:expr, $f:ident, $($arg:expr),*) => {
+        match $storage {
+            CpuStorage::F32(x) => CpuStorage::F32($f(x, $($arg),*)),
+            CpuStorage::F64(x) => CpuStorage::F64($f(x, $($arg),*)),
+            CpuStorage::BF16(x) => CpuStorage::BF16($f(x, $($arg),*)),
+            CpuStorage::F16(x) => CpuStorage::F16($f(x, $($arg),*)),
+            other => candle_core::bail!("token loss: logits of {:?}", other.dtype()),
+        }
+    };
+}
+
+fn slice<'a, T>(v: &'a [T], l: &Layout) -> Result<&'a [T]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => candle_core::bail!("token loss: inputs must be contiguous"),
+    }
+}
+
+fn host_targets<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
+    match s {
+        CpuStorage::U32(t) => slice(t, l),
+        other => candle_core::bail!("token loss: targets of {:?}, not u32", other.dtype()),
+    }
+}
+
+impl CustomOp2 for TokenLoss {
+    fn name(&self) -> &'static str {
+        "agentrl-token-loss"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: candle_core::WithDType>(
+            x: &[T],
+            l: &Layout,
+            targets: &[u32],
+            v: usize,
+        ) -> Vec<T> {
+            let x = &x[l.start_offset()..];
+            let mut out = Vec::with_capacity(targets.len() * 3);
+            for (r, &target) in targets.iter().enumerate() {
+                let row = &x[r * v..(r + 1) * v];
+                let (lp, h, lse) = host_row(row, target as usize);
+                out.extend([lp, h, lse].map(T::from_f64));
+            }
+            out
+        }
+        let (_, v) = rows_and_width(l1.dims())?;
+        if l1.contiguous_offsets().is_none() {
+            candle_core::bail!("token loss: logits must be contiguous")
+        }
+        let targets = host_targets(s2, l2)?;
+        let out = on_host!(s1, run, l1, targets, v);
+        Ok((out, rows_shape(l1.dims(), 3)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, v) = rows_and_width(l1.dims())?;
+        let out = cuda::launch(cuda::Pass::Forward, s1, l1, s2, l2, None, rows, v)?;
+        Ok((out, rows_shape(l1.dims(), 3)))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let aux = Tensor::cat(&[res, &grad_res.to_dtype(res.dtype())?], D::Minus1)?.contiguous()?;
+        let dlogits = logits.apply_op3_no_bwd(targets, &aux, &TokenLossGrad)?;
+        Ok((Some(dlogits), None))
+    }
+}
+
+/// `(log p(target), H, logsumexp)` of one row in f64.
+fn host_row<T: candle_core::WithDType>(row: &[T], target: usize) -> (f64, f64, f64) {
+    let m = row
+        .iter()
+        .map(|x| x.to_f64())
+        .fold(f64::NEG_INFINITY, f64::max);
+    let (mut s, mut t) = (0.0, 0.0);
+    for x in row {
+        let d = x.to_f64() - m;
+        let e = d.exp();
+        s += e;
+        t += e * d;
+    }
+    let lse = m + s.ln();
+    let lp = row.get(target).map_or(f64::NAN, |x| x.to_f64() - lse);
+    (lp, s.ln() - t / s, lse)
+}
+
+impl CustomOp3 for TokenLossGrad {
+    fn name(&self) -> &'static str {
+        "agentrl-token-loss-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: candle_core::WithDType>(
+            x: &[T],
+            l: &Layout,
+            targets: &[u32],
+            aux: &[f64],
+            v: usize,
+        ) -> Vec<T> {
+            let x = &x[l.start_offset()..];
+            let mut dx = Vec::with_capacity(targets.len() * v);
+            for (r, &target) in targets.iter().enumerate() {
+                let a = &aux[r * 6..(r + 1) * 6];
+                let (h, lse, g_lp, g_h, g_l) = (a[1], a[2], a[3], a[4], a[5]);
+                for (j, xj) in x[r * v..(r + 1) * v].iter().enumerate() {
+                    let lp = xj.to_f64() - lse;
+                    let p = lp.exp();
+                    let mut g = (g_l - g_lp) * p - g_h * p * (lp + h);
+                    if j == target as usize {
+                        g += g_lp;
+                    }
+                    dx.push(T::from_f64(g));
+                }
+            }
+            dx
+        }
+        let (_, v) = rows_and_width(l1.dims())?;
+        if l1.contiguous_offsets().is_none() || l3.contiguous_offsets().is_none() {
+            candle_core::bail!("token loss grad: inputs must be contiguous")
+        }
+        let targets = host_targets(s2, l2)?;
+        let aux = host_aux(s3, l3)?;
+        let out = on_host!(s1, run, l1, targets, &aux, v);
+        Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, v) = rows_and_width(l1.dims())?;
+        let out = cuda::launch(
+            cuda::Pass::Backward,
+            s1,
+            l1,
+            s2,
+            l2,
+            Some((s3, l3)),
+            rows,
+            v,
+        )?;
+        Ok((out, l1.shape().clone()))
+    }
+}
+
+/// The aux rows as f64 (they share the logits' dtype).
+fn host_aux(s: &CpuStorage, l: &Layout) -> Result<Vec<f64>> {
+    fn f<T: candle_core::WithDType>(v: &[T], l: &Layout) -> Vec<f64> {
+        v[l.start_offset()..l.start_offset() + l.shape().elem_count()]
+            .iter()
+            .map(|x| x.to_f64())
+            .collect()
+    }
+    Ok(match s {
+        CpuStorage::F32(v) => f(v, l),
+        CpuStorage::F64(v) => f(v, l),
+        CpuStorage::BF16(v) => f(v, l),
+        CpuStorage::F16(v) => f(v, l),
+        other => candle_core::bail!("token loss grad: aux of {:?}", other.dtype()),
+    })
+}
+
+/// Launching the kernels of `kernels/token_loss.cu`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaView, DeviceRepr, LaunchConfig,
+    };
+    use candle_core::cuda_backend::{CudaDType, CudaStorageSlice};
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result};
+
+    use crate::cuda::{launch, view, TOKEN_LOSS};
+
+    /// Which kernel: the forward (`[rows, 3]` out) or the backward (`[rows, V]`).
+    #[derive(Clone, Copy)]
+    pub enum Pass {
+        Forward,
+        Backward,
+    }
+
+    /// Runs `pass` over `rows` rows of `v` logits; `aux` is the backward's
+    /// `[rows, 6]` input.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(
+        pass: Pass,
+        logits: &CudaStorage,
+        logits_layout: &Layout,
+        targets: &CudaStorage,
+        targets_layout: &Layout,
+        aux: Option<(&CudaStorage, &Layout)>,
+        rows: usize,
+        v: usize,
+    ) -> Result<CudaStorage> {
+        let job = Job {
+            pass,
+            targets: view(
+                targets.as_cuda_slice::<u32>()?,
+                targets_layout,
+                "token loss targets",
+            )?,
+            aux,
+            rows,
+            v,
+            dev: logits.device(),
+        };
+        match &logits.slice {
+            CudaStorageSlice::F32(x) => job.run("f32", x, logits_layout),
+            CudaStorageSlice::BF16(x) => job.run("bf16", x, logits_layout),
+            CudaStorageSlice::F16(x) => job.run("f16", x, logits_layout),
+            _ => candle_core::bail!("token loss: logits of {:?}", logits.dtype()),
+        }
+    }
+
+    struct Job<'a> {
+        pass: Pass,
+        targets: CudaView<'a, u32>,
+        aux: Option<(&'a CudaStorage, &'a Layout)>,
+        rows: usize,
+        v: usize,
+        dev: &'a CudaDevice,
+    }
+
+    impl Job<'_> {
+        fn run<T: DeviceRepr + CudaDType>(
+            &self,
+            suffix: &str,
+            logits: &CudaSlice<T>,
+            layout: &Layout,
+        ) -> Result<CudaStorage> {
+            let x = view(logits, layout, "token loss logits")?;
+            let (kernel, n_out) = match self.pass {
+                Pass::Forward => ("token_loss_fwd", self.rows * 3),
+                Pass::Backward => ("token_loss_bwd", self.rows * self.v),
+            };
+            // SAFETY: every element is written by the kernel (one block per
+            // row; each row's 3 outputs, or each of its v gradients).
+            let out = unsafe { self.dev.alloc::<T>(n_out)? };
+            // Whole warps (the block merge needs them), up to 1024 per row.
+            let threads = (self.v.div_ceil(32) * 32).clamp(32, 1024) as u32;
+            let Ok(grid) = u32::try_from(self.rows) else {
+                candle_core::bail!("token loss: {} rows is more than a grid holds", self.rows)
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let v = self.v as i32;
+            let kernel = format!("{kernel}_{suffix}");
+            // The kernels take (logits, targets, [aux,] out, v): `rows`
+            // rows of v logits, rows targets, rows × 6 aux values.
+            match self.aux {
+                Some((s, l)) => {
+                    let aux = view(T::as_cuda_slice(s)?, l, "token loss aux")?;
+                    launch!(
+                        self.dev,
+                        TOKEN_LOSS,
+                        &kernel,
+                        cfg,
+                        &x,
+                        &self.targets,
+                        &aux,
+                        &out,
+                        &v
+                    )?
+                }
+                None => launch!(
+                    self.dev,
+                    TOKEN_LOSS,
+                    &kernel,
+                    cfg,
+                    &x,
+                    &self.targets,
+                    &out,
+                    &v
+                )?,
+            }
+            Ok(CudaStorage::wrap_cuda_slice(out, self.dev.clone()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    const V: usize = 37;
+
+    /// Logits `[2, 3, V]` (one row shifted by +900, where an unshifted exp
+    /// would overflow), in-range targets and two random output weights.
+    fn inputs(dtype: DType, seed: u64) -> (Var, Tensor, Tensor, Tensor) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut x: Vec<f64> = (0..6 * V).map(|_| rng.random_range(-4.0..4.0)).collect();
+        x[V..2 * V].iter_mut().for_each(|v| *v += 900.0);
+        let t: Vec<u32> = (0..6).map(|_| rng.random_range(0..V as u32)).collect();
+        let w = |rng: &mut ChaCha8Rng| {
+            let w: Vec<f64> = (0..6).map(|_| rng.random_range(-1.0..1.0)).collect();
+            Tensor::from_vec(w, (2, 3), &Device::Cpu)?.to_dtype(dtype)
+        };
+        let logits = Tensor::from_vec(x, (2, 3, V), &Device::Cpu).and_then(|x| x.to_dtype(dtype));
+        (
+            Var::from_tensor(&logits.unwrap()).unwrap(),
+            Tensor::from_vec(t, (2, 3), &Device::Cpu).unwrap(),
+            w(&mut rng).unwrap(),
+            w(&mut rng).unwrap(),
+        )
+    }
+
+    type Path = fn(&Tensor, &Tensor) -> Result<(Tensor, Tensor)>;
+
+    /// Log-probs, entropies and the gradient of `Σ w1·lp + w2·H` as f64.
+    fn run(path: Path, dtype: DType, seed: u64) -> [Vec<f64>; 3] {
+        let (x, t, w1, w2) = inputs(dtype, seed);
+        let (lp, h) = path(x.as_tensor(), &t).unwrap();
+        let loss = ((&lp * &w1).unwrap().sum_all().unwrap()
+            + (&h * &w2).unwrap().sum_all().unwrap())
+        .unwrap();
+        let grads = loss.backward().unwrap();
+        let flat = |t: &Tensor| {
+            t.to_dtype(DType::F64)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+        };
+        [flat(&lp), flat(&h), flat(grads.get(x.as_tensor()).unwrap())]
+    }
+
+    fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn the_op_and_its_gradient_match_the_composite() {
+        // f32: a few units in the last place of the +900 row's logits (6e-5).
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-4)] {
+            for seed in 0..3 {
+                let op = run(fused, dtype, seed);
+                let reference = run(composite, dtype, seed);
+                for (what, a, b) in [("log-probs", 0, 0), ("entropy", 1, 1), ("gradient", 2, 2)] {
+                    let d = max_diff(&op[a], &reference[b]);
+                    assert!(d < tol, "{dtype:?} seed {seed}: {what} differ by {d}");
+                }
+                assert!(op[0].iter().all(|v| v.is_finite() && *v <= 0.0));
+            }
+        }
+    }
+
+    #[test]
+    fn the_op_in_bf16_stays_near_the_f64_values() {
+        let op = run(fused, DType::BF16, 7);
+        let reference = run(composite, DType::F64, 7);
+        // bf16 logits round the inputs themselves (8 mantissa bits; the +900
+        // row by up to 2), so compare the rows that are not shifted.
+        let rows = [0, 2, 3, 4, 5];
+        for r in rows {
+            for (k, name) in [(0, "log-prob"), (1, "entropy")] {
+                let d = (op[k][r] - reference[k][r]).abs();
+                assert!(d < 0.1, "row {r}: {name} off by {d}");
+            }
+        }
+        let grad_rows = |g: &[f64]| -> Vec<f64> {
+            rows.iter()
+                .flat_map(|&r| g[r * V..(r + 1) * V].to_vec())
+                .collect()
+        };
+        let d = max_diff(&grad_rows(&op[2]), &grad_rows(&reference[2]));
+        assert!(d < 0.05, "bf16 gradient off by {d}");
+    }
+
+    #[test]
+    fn mismatched_targets_are_refused_with_their_shape() {
+        let (x, _, _, _) = inputs(DType::F32, 0);
+        let t = Tensor::zeros(5, DType::U32, &Device::Cpu).unwrap();
+        let err = fused(x.as_tensor(), &t).unwrap_err().to_string();
+        assert!(err.contains("5") && err.contains("targets"), "{err}");
+        let t = Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap();
+        let err = fused(x.as_tensor(), &t).unwrap_err().to_string();
+        assert!(err.contains("u32"), "{err}");
+    }
+}
