@@ -1,7 +1,7 @@
 //! The crate's own CUDA kernels (`kernels/*.cu`, compiled to PTX by
 //! `build.rs`) and what every launch of them needs.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
 use candle_core::{Layout, Result};
 
 /// One PTX module of `kernels/`, loaded once per device under its name.
@@ -14,6 +14,12 @@ pub(crate) struct Module {
 pub(crate) const ADAMW: Module = Module {
     name: "agentrl_adamw",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx")),
+};
+
+/// `kernels/softmax.cu`.
+pub(crate) const SOFTMAX: Module = Module {
+    name: "agentrl_softmax",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/softmax.ptx")),
 };
 
 /// `kernels/token_loss.cu`.
@@ -33,6 +39,44 @@ pub(crate) fn view<'a, T>(
         None => candle_core::bail!("{what} must be contiguous"),
     }
 }
+
+/// One block per row of `width` values (whole warps, up to 1024 threads)
+/// over `rows` rows.
+pub(crate) fn row_blocks(rows: usize, width: usize) -> Result<LaunchConfig> {
+    let Ok(grid) = u32::try_from(rows) else {
+        candle_core::bail!("{rows} rows is more than a grid holds")
+    };
+    Ok(LaunchConfig {
+        grid_dim: (grid.max(1), 1, 1),
+        block_dim: ((width.div_ceil(32) * 32).clamp(32, 1024) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// `$body` with `$v` bound to the `CudaSlice` of a float `CudaStorageSlice`
+/// and `$suffix` to its kernel-name suffix (`f32`, `bf16`, `f16`); an error
+/// naming `$what` for other dtypes.
+macro_rules! on_float_slice {
+    ($slice:expr, $what:expr, |$v:ident, $suffix:ident| $body:expr) => {{
+        use candle_core::cuda_backend::CudaStorageSlice as S;
+        match $slice {
+            S::F32($v) => {
+                let $suffix = "f32";
+                $body
+            }
+            S::BF16($v) => {
+                let $suffix = "bf16";
+                $body
+            }
+            S::F16($v) => {
+                let $suffix = "f16";
+                $body
+            }
+            _ => candle_core::bail!("{}: no CUDA kernel for this dtype", $what),
+        }
+    }};
+}
+pub(crate) use on_float_slice;
 
 /// Launches `$kernel` of `$module` on `$dev` (a `CudaDevice`) with
 /// `$cfg` and the arguments in order; evaluates to `Result<()>`.

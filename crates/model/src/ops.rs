@@ -12,6 +12,9 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape
 
 use crate::kernels::Real;
 
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+
 /// Rows below this many elements are processed on one thread.
 const PAR_MIN_ELEMS: usize = 1 << 16;
 
@@ -68,6 +71,13 @@ trait HostKernel: Send + Sync {
         candle_core::bail!("{} has no backward pass", Self::NAME)
     }
 
+    /// The op on CUDA inputs (the same contract as [`HostKernel::run`]),
+    /// for the kernels that have a GPU version in `kernels/`.
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, _inputs: &[(&CudaStorage, &Layout)], _dims: &[usize]) -> Result<CudaStorage> {
+        candle_core::bail!("{} has no CUDA kernel", Self::NAME)
+    }
+
     /// The gradients of a two-input op (candle's `CustomOp2::bwd`).
     fn bwd2(&self, _args: [&Tensor; 2], _res: &Tensor, _grad: &Tensor) -> Result<Grads2> {
         candle_core::bail!("{} has no backward pass", Self::NAME)
@@ -116,6 +126,12 @@ impl<K: HostKernel> CustomOp1 for Fused<K> {
         self.cpu(&[(s, l)])
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let shape = self.0.out_shape(l.dims())?;
+        Ok((self.0.cuda(&[(s, l)], l.dims())?, shape))
+    }
+
     fn bwd(&self, arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
         self.0.bwd1(arg, res, grad_res)
     }
@@ -134,6 +150,18 @@ impl<K: HostKernel> CustomOp2 for Fused<K> {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         self.cpu(&[(s1, l1), (s2, l2)])
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let shape = self.0.out_shape(l1.dims())?;
+        Ok((self.0.cuda(&[(s1, l1), (s2, l2)], l1.dims())?, shape))
     }
 
     fn bwd(&self, a: &Tensor, b: &Tensor, res: &Tensor, grad_res: &Tensor) -> Result<Grads2> {
@@ -249,6 +277,13 @@ impl HostKernel for CausalSoftmax {
         });
         y
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, inputs: &[(&CudaStorage, &Layout)], dims: &[usize]) -> Result<CudaStorage> {
+        let (t, s) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+        let rows = dims.iter().product::<usize>() / s.max(1);
+        softmax_on_gpu::causal(inputs[0], &self.pads, t, s, rows / dims[0].max(1))
+    }
 }
 
 /// `dx = p ⊙ (g − Σ_j g_j p_j)` row by row; masked keys have p = 0 and get 0.
@@ -279,11 +314,141 @@ impl HostKernel for SoftmaxBwd {
         });
         dx
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, inputs: &[(&CudaStorage, &Layout)], dims: &[usize]) -> Result<CudaStorage> {
+        softmax_on_gpu::backward(inputs[0], inputs[1], *dims.last().unwrap_or(&1))
+    }
+}
+
+/// [`CausalSoftmax`] and [`SoftmaxBwd`] by the kernels of `kernels/softmax.cu`.
+#[cfg(feature = "cuda")]
+mod softmax_on_gpu {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result};
+
+    use crate::cuda::{launch, on_float_slice, row_blocks, view, SOFTMAX};
+
+    /// Rows of `s` scores, `t` queries per (batch, head), `rows_per_batch`
+    /// rows per batch element, the first `pads[b]` keys of element b masked.
+    pub fn causal(
+        (x, layout): (&CudaStorage, &Layout),
+        pads: &[usize],
+        t: usize,
+        s: usize,
+        rows_per_batch: usize,
+    ) -> Result<CudaStorage> {
+        let dev = x.device();
+        // The kernel reads pads[b] only when n_pads > 0; one 0 stands in for none.
+        let host: Vec<u32> = match pads {
+            [] => vec![0],
+            _ => pads.iter().map(|&p| p as u32).collect(),
+        };
+        let pads_on_gpu = dev.clone_htod(&host)?;
+        let shape = Shape {
+            t,
+            s,
+            rows_per_batch,
+            n_pads: pads.len(),
+        };
+        on_float_slice!(&x.slice, "causal softmax", |v, suffix| {
+            forward(dev, suffix, v, layout, &pads_on_gpu, shape)
+        })
+    }
+
+    #[derive(Clone, Copy)]
+    struct Shape {
+        t: usize,
+        s: usize,
+        rows_per_batch: usize,
+        n_pads: usize,
+    }
+
+    fn forward<T: DeviceRepr + CudaDType>(
+        dev: &CudaDevice,
+        suffix: &str,
+        x: &CudaSlice<T>,
+        layout: &Layout,
+        pads: &CudaSlice<u32>,
+        sh: Shape,
+    ) -> Result<CudaStorage> {
+        let x = view(x, layout, "causal softmax scores")?;
+        let n = layout.shape().elem_count();
+        // SAFETY: the kernel writes every element of every row.
+        let y = unsafe { dev.alloc::<T>(n)? };
+        let cfg = row_blocks(n / sh.s.max(1), sh.s)?;
+        let (n_pads, t, s, rpb) = (
+            sh.n_pads as i32,
+            sh.t as i32,
+            sh.s as i32,
+            sh.rows_per_batch as i32,
+        );
+        // causal_softmax_T(x, y, pads, n_pads, t, s, rows_per_batch): one block per row of s.
+        launch!(
+            dev,
+            SOFTMAX,
+            &format!("causal_softmax_{suffix}"),
+            cfg,
+            &x,
+            &y,
+            pads,
+            &n_pads,
+            &t,
+            &s,
+            &rpb
+        )?;
+        Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+    }
+
+    /// `dx = p ⊙ (g − Σ p g)` over rows of `s`.
+    pub fn backward(
+        (p, pl): (&CudaStorage, &Layout),
+        (g, gl): (&CudaStorage, &Layout),
+        s: usize,
+    ) -> Result<CudaStorage> {
+        let dev = p.device();
+        on_float_slice!(&p.slice, "softmax backward", |v, suffix| {
+            backward_typed(dev, suffix, (v, pl), (g, gl), s)
+        })
+    }
+
+    fn backward_typed<T: DeviceRepr + CudaDType>(
+        dev: &CudaDevice,
+        suffix: &str,
+        (p, pl): (&CudaSlice<T>, &Layout),
+        (g, gl): (&CudaStorage, &Layout),
+        s: usize,
+    ) -> Result<CudaStorage> {
+        let p = view(p, pl, "softmax probabilities")?;
+        let g = view(T::as_cuda_slice(g)?, gl, "softmax gradient")?;
+        let n = pl.shape().elem_count();
+        if gl.shape().elem_count() != n {
+            candle_core::bail!("softmax backward: probabilities and gradient differ in size")
+        }
+        // SAFETY: the kernel writes every element of every row.
+        let dx = unsafe { dev.alloc::<T>(n)? };
+        let cfg = row_blocks(n / s.max(1), s)?;
+        let s = s as i32;
+        // softmax_bwd_T(p, g, dx, s): one block per row of s.
+        launch!(
+            dev,
+            SOFTMAX,
+            &format!("softmax_bwd_{suffix}"),
+            cfg,
+            &p,
+            &g,
+            &dx,
+            &s
+        )?;
+        Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
+    }
 }
 
 fn softmax_bwd(p: &Tensor, g: &Tensor) -> Result<Tensor> {
     let g = g.contiguous()?;
-    if fused_ok(p) && g.dtype() == p.dtype() {
+    if fused_or_gpu_ok(p) && g.dtype() == p.dtype() {
         p.apply_op2_no_bwd(&g, &Fused(SoftmaxBwd))
     } else {
         let dot = (&g * p)?.sum_keepdim(candle_core::D::Minus1)?;
@@ -293,6 +458,16 @@ fn softmax_bwd(p: &Tensor, g: &Tensor) -> Result<Tensor> {
 
 fn fused_ok(t: &Tensor) -> bool {
     t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64) && t.is_contiguous()
+}
+
+/// [`fused_ok`], or a contiguous f32/bf16/f16 tensor on a GPU, for the ops
+/// with a CUDA kernel (the causal softmax and its backward).
+fn fused_or_gpu_ok(t: &Tensor) -> bool {
+    fused_ok(t)
+        || (cfg!(feature = "cuda")
+            && t.device().is_cuda()
+            && matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16)
+            && t.is_contiguous())
 }
 
 /// Causal softmax of attention scores `[.., T, S]` (query i sees keys
@@ -315,7 +490,7 @@ pub fn left_padded_causal_softmax(scores: &Tensor, pads: &[usize]) -> Result<Ten
             scores.dims()
         )
     }
-    if fused_ok(&scores) {
+    if fused_or_gpu_ok(&scores) {
         let op = CausalSoftmax {
             pads: pads.to_vec(),
         };

@@ -3,6 +3,7 @@
 //! test build short).
 
 mod cache_reuse;
+mod causal_softmax;
 mod checkpoint;
 mod device;
 mod finite_difference;
