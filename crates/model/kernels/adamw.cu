@@ -4,20 +4,7 @@
 //   m ← β1 m + (1-β1) g,  v ← β2 v + (1-β2) g²,
 //   θ ← θ (1 - lr·wd) - lr (m / bc1) / (sqrt(v / bc2) + ε).
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-    return __float2bfloat16(x);
-}
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half(x); }
+#include "convert.cuh"
 
 template <typename T>
 __device__ void adamw(T *theta, const T *g, T *mv, uint64_t n, float lr, float beta1, float beta2,

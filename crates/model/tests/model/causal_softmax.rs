@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::device::test_device;
+use crate::device::{host_f64 as host, max_abs_diff, test_device};
 
 /// `(probabilities, gradient)` as f64 for scores `[2, 3, t, s]` on `dev`.
 fn run(
@@ -30,14 +30,6 @@ fn run(
         .unwrap();
     let p = left_padded_causal_softmax(scores.as_tensor(), pads).unwrap();
     let grads = (&p * &w).unwrap().sum_all().unwrap().backward().unwrap();
-    let host = |t: &Tensor| {
-        let t = t
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_device(&Device::Cpu)
-            .unwrap();
-        t.flatten_all().unwrap().to_vec1::<f64>().unwrap()
-    };
     [host(&p), host(grads.get(scores.as_tensor()).unwrap())]
 }
 
@@ -59,11 +51,7 @@ fn causal_softmax_on_the_test_device_matches_the_host() {
             for &(dtype, tol) in &dtypes {
                 let got = run(&x, &w, dims, &pads, &dev, dtype);
                 for (k, what) in ["probabilities", "gradient"].iter().enumerate() {
-                    let d = got[k]
-                        .iter()
-                        .zip(&reference[k])
-                        .map(|(a, b)| (a - b).abs())
-                        .fold(0.0, f64::max);
+                    let d = max_abs_diff(&got[k], &reference[k]);
                     assert!(
                         d < tol,
                         "t {t} s {s} pads {pads:?} {dtype:?}: {what} off by {d}"

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::device::test_device;
+use crate::device::{host_f64 as host, max_abs_diff, test_device};
 
 /// `(log-probs, entropies, gradient)` as f64 for logits `x: [rows, v]` on `dev` in `dtype`.
 fn outputs(x: &[f64], t: &[u32], w: &[f64], v: usize, dev: &Device, dtype: DType) -> [Vec<f64>; 3] {
@@ -29,14 +29,6 @@ fn outputs(x: &[f64], t: &[u32], w: &[f64], v: usize, dev: &Device, dtype: DType
         + (&h * w.get(1).unwrap()).unwrap().sum_all().unwrap())
     .unwrap();
     let grads = loss.backward().unwrap();
-    let host = |t: &Tensor| {
-        let t = t
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_device(&Device::Cpu)
-            .unwrap();
-        t.flatten_all().unwrap().to_vec1::<f64>().unwrap()
-    };
     [
         host(&lp),
         host(&h),
@@ -61,11 +53,7 @@ fn token_loss_on_the_test_device_matches_the_f64_composite() {
         for &(dtype, tol) in &dtypes {
             let got = outputs(&x, &t, &w, v, &dev, dtype);
             for (k, what) in ["log-probs", "entropies", "gradient"].iter().enumerate() {
-                let d = got[k]
-                    .iter()
-                    .zip(&reference[k])
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0, f64::max);
+                let d = max_abs_diff(&got[k], &reference[k]);
                 assert!(d < tol, "v {v} {dtype:?}: {what} off by {d}");
                 assert!(
                     got[k].iter().all(|g| g.is_finite()),
