@@ -16,11 +16,32 @@ pub(crate) const ADAMW: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx")),
 };
 
+/// `kernels/rms_norm.cu`.
+pub(crate) const RMS_NORM: Module = Module {
+    name: "agentrl_rms_norm",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/rms_norm.ptx")),
+};
+
 /// `kernels/softmax.cu`.
 pub(crate) const SOFTMAX: Module = Module {
     name: "agentrl_softmax",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/softmax.ptx")),
 };
+
+/// `kernels/swiglu.cu`.
+pub(crate) const SWIGLU: Module = Module {
+    name: "agentrl_swiglu",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/swiglu.ptx")),
+};
+
+/// One block of 256 threads per 256 elements, grid-strided past 2¹⁶ blocks.
+pub(crate) fn elementwise_blocks(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
 
 /// `kernels/token_loss.cu`.
 pub(crate) const TOKEN_LOSS: Module = Module {

@@ -185,6 +185,23 @@ impl<K: HostKernel> candle_core::CustomOp3 for Fused<K> {
     ) -> Result<(CpuStorage, Shape)> {
         self.cpu(&[(s1, l1), (s2, l2), (s3, l3)])
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let shape = self.0.out_shape(l1.dims())?;
+        Ok((
+            self.0.cuda(&[(s1, l1), (s2, l2), (s3, l3)], l1.dims())?,
+            shape,
+        ))
+    }
 }
 
 // ---------------------------------------------------------------- softmax
@@ -461,7 +478,7 @@ fn fused_ok(t: &Tensor) -> bool {
 }
 
 /// [`fused_ok`], or a contiguous f32/bf16/f16 tensor on a GPU, for the ops
-/// with a CUDA kernel (the causal softmax and its backward).
+/// with a CUDA kernel (the causal softmax, RMSNorm and their backward).
 fn fused_or_gpu_ok(t: &Tensor) -> bool {
     fused_ok(t)
         || (cfg!(feature = "cuda")
@@ -667,6 +684,11 @@ impl HostKernel for RmsNorm {
         });
         y
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, inputs: &[(&CudaStorage, &Layout)], dims: &[usize]) -> Result<CudaStorage> {
+        rms_on_gpu::run(rms_on_gpu::Pass::Forward, inputs, dims, self.eps)
+    }
 }
 
 struct RmsNormBwdX {
@@ -685,6 +707,11 @@ impl HostKernel for RmsNormBwdX {
         });
         dx
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, inputs: &[(&CudaStorage, &Layout)], dims: &[usize]) -> Result<CudaStorage> {
+        rms_on_gpu::run(rms_on_gpu::Pass::BackwardX, inputs, dims, self.eps)
+    }
 }
 
 struct RmsNormBwdW {
@@ -702,16 +729,334 @@ impl HostKernel for RmsNormBwdW {
     fn run<T: Real>(&self, inputs: &[&[T]], dims: &[usize]) -> Vec<T> {
         rms_bwd_w(inputs[0], inputs[1], *dims.last().unwrap_or(&1), self.eps)
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, inputs: &[(&CudaStorage, &Layout)], dims: &[usize]) -> Result<CudaStorage> {
+        rms_on_gpu::run(rms_on_gpu::Pass::BackwardW, inputs, dims, self.eps)
+    }
+}
+
+/// [`RmsNorm`], [`RmsNormBwdX`] and [`RmsNormBwdW`] by the kernels of
+/// `kernels/rms_norm.cu`.
+#[cfg(feature = "cuda")]
+mod rms_on_gpu {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result};
+
+    use crate::cuda::{launch, on_float_slice, row_blocks, view, RMS_NORM};
+
+    /// Row chunks whose dw partials the last kernel sums (fixed: the same
+    /// bits whatever the GPU).
+    const CHUNKS: usize = 128;
+
+    /// Which op: `y` from (x, w); `dx` from (x, w, g); `dw` from (x, g).
+    #[derive(Clone, Copy)]
+    pub enum Pass {
+        Forward,
+        BackwardX,
+        BackwardW,
+    }
+
+    pub fn run(
+        pass: Pass,
+        inputs: &[(&CudaStorage, &Layout)],
+        dims: &[usize],
+        eps: f64,
+    ) -> Result<CudaStorage> {
+        let d = *dims.last().unwrap_or(&1);
+        let rows = dims.iter().product::<usize>() / d.max(1);
+        let dev = inputs[0].0.device();
+        on_float_slice!(&inputs[0].0.slice, "rms norm", |x, suffix| {
+            typed(
+                dev,
+                suffix,
+                pass,
+                (x, inputs[0].1),
+                &inputs[1..],
+                rows,
+                d,
+                eps as f32,
+            )
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn typed<T: DeviceRepr + CudaDType>(
+        dev: &CudaDevice,
+        suffix: &str,
+        pass: Pass,
+        (x, xl): (&CudaSlice<T>, &Layout),
+        rest: &[(&CudaStorage, &Layout)],
+        rows: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<CudaStorage> {
+        let x = view(x, xl, "rms norm input")?;
+        let other = |k: usize, what: &str| -> Result<_> {
+            let (s, l) = rest[k];
+            view(T::as_cuda_slice(s)?, l, what)
+        };
+        let cfg = row_blocks(rows, d)?;
+        let d32 = d as i32;
+        let out = match pass {
+            Pass::Forward => {
+                let w = other(0, "rms norm weight")?;
+                // SAFETY: the kernel writes every element of every row.
+                let y = unsafe { dev.alloc::<T>(rows * d)? };
+                // rms_norm_fwd_T(x, w, y, d, eps): one block per row.
+                launch!(
+                    dev,
+                    RMS_NORM,
+                    &format!("rms_norm_fwd_{suffix}"),
+                    cfg,
+                    &x,
+                    &w,
+                    &y,
+                    &d32,
+                    &eps
+                )?;
+                y
+            }
+            Pass::BackwardX => {
+                let (w, g) = (other(0, "rms norm weight")?, other(1, "rms norm gradient")?);
+                // SAFETY: the kernel writes every element of every row.
+                let dx = unsafe { dev.alloc::<T>(rows * d)? };
+                // rms_norm_bwd_x_T(x, w, g, dx, d, eps): one block per row.
+                launch!(
+                    dev,
+                    RMS_NORM,
+                    &format!("rms_norm_bwd_x_{suffix}"),
+                    cfg,
+                    &x,
+                    &w,
+                    &g,
+                    &dx,
+                    &d32,
+                    &eps
+                )?;
+                dx
+            }
+            Pass::BackwardW => {
+                let g = other(0, "rms norm gradient")?;
+                let per = rows.div_ceil(CHUNKS).max(1);
+                let chunks = rows.div_ceil(per).max(1);
+                let partial = dev.alloc_zeros::<f32>(chunks * d)?;
+                let (rows32, per32, chunks32) = (rows as i32, per as i32, chunks as i32);
+                let cfg_partial = LaunchConfig {
+                    grid_dim: (chunks as u32, 1, 1),
+                    ..cfg
+                };
+                // rms_norm_bwd_w_partial_T(x, g, partial, rows, d, eps, per):
+                // block c sums rows c·per.. into partial[c].
+                launch!(
+                    dev,
+                    RMS_NORM,
+                    &format!("rms_norm_bwd_w_partial_{suffix}"),
+                    cfg_partial,
+                    &x,
+                    &g,
+                    &partial,
+                    &rows32,
+                    &d32,
+                    &eps,
+                    &per32
+                )?;
+                // SAFETY: one thread per column writes each of the d values.
+                let dw = unsafe { dev.alloc::<T>(d)? };
+                let cfg_sum = LaunchConfig {
+                    grid_dim: (d.div_ceil(256) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // rms_norm_bwd_w_sum_T(partial, dw, chunks, d): thread j sums column j.
+                launch!(
+                    dev,
+                    RMS_NORM,
+                    &format!("rms_norm_bwd_w_sum_{suffix}"),
+                    cfg_sum,
+                    &partial,
+                    &dw,
+                    &chunks32,
+                    &d32
+                )?;
+                dw
+            }
+        };
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
 }
 
 /// Fused RMSNorm `x / sqrt(mean(x²) + ε) · w` over the last dim with its own
-/// backward (for x and w), on CPU f32/f64 contiguous input; `None` elsewhere
-/// so the caller uses the composite.
+/// backward (for x and w), on CPU f32/f64 or GPU f32/bf16/f16 contiguous
+/// input; `None` elsewhere so the caller uses the composite.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Option<Result<Tensor>> {
-    if fused_ok(x) && fused_ok(w) && x.dtype() == w.dtype() {
+    if fused_or_gpu_ok(x)
+        && fused_or_gpu_ok(w)
+        && x.dtype() == w.dtype()
+        && x.device().same_device(w.device())
+    {
         Some(x.apply_op2(w, Fused(RmsNorm { eps })))
     } else {
         None
+    }
+}
+
+// ----------------------------------------------------------------- SwiGLU
+
+/// `silu(a) ⊙ b` for the MLP's gate (before its activation) and up
+/// projections, with its own backward.
+struct Swiglu;
+
+fn silu_f64(a: f64) -> (f64, f64) {
+    let s = 1.0 / (1.0 + (-a).exp());
+    (a * s, s)
+}
+
+impl HostKernel for Swiglu {
+    const NAME: &'static str = "agentrl-swiglu";
+
+    fn bwd2(&self, [a, b]: [&Tensor; 2], _res: &Tensor, grad_res: &Tensor) -> Result<Grads2> {
+        let g = grad_res.contiguous()?;
+        // grad: [da; db] in one buffer, each half a view.
+        let both = a.apply_op3_no_bwd(b, &g, &Fused(SwigluBwd))?;
+        Ok((Some(both.get(0)?), Some(both.get(1)?)))
+    }
+
+    /// Inputs `a` and `b`.
+    fn run<T: Real>(&self, inputs: &[&[T]], _dims: &[usize]) -> Vec<T> {
+        let (a, b) = (inputs[0], inputs[1]);
+        a.iter()
+            .zip(b)
+            .map(|(&a, &b)| T::from_f64(silu_f64(a.to_f64()).0 * b.to_f64()))
+            .collect()
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, inputs: &[(&CudaStorage, &Layout)], _dims: &[usize]) -> Result<CudaStorage> {
+        swiglu_on_gpu::run(false, inputs)
+    }
+}
+
+/// `[da; db]` (shape `[2, ..]`) from `a`, `b` and the gradient `g` of
+/// [`Swiglu`]'s output.
+struct SwigluBwd;
+
+impl HostKernel for SwigluBwd {
+    const NAME: &'static str = "agentrl-swiglu-bwd";
+
+    fn out_shape(&self, dims: &[usize]) -> Result<Shape> {
+        let mut d = vec![2];
+        d.extend_from_slice(dims);
+        Ok(Shape::from(d))
+    }
+
+    fn run<T: Real>(&self, inputs: &[&[T]], _dims: &[usize]) -> Vec<T> {
+        let (a, b, g) = (inputs[0], inputs[1], inputs[2]);
+        let n = a.len();
+        let mut out = vec![T::ZERO; 2 * n];
+        for i in 0..n {
+            let (av, gv) = (a[i].to_f64(), g[i].to_f64());
+            let (silu, s) = silu_f64(av);
+            out[i] = T::from_f64(gv * b[i].to_f64() * s * (1.0 + av * (1.0 - s)));
+            out[n + i] = T::from_f64(gv * silu);
+        }
+        out
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, inputs: &[(&CudaStorage, &Layout)], _dims: &[usize]) -> Result<CudaStorage> {
+        swiglu_on_gpu::run(true, inputs)
+    }
+}
+
+/// `silu(a) ⊙ b` as one op with its own backward, on CPU f32/f64 or GPU
+/// f32/bf16/f16 contiguous inputs of one shape; `None` elsewhere (the
+/// caller uses candle's `silu` and `mul`).
+pub fn swiglu(a: &Tensor, b: &Tensor) -> Option<Result<Tensor>> {
+    let (a, b) = match (a.contiguous(), b.contiguous()) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => return Some(Err(e)),
+    };
+    let fits = fused_or_gpu_ok(&a)
+        && a.dtype() == b.dtype()
+        && a.dims() == b.dims()
+        && a.device().same_device(b.device());
+    fits.then(|| a.apply_op2(&b, Fused(Swiglu)))
+}
+
+/// [`Swiglu`] and [`SwigluBwd`] by the kernels of `kernels/swiglu.cu`.
+#[cfg(feature = "cuda")]
+mod swiglu_on_gpu {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result};
+
+    use crate::cuda::{elementwise_blocks, launch, on_float_slice, view, SWIGLU};
+
+    /// The forward from (a, b), or with `backward` `[da; db]` from (a, b, g).
+    pub fn run(backward: bool, inputs: &[(&CudaStorage, &Layout)]) -> Result<CudaStorage> {
+        let dev = inputs[0].0.device();
+        on_float_slice!(&inputs[0].0.slice, "swiglu", |a, suffix| {
+            typed(dev, suffix, backward, (a, inputs[0].1), &inputs[1..])
+        })
+    }
+
+    fn typed<T: DeviceRepr + CudaDType>(
+        dev: &CudaDevice,
+        suffix: &str,
+        backward: bool,
+        (a, al): (&CudaSlice<T>, &Layout),
+        rest: &[(&CudaStorage, &Layout)],
+    ) -> Result<CudaStorage> {
+        let n = al.shape().elem_count();
+        let a = view(a, al, "swiglu gate")?;
+        let other = |k: usize, what: &str| -> Result<_> {
+            let (s, l) = rest[k];
+            if l.shape().elem_count() != n {
+                candle_core::bail!("swiglu: {what} differs in size from the gate")
+            }
+            view(T::as_cuda_slice(s)?, l, what)
+        };
+        let b = other(0, "up projection")?;
+        let cfg = elementwise_blocks(n);
+        let n64 = n as u64;
+        let out = if backward {
+            let g = other(1, "gradient")?;
+            // SAFETY: the kernel writes da[i] and db[i] for every i < n.
+            let out = unsafe { dev.alloc::<T>(2 * n)? };
+            // swiglu_bwd_T(a, b, g, out, n): grid-strided over n.
+            launch!(
+                dev,
+                SWIGLU,
+                &format!("swiglu_bwd_{suffix}"),
+                cfg,
+                &a,
+                &b,
+                &g,
+                &out,
+                &n64
+            )?;
+            out
+        } else {
+            // SAFETY: the kernel writes y[i] for every i < n.
+            let y = unsafe { dev.alloc::<T>(n)? };
+            // swiglu_fwd_T(a, b, y, n): grid-strided over n.
+            launch!(
+                dev,
+                SWIGLU,
+                &format!("swiglu_fwd_{suffix}"),
+                cfg,
+                &a,
+                &b,
+                &y,
+                &n64
+            )?;
+            y
+        };
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 }
 
@@ -966,6 +1311,25 @@ mod tests {
         assert!(max_abs_diff(&fused, &comp) < 1e-12);
         let (gf, gc) = (weighted_grad(&fused, &w, &x), weighted_grad(&comp, &w, &x));
         assert!(max_abs_diff(&gf, &gc) < 1e-12);
+    }
+
+    #[test]
+    fn fused_swiglu_and_its_gradients_match_silu_times_up() {
+        let a = Var::from_tensor(&rand_tensor(&[3, 5, 8], 8)).unwrap();
+        let b = Var::from_tensor(&rand_tensor(&[3, 5, 8], 9)).unwrap();
+        let c = rand_tensor(&[3, 5, 8], 10);
+        let fused = swiglu(a.as_tensor(), b.as_tensor()).unwrap().unwrap();
+        let comp = (a.as_tensor().silu().unwrap() * b.as_tensor()).unwrap();
+        assert!(max_abs_diff(&fused, &comp) < 1e-12);
+        for v in [&a, &b] {
+            let (x, y) = (weighted_grad(&fused, &c, v), weighted_grad(&comp, &c, v));
+            assert!(max_abs_diff(&x, &y) < 1e-12);
+        }
+        let other = rand_tensor(&[3, 5, 7], 11);
+        assert!(
+            swiglu(a.as_tensor(), &other).is_none(),
+            "shapes differ: no fused op"
+        );
     }
 
     #[test]

@@ -513,9 +513,17 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // grad: silu is a unary op with a backward rule (σ(x)(1 + x(1-σ(x))));
         // mul differentiates both operands.
-        let g = linear(x, &self.gate, None)?.silu()?;
+        let g = linear(x, &self.gate, None)?;
         let u = linear(x, &self.up, None)?;
-        linear(&(g * u)?, &self.down, None)
+        // On a GPU, one op with its own backward (crate::ops::swiglu); the
+        // CPU keeps candle's silu and mul, the reference its fused path is
+        // tested against.
+        if x.device().is_cuda() {
+            if let Some(h) = crate::ops::swiglu(&g, &u) {
+                return linear(&h?, &self.down, None);
+            }
+        }
+        linear(&(g.silu()? * u)?, &self.down, None)
     }
 }
 

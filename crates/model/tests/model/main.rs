@@ -12,5 +12,6 @@ mod generation;
 mod gradients;
 mod infer_tracks_updates;
 mod lora;
+mod norm_and_mlp;
 mod qwen2_tiny;
 mod token_loss;
