@@ -1,12 +1,14 @@
-//! Fused CPU kernels with their own backward passes for the three
-//! memory-bound steps of training: causal softmax over attention scores,
-//! log-softmax over logits and RMSNorm.
+//! Fused kernels with their own backward passes for the memory-bound steps
+//! of training: causal softmax over attention scores, log-softmax over
+//! logits, RMSNorm, RoPE and SwiGLU's product.
 //!
 //! candle's own fused versions have no `bwd` and cut the gradient; these
 //! implement `CustomOp::bwd` with the analytic gradients (checked against
 //! finite differences in tests/model/gradients.rs and against the composite ops in
-//! this file's tests). On non-CPU devices or non-f32/f64 dtypes the callers
-//! fall back to compositions of differentiable candle ops.
+//! this file's tests). Each runs on the CPU in f32/f64; the causal softmax,
+//! RMSNorm and SwiGLU also on a GPU in f32/bf16/f16 (`kernels/*.cu`, the
+//! `cuda` feature). Elsewhere the callers fall back to compositions of
+//! differentiable candle ops.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
