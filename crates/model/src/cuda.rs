@@ -34,15 +34,6 @@ pub(crate) const SWIGLU: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/swiglu.ptx")),
 };
 
-/// One block of 256 threads per 256 elements, grid-strided past 2¹⁶ blocks.
-pub(crate) fn elementwise_blocks(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (n.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
 /// `kernels/token_loss.cu`.
 pub(crate) const TOKEN_LOSS: Module = Module {
     name: "agentrl_token_loss",
@@ -72,6 +63,15 @@ pub(crate) fn row_blocks(rows: usize, width: usize) -> Result<LaunchConfig> {
         block_dim: ((width.div_ceil(32) * 32).clamp(32, 1024) as u32, 1, 1),
         shared_mem_bytes: 0,
     })
+}
+
+/// One block of 256 threads per 256 elements, grid-strided past 2¹⁶ blocks.
+pub(crate) fn elementwise_blocks(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).clamp(1, 1 << 16) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// `$body` with `$v` bound to the `CudaSlice` of a float `CudaStorageSlice`
