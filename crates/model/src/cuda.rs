@@ -53,13 +53,17 @@ pub(crate) fn view<'a, T>(
 }
 
 /// One block per row of `width` values (whole warps, up to 1024 threads)
-/// over `rows` rows.
+/// over `rows` rows; an error for no rows (each block reads and writes its
+/// row, so a block over an empty buffer would go out of bounds).
 pub(crate) fn row_blocks(rows: usize, width: usize) -> Result<LaunchConfig> {
     let Ok(grid) = u32::try_from(rows) else {
         candle_core::bail!("{rows} rows is more than a grid holds")
     };
+    if grid == 0 {
+        candle_core::bail!("a row kernel over no rows")
+    }
     Ok(LaunchConfig {
-        grid_dim: (grid.max(1), 1, 1),
+        grid_dim: (grid, 1, 1),
         block_dim: ((width.div_ceil(32) * 32).clamp(32, 1024) as u32, 1, 1),
         shared_mem_bytes: 0,
     })
