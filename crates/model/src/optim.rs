@@ -474,12 +474,12 @@ fn device_step(
 #[cfg(feature = "cuda")]
 mod cuda_adamw {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
-    use candle_core::cuda_backend::{CudaDType, CudaStorageSlice};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
+    use candle_core::cuda_backend::CudaDType;
     use candle_core::{CpuStorage, CudaDevice, CudaStorage, InplaceOp3, Layout, Result};
 
     use super::StepConsts;
-    use crate::cuda::{launch, view, ADAMW};
+    use crate::cuda::{elementwise_blocks, launch, on_float_slice, view, ADAMW};
 
     /// θ ← AdamW(θ, g, [m; v]), rewriting `[m; v]` too.
     pub struct Step(pub StepConsts);
@@ -520,12 +520,9 @@ mod cuda_adamw {
                 mv: (mv, ml),
                 c: self.0,
             };
-            match &mut theta.slice {
-                CudaStorageSlice::F32(t) => args.run("adamw_f32", t),
-                CudaStorageSlice::BF16(t) => args.run("adamw_bf16", t),
-                CudaStorageSlice::F16(t) => args.run("adamw_f16", t),
-                _ => candle_core::bail!("adamw: no kernel for {:?}", g.dtype()),
-            }
+            on_float_slice!(&mut theta.slice, "adamw", |t, suffix| {
+                args.run(&format!("adamw_{suffix}"), t)
+            })
         }
     }
 
@@ -554,13 +551,7 @@ mod cuda_adamw {
                 candle_core::bail!("adamw: the parameter must be contiguous")
             };
             let mut theta = theta.slice_mut(a..b);
-            let threads = 256u32;
-            let blocks = n.div_ceil(threads as usize).clamp(1, 1 << 16) as u32;
-            let cfg = LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = elementwise_blocks(n);
             let c = self.c;
             let f = |x: f64| x as f32;
             let (lr, b1, b2, eps) = (f(c.lr), f(c.beta1), f(c.beta2), f(c.eps));

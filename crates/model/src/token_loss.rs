@@ -85,14 +85,15 @@ fn rows_shape(dims: &[usize], k: usize) -> Shape {
     Shape::from(d)
 }
 
-/// The host arithmetic of both ops in f64, for each CPU float type.
+/// `$f` on the contiguous values `$layout` picks out of `$storage`, for
+/// each CPU float type (the host arithmetic of both ops is in f64).
 macro_rules! on_host {
-    ($storage:expr, $f:ident, $($arg:expr),*) => {
+    ($storage:expr, $layout:expr, $f:ident, $($arg:expr),*) => {
         match $storage {
-            CpuStorage::F32(x) => CpuStorage::F32($f(x, $($arg),*)),
-            CpuStorage::F64(x) => CpuStorage::F64($f(x, $($arg),*)),
-            CpuStorage::BF16(x) => CpuStorage::BF16($f(x, $($arg),*)),
-            CpuStorage::F16(x) => CpuStorage::F16($f(x, $($arg),*)),
+            CpuStorage::F32(x) => CpuStorage::F32($f(slice(x, $layout)?, $($arg),*)),
+            CpuStorage::F64(x) => CpuStorage::F64($f(slice(x, $layout)?, $($arg),*)),
+            CpuStorage::BF16(x) => CpuStorage::BF16($f(slice(x, $layout)?, $($arg),*)),
+            CpuStorage::F16(x) => CpuStorage::F16($f(slice(x, $layout)?, $($arg),*)),
             other => candle_core::bail!("token loss: logits of {:?}", other.dtype()),
         }
     };
@@ -124,13 +125,7 @@ impl CustomOp2 for TokenLoss {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        fn run<T: candle_core::WithDType>(
-            x: &[T],
-            l: &Layout,
-            targets: &[u32],
-            v: usize,
-        ) -> Vec<T> {
-            let x = &x[l.start_offset()..];
+        fn run<T: candle_core::WithDType>(x: &[T], targets: &[u32], v: usize) -> Vec<T> {
             let mut out = Vec::with_capacity(targets.len() * 3);
             for (r, &target) in targets.iter().enumerate() {
                 let row = &x[r * v..(r + 1) * v];
@@ -140,11 +135,8 @@ impl CustomOp2 for TokenLoss {
             out
         }
         let (_, v) = rows_and_width(l1.dims())?;
-        if l1.contiguous_offsets().is_none() {
-            candle_core::bail!("token loss: logits must be contiguous")
-        }
         let targets = host_targets(s2, l2)?;
-        let out = on_host!(s1, run, l1, targets, v);
+        let out = on_host!(s1, l1, run, targets, v);
         Ok((out, rows_shape(l1.dims(), 3)))
     }
 
@@ -208,12 +200,10 @@ impl CustomOp3 for TokenLossGrad {
     ) -> Result<(CpuStorage, Shape)> {
         fn run<T: candle_core::WithDType>(
             x: &[T],
-            l: &Layout,
             targets: &[u32],
             aux: &[f64],
             v: usize,
         ) -> Vec<T> {
-            let x = &x[l.start_offset()..];
             let mut dx = Vec::with_capacity(targets.len() * v);
             for (r, &target) in targets.iter().enumerate() {
                 let a = &aux[r * 6..(r + 1) * 6];
@@ -231,12 +221,9 @@ impl CustomOp3 for TokenLossGrad {
             dx
         }
         let (_, v) = rows_and_width(l1.dims())?;
-        if l1.contiguous_offsets().is_none() || l3.contiguous_offsets().is_none() {
-            candle_core::bail!("token loss grad: inputs must be contiguous")
-        }
         let targets = host_targets(s2, l2)?;
         let aux = host_aux(s3, l3)?;
-        let out = on_host!(s1, run, l1, targets, &aux, v);
+        let out = on_host!(s1, l1, run, targets, &aux, v);
         Ok((out, l1.shape().clone()))
     }
 
@@ -267,17 +254,14 @@ impl CustomOp3 for TokenLossGrad {
 
 /// The aux rows as f64 (they share the logits' dtype).
 fn host_aux(s: &CpuStorage, l: &Layout) -> Result<Vec<f64>> {
-    fn f<T: candle_core::WithDType>(v: &[T], l: &Layout) -> Vec<f64> {
-        v[l.start_offset()..l.start_offset() + l.shape().elem_count()]
-            .iter()
-            .map(|x| x.to_f64())
-            .collect()
+    fn f<T: candle_core::WithDType>(v: &[T], l: &Layout) -> Result<Vec<f64>> {
+        Ok(slice(v, l)?.iter().map(|x| x.to_f64()).collect())
     }
     Ok(match s {
-        CpuStorage::F32(v) => f(v, l),
-        CpuStorage::F64(v) => f(v, l),
-        CpuStorage::BF16(v) => f(v, l),
-        CpuStorage::F16(v) => f(v, l),
+        CpuStorage::F32(v) => f(v, l)?,
+        CpuStorage::F64(v) => f(v, l)?,
+        CpuStorage::BF16(v) => f(v, l)?,
+        CpuStorage::F16(v) => f(v, l)?,
         other => candle_core::bail!("token loss grad: aux of {:?}", other.dtype()),
     })
 }
@@ -286,13 +270,11 @@ fn host_aux(s: &CpuStorage, l: &Layout) -> Result<Vec<f64>> {
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, DeviceRepr, LaunchConfig,
-    };
-    use candle_core::cuda_backend::{CudaDType, CudaStorageSlice};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
+    use candle_core::cuda_backend::CudaDType;
     use candle_core::{CudaDevice, CudaStorage, Layout, Result};
 
-    use crate::cuda::{launch, view, TOKEN_LOSS};
+    use crate::cuda::{launch, on_float_slice, row_blocks, view, TOKEN_LOSS};
 
     /// Which kernel: the forward (`[rows, 3]` out) or the backward (`[rows, V]`).
     #[derive(Clone, Copy)]
@@ -326,12 +308,9 @@ mod cuda {
             v,
             dev: logits.device(),
         };
-        match &logits.slice {
-            CudaStorageSlice::F32(x) => job.run("f32", x, logits_layout),
-            CudaStorageSlice::BF16(x) => job.run("bf16", x, logits_layout),
-            CudaStorageSlice::F16(x) => job.run("f16", x, logits_layout),
-            _ => candle_core::bail!("token loss: logits of {:?}", logits.dtype()),
-        }
+        on_float_slice!(&logits.slice, "token loss logits", |x, suffix| {
+            job.run(suffix, x, logits_layout)
+        })
     }
 
     struct Job<'a> {
@@ -359,15 +338,7 @@ mod cuda {
             // row; each row's 3 outputs, or each of its v gradients).
             let out = unsafe { self.dev.alloc::<T>(n_out)? };
             // Whole warps (the block merge needs them), up to 1024 per row.
-            let threads = (self.v.div_ceil(32) * 32).clamp(32, 1024) as u32;
-            let Ok(grid) = u32::try_from(self.rows) else {
-                candle_core::bail!("token loss: {} rows is more than a grid holds", self.rows)
-            };
-            let cfg = LaunchConfig {
-                grid_dim: (grid, 1, 1),
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = row_blocks(self.rows, self.v)?;
             let v = self.v as i32;
             let kernel = format!("{kernel}_{suffix}");
             // The kernels take (logits, targets, [aux,] out, v): `rows`
