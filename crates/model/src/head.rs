@@ -1,11 +1,18 @@
 //! The LM head fused with log-softmax, the target gather and the entropy:
 //! one op from the final hidden states of the packed tokens to each
 //! position's `log p(next token)` and `H(p)`, laid out padded per sequence,
-//! with its own backward. The `[N, V]` logits are the only vocabulary-wide
-//! buffer, made once and read once more by the backward.
+//! with its own backward. The `[M, V]` logits of the M scored rows are the
+//! only vocabulary-wide buffer, made once and read once more by the backward.
+//!
+//! Only the rows whose outputs are asked for go through the head: a row with
+//! no next token (the last of its sequence) or one the caller does not score
+//! (a prompt token, which no loss reads) costs nothing there. Prompts are
+//! most of the tokens of a warm-start or RL batch (85% of a perception
+//! batch in the default run), so the head's products and its passes over
+//! the vocabulary shrink by that much.
 
 use std::mem::MaybeUninit;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
@@ -15,9 +22,6 @@ use crate::kernels::{
     assume_written, dot, exp_shifted_sum, par_chunks_mut, par_fill, write_slice, Mm, Real,
 };
 
-/// Marks a row with no next token (the last of its sequence).
-const NO_TARGET: u32 = u32::MAX;
-
 /// What the backward reads.
 struct Saved<T> {
     logits: Vec<T>,
@@ -26,54 +30,64 @@ struct Saved<T> {
 }
 
 /// `(h: [N, d], w: [V, d])` → `[2, B, W]`: plane 0 the log-prob of each
-/// row's next token, plane 1 the entropy of its next-token distribution;
-/// row `t` of sequence `b` lands at `[·, b, t]` for `t < len_b − 1`, zeros elsewhere.
+/// scored row's next token, plane 1 the entropy of its next-token
+/// distribution; row `t` of sequence `b` lands at `[·, b, t]`, zeros at
+/// every position that is not scored.
 pub(crate) struct LmHeadOp<T> {
-    packing: Arc<Packing>,
-    /// Per packed row, the next token or [`NO_TARGET`].
+    /// The packed rows that go through the head, in order.
+    rows: Vec<usize>,
+    /// Per scored row, its next token.
     targets: Vec<u32>,
+    /// Per scored row, its index into one plane of the padded output.
+    slots: Vec<usize>,
+    /// The number of sequences B.
+    batch: usize,
     /// Padded width W (longest sequence − 1).
     width: usize,
     saved: Mutex<Option<Saved<T>>>,
 }
 
 impl<T: Real> LmHeadOp<T> {
-    /// The op for sequences `seqs` packed as `packing`.
-    pub(crate) fn new(packing: Arc<Packing>, seqs: &[Vec<u32>]) -> Self {
-        let mut targets = Vec::with_capacity(packing.rows());
-        for s in seqs {
-            targets.extend(s.iter().skip(1).copied());
-            targets.push(NO_TARGET);
-        }
+    /// The op for sequences `seqs` packed as `packing`. With `scored`, only
+    /// position `t` of sequence `i` with `scored[i][t] != 0` is computed
+    /// (entries past a row's end count as 0); without it, every position
+    /// that has a next token.
+    pub(crate) fn new(packing: &Packing, seqs: &[Vec<u32>], scored: Option<&[Vec<f32>]>) -> Self {
         let width = seqs
             .iter()
             .map(Vec::len)
             .max()
             .unwrap_or(1)
             .saturating_sub(1);
+        let (mut rows, mut targets, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, s) in seqs.iter().enumerate() {
+            let wanted = scored.map(|m| m.get(i).map_or(&[][..], Vec::as_slice));
+            for (t, &next) in s.iter().skip(1).enumerate() {
+                if wanted.is_some_and(|m| m.get(t).is_none_or(|&x| x == 0.0)) {
+                    continue;
+                }
+                rows.push(packing.offsets[i] + t);
+                targets.push(next);
+                slots.push(i * width + t);
+            }
+        }
         Self {
-            packing,
+            rows,
             targets,
+            slots,
+            batch: seqs.len(),
             width,
             saved: Mutex::new(None),
         }
     }
 
-    fn batch(&self) -> usize {
-        self.packing.offsets.len() - 1
-    }
-
-    /// Index into one plane of the padded output of packed row `r`, if it has a target.
-    fn slot(&self, r: usize, seq: usize) -> Option<usize> {
-        (self.targets[r] != NO_TARGET).then(|| seq * self.width + self.packing.pos[r])
-    }
-
-    /// The sequence of each packed row.
-    fn row_seq(&self) -> Vec<usize> {
-        let o = &self.packing.offsets;
-        (0..o.len() - 1)
-            .flat_map(|s| std::iter::repeat_n(s, o[s + 1] - o[s]))
-            .collect()
+    /// The scored rows of `h` (`[N, d]`), gathered into `[M, d]`.
+    fn gather(&self, h: &[T], d: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(self.rows.len() * d);
+        for &r in &self.rows {
+            out.extend_from_slice(&h[r * d..(r + 1) * d]);
+        }
+        out
     }
 }
 
@@ -95,17 +109,21 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
     ) -> Result<(CpuStorage, Shape)> {
         let h = storage_slice::<T>(hs, hl, "lm head input")?;
         let w = storage_slice::<T>(ws, wl, "lm head weight")?;
-        let n = self.packing.rows();
-        let (vocab, d) = wl.shape().dims2()?;
-        if h.len() != n * d {
-            candle_core::bail!("lm head: input has {} values for {n} rows of {d}", h.len())
+        let (n, d) = hl.shape().dims2()?;
+        let vocab = wl.shape().dims2()?.0;
+        if let Some(&r) = self.rows.last().filter(|&&r| r >= n) {
+            candle_core::bail!("lm head: scored row {r} of an input of {n} rows")
         }
-        let logits = Mm::nt(n, vocab, d).product(h, w);
+        let m = self.rows.len();
+        // Each row's logits get the bits a pass over all N rows gives it.
+        let logits = Mm::nt(m, vocab, d)
+            .routed_as(n)
+            .product(&self.gather(h, d), w);
         // Per row: log-sum-exp and entropy H = lse − Σ p z.
-        let mut stats = vec![T::ZERO; n * 2];
+        let mut stats = vec![T::ZERO; m * 2];
         // Rows per task, so that each task reuses one scratch row.
         const ROWS: usize = 64;
-        par_chunks_mut(&mut stats, 2 * ROWS, n * vocab * 4, |blk, sts| {
+        par_chunks_mut(&mut stats, 2 * ROWS, m * vocab * 4, |blk, sts| {
             let mut e = vec![T::ZERO; vocab];
             for (i, st) in sts.chunks_exact_mut(2).enumerate() {
                 let r = blk * ROWS + i;
@@ -120,15 +138,12 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
                 st[1] = lse - pz / sum;
             }
         });
-        let (b, width) = (self.batch(), self.width);
+        let (b, width) = (self.batch, self.width);
         let mut out = vec![T::ZERO; 2 * b * width];
         let (lse, entropy): (Vec<T>, Vec<T>) = stats.chunks_exact(2).map(|s| (s[0], s[1])).unzip();
-        for (r, seq) in self.row_seq().into_iter().enumerate() {
-            if let Some(at) = self.slot(r, seq) {
-                let t = self.targets[r] as usize;
-                out[at] = logits[r * vocab + t] - lse[r];
-                out[b * width + at] = entropy[r];
-            }
+        for (i, (&at, &t)) in self.slots.iter().zip(&self.targets).enumerate() {
+            out[at] = logits[i * vocab + t as usize] - lse[i];
+            out[b * width + at] = entropy[i];
         }
         *self.saved.lock().map_err(|_| poisoned())? = Some(Saved {
             logits,
@@ -149,24 +164,17 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
         let Some(s) = guard.as_ref() else {
             candle_core::bail!("lm head: backward before forward")
         };
-        let n = self.packing.rows();
-        let (vocab, d) = w.dims2()?;
-        let (b, width) = (self.batch(), self.width);
-        let row_seq = self.row_seq();
+        let (n, d) = h.dims2()?;
+        let vocab = w.dims2()?.0;
+        let (b, width, m) = (self.batch, self.width, self.rows.len());
         let (dh, dw) = with_slices::<T, _>(&[h, w, grad], "lm head backward", |v| {
             let (hv, wv, g) = (v[0], v[1], v[2]);
             // dz_j = −p_j (g_lp + g_H (z_j − lse + H)) + g_lp [j = target].
-            let fill = |r: usize, dr: &mut [MaybeUninit<T>]| {
-                let Some(at) = self.slot(r, row_seq[r]) else {
-                    // A row no output reads: no gradient.
-                    dr.iter_mut().for_each(|x| {
-                        x.write(T::ZERO);
-                    });
-                    return;
-                };
+            let fill = |i: usize, dr: &mut [MaybeUninit<T>]| {
+                let at = self.slots[i];
                 let (glp, gh) = (g[at], g[b * width + at]);
-                let (lse, ent) = (s.lse[r], s.entropy[r]);
-                let z = &s.logits[r * vocab..(r + 1) * vocab];
+                let (lse, ent) = (s.lse[i], s.entropy[i]);
+                let z = &s.logits[i * vocab..(i + 1) * vocab];
                 // dr ← p = exp(z − lse) (the vector exp for f32), then the gradient.
                 write_slice(dr, z);
                 // SAFETY: every element of dr was just written.
@@ -175,12 +183,25 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
                 for (o, &x) in dr.iter_mut().zip(z) {
                     *o = -*o * (glp + gh * (x - lse + ent));
                 }
-                dr[self.targets[r] as usize] += glp;
+                dr[self.targets[i] as usize] += glp;
             };
-            // SAFETY: each row is written whole, zeros or the gradient.
-            let dz = unsafe { par_fill(n * vocab, vocab, n * vocab * 4, fill) };
-            let dh = Mm::nn(n, d, vocab).product(&dz, wv);
-            let dw = Mm::tn(vocab, d, n).product(&dz, hv);
+            // SAFETY: each row is written whole.
+            let dz = unsafe { par_fill(m * vocab, vocab, m * vocab * 4, fill) };
+            // Rows that are not scored get no gradient from the head.
+            let dhm = Mm::nn(m, d, vocab).product(&dz, wv);
+            let mut dh = vec![T::ZERO; n * d];
+            for (row, &r) in dhm.chunks_exact(d).zip(&self.rows) {
+                dh[r * d..(r + 1) * d].copy_from_slice(row);
+            }
+            // The weight's gradient sums over every packed row, with zero
+            // rows where nothing is scored: the GEMM then groups the terms
+            // of each sum as it does when every row is scored, so a run
+            // keeps its bits whichever positions its loss reads.
+            let mut dz_all = vec![T::ZERO; n * vocab];
+            for (row, &r) in dz.chunks_exact(vocab).zip(&self.rows) {
+                dz_all[r * vocab..(r + 1) * vocab].copy_from_slice(row);
+            }
+            let dw = Mm::tn(vocab, d, n).product(&dz_all, hv);
             (dh, dw)
         })?;
         Ok((

@@ -157,6 +157,9 @@ pub(crate) struct Mm {
     b: Strides,
     accumulate: bool,
     par: Par,
+    /// The row count that decides between the small-m kernel and the GEMM
+    /// (`m` unless [`Mm::routed_as`] says otherwise).
+    route_m: usize,
 }
 
 impl Mm {
@@ -169,6 +172,17 @@ impl Mm {
             b,
             accumulate: false,
             par: Par::Threads,
+            route_m: m,
+        }
+    }
+    /// Picks the kernel as for a product of `rows` rows: for `m` rows taken
+    /// out of a `rows`-row product, so that each row gets the bits it gets
+    /// there (the small-m kernel and the GEMM round differently, and each
+    /// gives a row the same bits whatever the other rows are).
+    pub(crate) fn routed_as(self, rows: usize) -> Self {
+        Self {
+            route_m: rows,
+            ..self
         }
     }
     /// `a[m, k] · b[n, k]ᵀ`.
@@ -202,7 +216,7 @@ impl Mm {
     /// with few rows (decode steps).
     fn takes_small_nt(&self) -> bool {
         let nt = self.a.cs == 1 && self.b.rs == 1 && self.a.rs == self.k && self.b.cs == self.k;
-        nt && self.m <= SMALL_M
+        nt && self.route_m <= SMALL_M
     }
     /// Computes into `c` (row-major `[m, n]`).
     pub(crate) fn run<T: Real>(self, c: &mut [T], a: &[T], b: &[T]) {
@@ -1198,6 +1212,37 @@ mod tests {
         (0..n)
             .map(|i| ((i as f32 * s).sin() * 3.0).round() / 4.0)
             .collect()
+    }
+
+    /// Rows picked out of a product and routed as the whole product get
+    /// the bits they get there: the LM head computes the scored rows alone
+    /// and a run must keep its bits (the small-m kernel, which 5 rows
+    /// would take on their own, sums in another order).
+    #[test]
+    fn rows_routed_as_the_whole_product_keep_its_bits() {
+        let (n_rows, vocab, k) = (300, 70, 200);
+        let a: Vec<f32> = (0..n_rows * k).map(|i| (i as f32 * 0.377).sin()).collect();
+        let b: Vec<f32> = (0..vocab * k).map(|i| (i as f32 * 0.911).cos()).collect();
+        let whole = Mm::nt(n_rows, vocab, k).product(&a, &b);
+        let picked = [3usize, 64, 65, 200, 299];
+        let rows: Vec<f32> = picked
+            .iter()
+            .flat_map(|&r| a[r * k..(r + 1) * k].to_vec())
+            .collect();
+        let part = Mm::nt(picked.len(), vocab, k)
+            .routed_as(n_rows)
+            .product(&rows, &b);
+        for (i, &r) in picked.iter().enumerate() {
+            let (got, want) = (
+                &part[i * vocab..(i + 1) * vocab],
+                &whole[r * vocab..(r + 1) * vocab],
+            );
+            let same = got
+                .iter()
+                .zip(want)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "row {r}: {:?} vs {:?}", &got[..4], &want[..4]);
+        }
     }
 
     #[test]

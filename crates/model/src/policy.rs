@@ -40,6 +40,8 @@ type Outputs = (Tensor, Tensor, Option<Tensor>);
 #[derive(Clone, Copy)]
 struct Ragged<'a> {
     seqs: &'a [Vec<u32>],
+    /// The positions to compute (see [`PolicyModel::scored_logprobs`]); all when `None`.
+    scored: Option<&'a [Vec<f32>]>,
     /// The number of sequences.
     b: usize,
     /// The longest sequence's length.
@@ -495,6 +497,39 @@ impl PolicyModel {
     /// `values[b, t]` the value head at position t; `mask[b, t] = 1` iff
     /// `t + 1 < seqs[b].len()`. Padded entries are finite and masked.
     pub fn sequence_logprobs(&self, seqs: &[Vec<u32>]) -> Result<SequenceLogprobs, ModelError> {
+        self.logprobs_of(seqs, None)
+    }
+
+    /// [`PolicyModel::sequence_logprobs`] at the positions a loss reads:
+    /// `logprobs[b, t]` and `entropy[b, t]` are computed where
+    /// `scored[b][t] != 0` (the shifted frame: entry `t` scores token
+    /// `t + 1`; entries past a row's end count as 0) and are 0 elsewhere,
+    /// with no gradient. `values` and `mask` are as there.
+    ///
+    /// On the fused CPU path only the scored rows go through the LM head
+    /// and its backward: a batch whose loss reads its replies, not its
+    /// prompts, skips most of the head's work. Elsewhere every position is
+    /// computed, then the rest zeroed.
+    pub fn scored_logprobs(
+        &self,
+        seqs: &[Vec<u32>],
+        scored: &[Vec<f32>],
+    ) -> Result<SequenceLogprobs, ModelError> {
+        if scored.len() != seqs.len() {
+            return Err(ModelError::InvalidInput(format!(
+                "{} rows of scored positions for {} sequences",
+                scored.len(),
+                seqs.len()
+            )));
+        }
+        self.logprobs_of(seqs, Some(scored))
+    }
+
+    fn logprobs_of(
+        &self,
+        seqs: &[Vec<u32>],
+        scored: Option<&[Vec<f32>]>,
+    ) -> Result<SequenceLogprobs, ModelError> {
         if seqs.is_empty() {
             return Err(ModelError::InvalidInput("empty batch".into()));
         }
@@ -520,7 +555,7 @@ impl PolicyModel {
         }
         let mask = Tensor::from_vec(mask, (b, t - 1), &self.device)?.to_dtype(self.dtype)?;
         let model = self.training_model()?;
-        let batch = Ragged { seqs, b, t };
+        let batch = Ragged { seqs, scored, b, t };
         let (logprobs, entropy, values) = if self.fused_training && model.supports_fused() {
             self.fused_outputs(&model, batch)?
         } else {
@@ -537,8 +572,8 @@ impl PolicyModel {
     /// Log-probs, entropies `[B, T-1]` and values `[B, T]` of the fused path:
     /// packed tokens through the fused layer ops, scattered back to the padded layout.
     fn fused_outputs(&self, model: &Model, batch: Ragged<'_>) -> Result<Outputs, ModelError> {
-        let Ragged { seqs, b, t } = batch;
-        let (out, hn, packing) = model.fused_logprobs(seqs)?;
+        let Ragged { seqs, scored, b, t } = batch;
+        let (out, hn, packing) = model.fused_logprobs(seqs, scored)?;
         // grad: get (narrow + squeeze) passes the gradient to its plane.
         let (logprobs, entropy) = (out.get(0)?, out.get(1)?);
         let values = match model.values(&hn)? {
@@ -564,7 +599,7 @@ impl PolicyModel {
 
     /// The same outputs from candle's composite ops on a right-padded batch.
     fn composite_outputs(&self, model: &Model, batch: Ragged<'_>) -> Result<Outputs, ModelError> {
-        let Ragged { seqs, b, t } = batch;
+        let Ragged { seqs, scored, b, t } = batch;
         let mut ids = vec![0u32; b * t];
         for (i, s) in seqs.iter().enumerate() {
             ids[i * t..i * t + s.len()].copy_from_slice(s);
@@ -579,7 +614,17 @@ impl PolicyModel {
         let logits = model.logits(&h.narrow(1, 0, t - 1)?)?; // [B, T-1, V]
         let targets = ids.narrow(1, 1, t - 1)?.contiguous()?; // [B, T-1]
         let (logprobs, entropy) = crate::token_loss::token_logprobs_entropy(&logits, &targets)?;
-        Ok((logprobs, entropy, values))
+        let Some(scored) = scored else {
+            return Ok((logprobs, entropy, values));
+        };
+        let mut keep = vec![0f32; b * (t - 1)];
+        for (i, (row, s)) in scored.iter().zip(seqs).enumerate() {
+            for (p, &x) in row.iter().take(s.len().saturating_sub(1)).enumerate() {
+                keep[i * (t - 1) + p] = if x != 0.0 { 1.0 } else { 0.0 };
+            }
+        }
+        let keep = Tensor::from_vec(keep, (b, t - 1), &self.device)?.to_dtype(logprobs.dtype())?;
+        Ok(((logprobs * &keep)?, (entropy * &keep)?, values))
     }
 
     /// Samples continuations of ragged `prompts` in one batch with a KV cache.

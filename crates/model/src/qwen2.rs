@@ -813,18 +813,20 @@ impl Model {
 
     /// The fused training forward of ragged `seqs` (packed, no padding):
     /// `[2, B, T−1]` next-token log-probs (plane 0) and entropies (plane 1),
-    /// zero past each sequence's end, and the final normed hidden states
-    /// `[N, d]` of the packed tokens. Differentiable with respect to every
+    /// zero past each sequence's end and at positions `scored` leaves out
+    /// (see [`LmHeadOp::new`]), and the final normed hidden states `[N, d]`
+    /// of the packed tokens. Differentiable with respect to every
     /// parameter: each decoder layer is one [`DecoderLayerOp`] with its own
     /// backward, the head one [`LmHeadOp`]. Callers check
     /// [`Model::supports_fused`] first.
     pub(crate) fn fused_logprobs(
         &self,
         seqs: &[Vec<u32>],
+        scored: Option<&[Vec<f32>]>,
     ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
         match self.dtype {
-            DType::F32 => self.fused_logprobs_in::<f32>(seqs),
-            DType::F64 => self.fused_logprobs_in::<f64>(seqs),
+            DType::F32 => self.fused_logprobs_in::<f32>(seqs, scored),
+            DType::F64 => self.fused_logprobs_in::<f64>(seqs, scored),
             dt => candle_core::bail!("fused training forward: {dt:?} is not supported"),
         }
     }
@@ -832,6 +834,7 @@ impl Model {
     fn fused_logprobs_in<T: Real>(
         &self,
         seqs: &[Vec<u32>],
+        scored: Option<&[Vec<f32>]>,
     ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
         let packing = Arc::new(Packing::of_lengths(seqs.iter().map(Vec::len)));
         let longest = seqs.iter().map(Vec::len).max().unwrap_or(0);
@@ -865,7 +868,7 @@ impl Model {
         }
         let hn = self.norm.forward(&h)?;
         // grad: the fused head's own backward (crate::head).
-        let out = hn.apply_op2(&self.lm_head, LmHeadOp::<T>::new(packing.clone(), seqs))?;
+        let out = hn.apply_op2(&self.lm_head, LmHeadOp::<T>::new(&packing, seqs, scored))?;
         Ok((out, hn, packing))
     }
 }

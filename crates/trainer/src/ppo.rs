@@ -217,13 +217,16 @@ fn minibatch_loss(
     let (actor, critic) = (&cfg.actor, &cfg.critic);
     let agg = actor.loss_agg_mode;
     let model_rows = ModelRows::of(rows.iter().map(|&i| &batch.trajs[i]));
-    let out = model.sequence_logprobs(&model_rows.seqs)?;
+    // Every term below reads the policy's tokens alone (the loss mask): the
+    // head skips the observations.
+    let scored = model_rows.split(rows.iter().map(|&i| &batch.masks[i]));
+    let out = model.scored_logprobs(&model_rows.seqs, &scored)?;
     let width = out.logprobs.dim(1)?;
     let tensor = |src: &[Vec<f32>]| -> candle_core::Result<Tensor> {
         let picked = model_rows.split(rows.iter().map(|&i| &src[i]));
         padded(&picked, width, &model.device)
     };
-    let mask = tensor(&batch.masks)?;
+    let mask = padded(&scored, width, &model.device)?;
     let old = match &batch.old_logprobs {
         Some(o) => tensor(o)?,
         None => out.logprobs.detach(),

@@ -59,9 +59,11 @@ pub fn demonstrations(
 /// Mean next-token NLL of the policy tokens of `trajs` (differentiable).
 pub fn nll(model: &PolicyModel, trajs: &[&Trajectory]) -> Result<candle_core::Tensor, TrainError> {
     let rows = ModelRows::of(trajs.iter().copied());
-    let out = model.sequence_logprobs(&rows.seqs)?;
     let masks: Vec<Vec<f32>> = trajs.iter().map(|t| shifted_mask(t)).collect();
-    masked_mean_nll(out.logprobs, &rows.split(masks.iter()), model)
+    let masks = rows.split(masks.iter());
+    // Only the policy's tokens are scored: the head skips the prompts.
+    let out = model.scored_logprobs(&rows.seqs, &masks)?;
+    masked_mean_nll(out.logprobs, &masks, model)
 }
 
 /// Minus the mean of `logprobs` ([rows, width], next-token log-probs) over
@@ -243,11 +245,12 @@ pub fn perception_nll(
     examples: &[&PerceptionExample],
 ) -> Result<candle_core::Tensor, TrainError> {
     let seqs: Vec<Vec<u32>> = examples.iter().map(|e| e.tokens.clone()).collect();
-    let out = model.sequence_logprobs(&seqs)?;
     let masks: Vec<Vec<f32>> = examples
         .iter()
         .map(|e| e.mask.iter().skip(1).map(|&m| m as f32).collect())
         .collect();
+    // Only the thought is scored: the head skips the prompt.
+    let out = model.scored_logprobs(&seqs, &masks)?;
     masked_mean_nll(out.logprobs, &masks, model)
 }
 

@@ -160,6 +160,101 @@ fn fused_training_path_equals_the_composite_ops() {
     }
 }
 
+/// `scored_logprobs` computes the head at the scored positions alone: there
+/// it gives the composite ops' `sequence_logprobs` (the reference), elsewhere
+/// zeros, and a loss over the scored positions has the reference's gradient
+/// for every parameter; on the fused path and on the composite ops, in f64.
+#[test]
+fn scored_positions_alone_give_the_full_pass_outputs_and_gradients() {
+    let mut config = tiny_config("qwen2", false);
+    config.max_position_embeddings = 80;
+    let mut model =
+        PolicyModel::new_random_with_dtype(&config, true, 5, DType::F64, &Device::Cpu).unwrap();
+    let seqs: Vec<Vec<u32>> = vec![
+        (0..70).map(|i| (i * 5 + 1) % 13).collect(),
+        vec![4, 12, 0],
+        (0..9).map(|i| (i * 3 + 2) % 13).collect(),
+    ];
+    // A reply span per row, a row scored nowhere, and entries past a row's
+    // end (which count as unscored).
+    let scored: Vec<Vec<f32>> = vec![
+        (0..69)
+            .map(|t| f32::from((30..45).contains(&t) || t == 68))
+            .collect(),
+        vec![0.0; 5],
+        (0..8).map(|t| f32::from(t % 3 == 1)).collect(),
+    ];
+    let (b, width) = (seqs.len(), 69);
+    let keep: Vec<f64> = (0..b * width)
+        .map(|i| f64::from(scored[i / width].get(i % width).copied().unwrap_or(0.0)))
+        .collect();
+    let keep = Tensor::from_vec(keep, (b, width), &Device::Cpu).unwrap();
+    let weights: Vec<f64> = (0..b * width).map(|i| 0.3 + 0.1 * (i % 5) as f64).collect();
+    let weights = Tensor::from_vec(weights, (b, width), &Device::Cpu).unwrap();
+    let loss = |lp: &Tensor, ent: &Tensor| -> Tensor {
+        let lp = (lp * &weights)
+            .unwrap()
+            .mul(&keep)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let ent = (ent * &keep)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .affine(0.7, 0.)
+            .unwrap();
+        (lp + ent).unwrap()
+    };
+    let grads_of = |model: &PolicyModel, lp: &Tensor, ent: &Tensor| -> Vec<Vec<f64>> {
+        let g = loss(lp, ent).backward().unwrap();
+        let vars = model.trainable_vars().unwrap();
+        vars.iter()
+            .map(|v| match g.get(v.as_tensor()) {
+                Some(t) => t.flatten_all().unwrap().to_vec1().unwrap(),
+                None => vec![0.0; v.elem_count()],
+            })
+            .collect()
+    };
+    model.set_fused_training(false);
+    let full = model.sequence_logprobs(&seqs).unwrap();
+    let g_full = grads_of(&model, &full.logprobs, &full.entropy);
+    for fused in [true, false] {
+        model.set_fused_training(fused);
+        let part = model.scored_logprobs(&seqs, &scored).unwrap();
+        let both = |t: &Tensor| -> Vec<f64> { t.flatten_all().unwrap().to_vec1().unwrap() };
+        let k = both(&keep);
+        for (what, f, p) in [
+            ("logprobs", both(&full.logprobs), both(&part.logprobs)),
+            ("entropy", both(&full.entropy), both(&part.entropy)),
+        ] {
+            for (i, ((x, y), k)) in f.iter().zip(&p).zip(&k).enumerate() {
+                let want = if *k != 0.0 { *x } else { 0.0 };
+                assert!(
+                    (y - want).abs() <= 1e-10 * (1.0 + want.abs()),
+                    "fused {fused}: {what}[{i}] = {y}, want {want}"
+                );
+            }
+        }
+        let g_part = grads_of(&model, &part.logprobs, &part.entropy);
+        let names = var_names(model.named_vars().unwrap());
+        for ((a, b), name) in g_full.iter().zip(&g_part).zip(&names) {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    (x - y).abs() <= 1e-10 * (1.0 + x.abs()),
+                    "fused {fused}: grad {name}[{i}]: {y} vs {x}"
+                );
+            }
+        }
+        let err = model.scored_logprobs(&seqs, &scored[..2]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("2 rows of scored positions for 3 sequences"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn adamw_matches_pytorch_update_rule() {
     let dev = Device::Cpu;
