@@ -8,8 +8,9 @@
 //! no next token (the last of its sequence) or one the caller does not score
 //! (a prompt token, which no loss reads) costs nothing there. Prompts are
 //! most of the tokens of a warm-start or RL batch (85% of a perception
-//! batch in the default run), so the head's products and its passes over
-//! the vocabulary shrink by that much.
+//! batch in the default run), so the logits' and the input gradient's
+//! products and the passes over the vocabulary shrink by that much; the
+//! weight's gradient still sums over every row, to keep a run's bits.
 
 use std::mem::MaybeUninit;
 use std::sync::Mutex;
