@@ -64,7 +64,7 @@ impl<T: Real> LmHeadOp<T> {
         for (i, s) in seqs.iter().enumerate() {
             let wanted = scored.map(|m| m.get(i).map_or(&[][..], Vec::as_slice));
             for (t, &next) in s.iter().skip(1).enumerate() {
-                if wanted.is_some_and(|m| m.get(t).is_none_or(|&x| x == 0.0)) {
+                if wanted.is_some_and(|m| !is_scored(m, t)) {
                     continue;
                 }
                 rows.push(packing.offsets[i] + t);
@@ -90,6 +90,22 @@ impl<T: Real> LmHeadOp<T> {
         }
         out
     }
+
+    /// `[M, width]` rows of the scored rows put back in place: `[n, width]`,
+    /// zeros in every row that is not scored.
+    fn scatter(&self, part: &[T], width: usize, n: usize) -> Vec<T> {
+        let mut out = vec![T::ZERO; n * width];
+        for (row, &r) in part.chunks_exact(width).zip(&self.rows) {
+            out[r * width..(r + 1) * width].copy_from_slice(row);
+        }
+        out
+    }
+}
+
+/// Whether entry `t` of a row of scored positions is scored: a nonzero
+/// entry; entries past the row's end are not.
+pub(crate) fn is_scored(row: &[f32], t: usize) -> bool {
+    row.get(t).is_some_and(|&x| x != 0.0)
 }
 
 fn poisoned() -> candle_core::Error {
@@ -189,20 +205,12 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
             // SAFETY: each row is written whole.
             let dz = unsafe { par_fill(m * vocab, vocab, m * vocab * 4, fill) };
             // Rows that are not scored get no gradient from the head.
-            let dhm = Mm::nn(m, d, vocab).product(&dz, wv);
-            let mut dh = vec![T::ZERO; n * d];
-            for (row, &r) in dhm.chunks_exact(d).zip(&self.rows) {
-                dh[r * d..(r + 1) * d].copy_from_slice(row);
-            }
+            let dh = self.scatter(&Mm::nn(m, d, vocab).product(&dz, wv), d, n);
             // The weight's gradient sums over every packed row, with zero
             // rows where nothing is scored: the GEMM then groups the terms
             // of each sum as it does when every row is scored, so a run
             // keeps its bits whichever positions its loss reads.
-            let mut dz_all = vec![T::ZERO; n * vocab];
-            for (row, &r) in dz.chunks_exact(vocab).zip(&self.rows) {
-                dz_all[r * vocab..(r + 1) * vocab].copy_from_slice(row);
-            }
-            let dw = Mm::tn(vocab, d, n).product(&dz_all, hv);
+            let dw = Mm::tn(vocab, d, n).product(&self.scatter(&dz, vocab, n), hv);
             (dh, dw)
         })?;
         Ok((

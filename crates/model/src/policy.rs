@@ -619,8 +619,10 @@ impl PolicyModel {
         };
         let mut keep = vec![0f32; b * (t - 1)];
         for (i, (row, s)) in scored.iter().zip(seqs).enumerate() {
-            for (p, &x) in row.iter().take(s.len().saturating_sub(1)).enumerate() {
-                keep[i * (t - 1) + p] = if x != 0.0 { 1.0 } else { 0.0 };
+            for p in 0..s.len().saturating_sub(1) {
+                if crate::head::is_scored(row, p) {
+                    keep[i * (t - 1) + p] = 1.0;
+                }
             }
         }
         let keep = Tensor::from_vec(keep, (b, t - 1), &self.device)?.to_dtype(logprobs.dtype())?;
