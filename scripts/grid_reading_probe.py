@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Can a Qwen2 as small as the default run's read the cell next to the player?
 
-A probe for issue 13, outside agentrl: a PyTorch/transformers Qwen2 with the
+A probe outside agentrl: a PyTorch/transformers Qwen2 with the
 default run's shape (2 layers, d 128, 4/2 heads) is trained only to answer
 which symbol lies next to `P` in a 4x4 FrozenLake grid. Prompt: the grid,
 then a direction (`P__O\\n___O\\nO___\\n___G\\nD:`); target: the symbol, or
@@ -13,7 +13,7 @@ Not part of CI. Run it with a Python that has torch and transformers:
     python3 scripts/grid_reading_probe.py --lr 5e-4 --steps 2500
     python3 scripts/grid_reading_probe.py --lr 2e-3 --steps 2500
 
-Measured on the 2-core AVX2 host (2 threads, stop 33): at lr 5e-4 hole cells
+Measured 2026-11-26 on a 2-core AMD EPYC with AVX2 (2 threads): at lr 5e-4 hole cells
 go 9% (250 steps) -> 53% (750) -> 94% (1750) -> 100% (2000), about two
 minutes; at lr 2e-3 (the warm start's `sft.lr`) they stay at 0% through
 3500 steps while the loss climbs back from 0.47 to 0.8.

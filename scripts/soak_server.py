@@ -13,8 +13,8 @@ drawn from eight, so the LRU caches build and evict), AgentGym-dialect
 episodes under /{env}/, invalid actions, malformed JSON, unknown ids, steps
 after done, forbidden and out-of-range params, oversized bodies, abandoned
 sessions (left for the TTL to close) and slow clients that send half a
-request head and wait. Every answer's status is checked against what the
-README promises; anything else (a 5xx that is not a cap or timeout, a reset
+request head and wait. Every answer's status is checked against what
+docs/src/serving-envs.md promises; anything else (a 5xx that is not a cap or timeout, a reset
 connection, the server exiting) is counted as a failure.
 
 Writes a CSV of the samples (--csv) and prints a summary; exits 1 on any
