@@ -79,10 +79,12 @@ pub use stats::{explained_variance, masked_mean, masked_whiten, unbiased_std};
 pub use template_collapse::{template_collapse, TemplateCollapse};
 
 /// Which advantage estimator the trainer uses (verl `algorithm.adv_estimator`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AdvEstimator {
-    /// GAE with a critic ([`gae()`], or [`gae_bilevel`] when bi-level is on).
+    /// GAE with a critic ([`gae()`]).
     Gae,
     /// GRPO / Dr.GRPO ([`grpo()`]).
     #[default]

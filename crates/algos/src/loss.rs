@@ -14,7 +14,9 @@ use crate::error::{AlgoError, Result};
 const MASK_EPS: f64 = 1e-8;
 
 /// How a `[B, T]` loss matrix becomes a scalar (verl `loss_agg_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum LossAgg {
     /// `Σ_{b,t} m·ℓ / Σ_{b,t} m`: every policy token weighs the same
     /// (long replies weigh more). RAGEN / DAPO default.
@@ -39,7 +41,9 @@ config_names!(LossAgg, "loss_agg_mode", "token-mean, seq-mean-token-sum, seq-mea
 
 /// KL estimator between the policy and a frozen reference, per token
 /// (Schulman, "Approximating KL divergence"; verl `kl_loss_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum KlKind {
     /// k1 = log π − log π_ref (unbiased, high variance, can be negative).
     #[serde(rename = "kl", alias = "k1")]

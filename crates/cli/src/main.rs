@@ -4,6 +4,8 @@
 //! parses the command line and dispatches.
 
 mod commands;
+#[cfg(test)]
+mod doc_commands;
 
 use clap::{Parser, Subcommand};
 
@@ -49,6 +51,8 @@ enum Command {
     Eval(Box<commands::eval::EvalArgs>),
     /// Train a policy: SFT warm start then RL (default: embedded tiny setup).
     Train(commands::train::TrainArgs),
+    /// The configuration reference (--reference), or a resolved config as TOML.
+    Config(commands::config::ConfigArgs),
     /// Generate text with a model directory (chat template, sampling).
     Generate(commands::generate::GenerateArgs),
     /// Write a policy's LoRA adapter merged into its base weights, as a plain Hugging Face checkpoint.
@@ -86,6 +90,7 @@ fn main() -> anyhow::Result<()> {
         Command::Play(a) => commands::play::run(a),
         Command::Eval(a) => commands::eval::run(*a),
         Command::Train(a) => commands::train::run(a),
+        Command::Config(a) => commands::config::run(a),
         Command::Generate(a) => commands::generate::run(a),
         Command::MergeLora(a) => commands::merge_lora::run(a),
         Command::Serve(a) => commands::serve::run(a),

@@ -54,13 +54,16 @@ pub fn check_invalid_action_pattern(pattern: &str) -> Result<(), String> {
 /// split. Validation and test indices map one to one (`start + index`, which
 /// must stay below `end`); training draws indices from a huge range, so a
 /// train index wraps (`start + index % (end - start)`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DataIdxRanges {
+    /// `[start, end)` of the training tasks' `data_idx` (a train index wraps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train: Option<[u64; 2]>,
+    /// `[start, end)` of the validation tasks' `data_idx`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val: Option<[u64; 2]>,
+    /// `[start, end)` of the test tasks' `data_idx`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test: Option<[u64; 2]>,
 }

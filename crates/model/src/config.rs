@@ -18,7 +18,7 @@ pub const MAX_PARAMETERS: u64 = 100_000_000_000;
 pub const MAX_POSITIONS: usize = 1 << 24;
 
 /// The rotary-embedding block transformers 5 writes (`rope_parameters`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RopeParameters {
     /// The rotary base θ.
     #[serde(default)]
@@ -36,7 +36,7 @@ pub struct RopeParameters {
 /// Unknown keys are kept in `extra` so that a loaded-then-saved config keeps
 /// everything transformers needs.
 #[serde_with::skip_serializing_none]
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ModelConfig {
     /// `"qwen2"` or `"llama"` (others of the same architecture are accepted).
     #[serde(default = "default_model_type")]

@@ -139,7 +139,9 @@ pub struct Expert {
 }
 
 /// The actions a noisy expert's random move is drawn from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum RandomMoves {
     /// Every valid action.

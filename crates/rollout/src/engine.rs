@@ -20,7 +20,7 @@ use crate::trajectory::{Trajectory, Turn};
 pub const SYSTEM_PROMPT: &str = "You're a helpful assistant.";
 
 /// The rollout filter of `[rollout] rollout_filter_type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum GroupFilterType {
     /// StarPO-S: a fixed share of groups by in-group reward std.
@@ -31,7 +31,9 @@ pub enum GroupFilterType {
 
 /// How the agent carries what it worked out from turn to turn
 /// (AgentGym-RL's agent module).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentStrategy {
     /// Act every turn from the prompt alone.
@@ -47,16 +49,21 @@ pub enum AgentStrategy {
 }
 
 /// How trajectories are played (the `[rollout]` config section, verl/RAGEN names).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RolloutConfig {
     /// Samples per task (group size G).
     pub n: usize,
     /// Tasks per step (B).
     pub env_groups: usize,
+    /// Sampling temperature of the training rollouts (0 = greedy).
     pub temperature: f64,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability
+    /// reaches this (1 = off).
     pub top_p: f64,
+    /// Sample among the k most likely tokens only (0 = off).
     pub top_k: usize,
+    /// Turns per trajectory at most (validation and evaluation too).
     pub max_turns: usize,
     /// ScalingInter-RL (AgentGym-RL's `scaling_inter_stepwise`): the turn
     /// budget of each stage of RL, growing as training goes (e.g. `[2, 4,
@@ -66,6 +73,7 @@ pub struct RolloutConfig {
     /// RL steps per stage of `max_turns_schedule` (stage = step / this, the
     /// last stage holding).
     pub max_turns_stage_steps: usize,
+    /// Actions one reply may name (RAGEN's `a1 || a2`); extra ones are cut.
     pub max_actions_per_turn: usize,
     /// Action budget of a whole trajectory.
     pub max_actions: usize,
@@ -73,6 +81,7 @@ pub struct RolloutConfig {
     pub response_length: usize,
     /// Stop a trajectory whose context would exceed this many tokens.
     pub max_context_tokens: usize,
+    /// The reply format the policy is prompted and trained to use.
     pub format: ReplyFormat,
     /// Reward (≤ 0) for a turn whose reply does not parse or names an invalid action.
     pub format_penalty: f32,

@@ -20,7 +20,9 @@ pub enum FormatError {
 }
 
 /// The reply format the policy is prompted (and trained) to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ReplyFormat {
     /// RAGEN's `<think>…</think><answer>a1 || a2</answer>`.

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::template_collapse::MiTarget;
 
 /// Thresholds of the watch (the `[collapse]` config section).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CollapseConfig {
     /// Steps averaged into each signal (a moving window).

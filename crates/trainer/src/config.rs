@@ -25,7 +25,7 @@ pub const DEFAULT_CONFIG: &str = include_str!("../../../configs/default.toml");
 /// pre-training: a warm start that teaches only the reply format. The
 /// studies and `agentrl sequence` start from it without a config, because
 /// they also train on Sokoban, for which the perception recipe was not
-/// tuned, and their README figures were measured with it.
+/// tuned, and their figures in docs/src/results.md were measured with it.
 pub const FORMAT_ONLY_CONFIG: &str = include_str!("../../../configs/frozenlake-format-only.toml");
 
 /// `configs/smoke.toml`: a seconds-long run on the bandit that checks the
@@ -53,25 +53,36 @@ pub enum ConfigError {
     Render(String),
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A whole training run's configuration: every TOML section and key. Its
+/// doc comments are the configuration reference (`agentrl config
+/// --reference`, docs/src/config.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     /// Run name (the run directory is `runs/<name>-<timestamp>`).
     #[serde(default = "default_name")]
     pub name: String,
+    /// The policy model: a checkpoint to start from, or a tiny one to create.
     #[serde(default)]
     pub model: ModelSection,
+    /// Advantage estimation (verl's `algorithm`).
     #[serde(default)]
     pub algorithm: AlgorithmSection,
+    /// The policy update (verl's `actor`).
     #[serde(default)]
     pub actor: ActorSection,
+    /// The value head (GAE only).
     #[serde(default)]
     pub critic: CriticSection,
+    /// How trajectories are played.
     #[serde(default)]
     pub rollout: RolloutConfig,
+    /// Steps, validation, checkpoints, seed and device.
     #[serde(default)]
     pub trainer: TrainerSection,
+    /// The environment trained on (required: at least `name`).
     pub env: EnvSection,
+    /// The supervised warm start before RL.
     #[serde(default)]
     pub sft: SftSection,
     /// The Echo Trap watch's thresholds.
@@ -87,8 +98,8 @@ pub struct TrainConfig {
     /// The easy → hard difficulty curriculum (off when empty).
     #[serde(default, skip_serializing_if = "CurriculumSection::is_off")]
     pub curriculum: CurriculumSection,
-    /// Several environments trained at once, in set proportions (see
-    /// [`crate::mixture`]); empty = `[env]` alone.
+    /// Several environments trained at once, in set proportions; empty =
+    /// `[env]` alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mixture: Vec<MixtureEntry>,
 }
@@ -103,7 +114,7 @@ fn default_name() -> String {
 /// model's own `config.json` ([`ModelConfig`]: `hidden_size`,
 /// `num_hidden_layers`, `rope_theta`, `tie_word_embeddings`, …) over the
 /// tiny default. A key that is not a [`ModelConfig`] field is an error.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "ModelTable")]
 pub struct ModelSection {
     /// A HF checkpoint directory; empty = create a tiny model and tokenizer.
@@ -136,16 +147,24 @@ impl Default for ModelSection {
     }
 }
 
-/// `[model]` as written: the two trainer keys and the model's own keys.
-#[derive(Deserialize)]
+/// `[model]` as written: the trainer's keys and the model's own keys (the
+/// configuration reference documents this form; see [`ModelSection`]).
+#[derive(Deserialize, schemars::JsonSchema)]
 struct ModelTable {
+    /// A HF checkpoint directory; empty = create a tiny model and tokenizer.
     #[serde(default)]
     path: String,
+    /// Seed of the tiny model's initial weights.
     #[serde(default)]
     init_seed: u64,
+    /// Environments whose text the tiny tokenizer is trained on besides the
+    /// run's own.
     #[serde(default)]
     tokenizer_envs: Vec<String>,
+    /// The tiny model's architecture: any key of a `config.json` over the
+    /// tiny default.
     #[serde(flatten)]
+    #[schemars(with = "ModelConfig")]
     config: toml::Table,
 }
 
@@ -213,12 +232,14 @@ impl Serialize for ModelSection {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlgorithmSection {
-    /// `gae` | `grpo` | `rloo` | `reinforce_plus_plus` | `gigpo`
+    /// The advantage estimator.
     pub adv_estimator: AdvEstimator,
+    /// Discount γ over the turns (and tokens) of a trajectory.
     pub gamma: f32,
+    /// GAE's λ.
     pub lam: f32,
     /// false = Dr.GRPO (no division by the group std).
     pub norm_adv_by_std_in_grpo: bool,
@@ -226,6 +247,8 @@ pub struct AlgorithmSection {
     pub gigpo_step_weight: f32,
     /// Put the KL to the reference in the reward instead of the loss.
     pub use_kl_in_reward: bool,
+    /// β of the KL in the reward: β·k1 to the reference is taken off every
+    /// policy token's reward.
     pub kl_coef: f32,
     /// Let a positive advantage reach replies that did not parse. Off by
     /// default: a successful episode would otherwise reinforce its malformed
@@ -255,25 +278,34 @@ impl Default for AlgorithmSection {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ActorSection {
+    /// AdamW learning rate of the RL updates.
     pub lr: f64,
+    /// AdamW weight decay.
     pub weight_decay: f64,
     /// Trajectories per optimizer step.
     pub ppo_mini_batch_size: usize,
+    /// Passes over each step's batch.
     pub ppo_epochs: usize,
+    /// PPO's ε_low: the ratio is clipped below at 1 − ε_low.
     pub clip_ratio_low: f32,
+    /// PPO's ε_high: the ratio is clipped above at 1 + ε_high (StarPO-S: 0.28).
     pub clip_ratio_high: f32,
     /// Dual-clip constant c (0 disables).
     pub clip_ratio_c: f32,
+    /// Add a KL penalty to the reference policy to the loss.
     pub use_kl_loss: bool,
+    /// Weight of that KL loss.
     pub kl_loss_coef: f32,
-    /// `kl` (k1) | `mse` (k2) | `low_var_kl` (k3)
+    /// The KL estimator of the KL loss.
     pub kl_loss_type: KlKind,
+    /// Weight of the entropy bonus (0 = off).
     pub entropy_coeff: f32,
-    /// `token-mean` | `seq-mean-token-sum` | `seq-mean-token-mean`
+    /// How the per-token losses become one number.
     pub loss_agg_mode: LossAgg,
+    /// Clip the gradient's global norm to this.
     pub grad_clip: f64,
     /// RL steps over which the learning rate ramps linearly from lr/warmup to
     /// lr (verl's `lr_warmup_steps`). A fresh Adam's first steps are
@@ -316,7 +348,9 @@ pub struct ActorSection {
 
 /// The states of the perception updates between RL steps
 /// (`actor.perception_states`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum PerceptionStates {
     /// The pre-training's examples: random walks from each train task's
@@ -360,13 +394,15 @@ impl Default for ActorSection {
 }
 
 /// The value head (GAE only).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CriticSection {
     /// Learning rate of the value head's own AdamW (the actor's
     /// `lr_warmup_steps` ramp applies to it too).
     pub lr: f64,
+    /// Clip of the value prediction's move from the old value.
     pub cliprange_value: f32,
+    /// Weight of the value loss.
     pub value_loss_coef: f32,
 }
 
@@ -380,14 +416,16 @@ impl Default for CriticSection {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainerSection {
+    /// RL steps (at least 1; to evaluate only, use `agentrl eval`).
     pub total_training_steps: usize,
     /// Evaluate on the validation seeds every this many steps (0 = only before/after).
     pub test_freq: usize,
     /// Checkpoint every this many steps (0 = only at the end).
     pub save_freq: usize,
+    /// Seed of every random draw of the run (tasks, sampling, warm start).
     pub seed: u64,
     /// Held-out validation tasks (seeds 0..val_tasks of the val split).
     pub val_tasks: usize,
@@ -398,14 +436,16 @@ pub struct TrainerSection {
     pub val_greedy: bool,
     /// Trajectories per step written to trajectories.jsonl.
     pub log_trajectories: usize,
-    /// Where the policy trains and samples: `cpu`, or `cuda` (GPU 0; a build
+    /// Where the policy trains and samples: `cpu` (the default), or `cuda` (GPU 0; a build
     /// with the `cuda` feature). Rollouts, rewards and checkpoints stay on the host.
     #[serde(skip_serializing_if = "TrainDevice::is_cpu")]
     pub device: TrainDevice,
 }
 
 /// The device of `trainer.device`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum TrainDevice {
     /// The CPU (deterministic: same seed and config, same trajectories).
@@ -450,10 +490,12 @@ impl Default for TrainerSection {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnvSection {
+    /// The environment's registry name (`agentrl envs` lists them).
     pub name: String,
+    /// The difficulty of the training and validation tasks.
     #[serde(default = "default_difficulty")]
     pub difficulty: String,
     /// URL of an `agentrl serve` (or AgentGym) env server, or a list of
@@ -533,6 +575,19 @@ impl From<&str> for Endpoints {
     }
 }
 
+/// One URL or a list of URLs; an empty string means in-process.
+impl schemars::JsonSchema for Endpoints {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Endpoints".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "anyOf": [{ "type": "string" }, { "type": "array", "items": { "type": "string" } }]
+        })
+    }
+}
+
 impl std::fmt::Display for Endpoints {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0.join(", "))
@@ -565,7 +620,9 @@ impl<'de> Deserialize<'de> for Endpoints {
 }
 
 /// How the trainer talks to `env.endpoint`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum EnvProtocol {
     /// `agentrl serve`: typed answers, spec, instructions and expert from the server.
@@ -585,13 +642,16 @@ fn default_reward_scale() -> f64 {
 }
 
 /// Supervised warm start on expert demonstrations.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SftSection {
     /// Expert demonstrations (train seeds); 0 skips the warm start.
     pub demos: usize,
+    /// Passes over the demonstrations.
     pub epochs: usize,
+    /// AdamW learning rate of the warm start.
     pub lr: f64,
+    /// Demonstrations per update.
     pub batch_size: usize,
     /// Actions the expert writes per reply.
     pub actions_per_turn: usize,

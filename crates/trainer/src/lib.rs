@@ -6,6 +6,7 @@ pub mod batch;
 pub mod bootstrap;
 pub mod collapse;
 pub mod config;
+pub mod config_reference;
 pub mod eval_matrix;
 pub mod evaluate;
 pub mod local_policy;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 /// (`checkpoints/*/adapter/`). The SFT warm start, when there is one,
 /// trains the whole model first; the adapter is attached after it, on the
 /// warmed-up model as the frozen base.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoraSection {
     /// Train LoRA adapters (RL updates only them and a value head).

@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 use crate::config::TrainConfig;
 
 /// One environment of a mixture.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MixtureEntry {
+    /// The environment's registry name.
     pub name: String,
     /// Its share of each step's tasks, relative to the other entries'.
     #[serde(default = "default_weight")]

@@ -11,7 +11,7 @@ use crate::config::ConfigError;
 /// after each update the trainer writes its adapter and hot-loads it onto
 /// the server (see [`crate::remote_generation`]); without LoRA an endpoint
 /// is refused (see `TrainConfig::problems`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicySection {
     /// Root URL of the server (`http://host:8000`; `/v1` is added); empty =

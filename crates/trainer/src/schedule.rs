@@ -62,7 +62,7 @@ pub fn max_turns_schedule_problems(rollout: &RolloutConfig) -> Vec<(String, Stri
 /// in turn, advancing every `stage_steps` steps (as ScalingInter-RL's
 /// stages), or when validation success on the current difficulty reaches
 /// `advance_at`. Validation itself stays on `env.difficulty`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CurriculumSection {
     /// Difficulties in training order; empty = `env.difficulty` throughout.

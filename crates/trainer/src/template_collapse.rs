@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 use crate::TrainError;
 
 /// What Z is (`collapse.mi_target`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum MiTarget {
     /// RAGEN-2's definition: the tokens between `<think>` and `</think>`

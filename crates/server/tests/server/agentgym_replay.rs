@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 /// The envs `agentrl serve` speaks AgentGym's dialect for (sciworld: no env).
 const ENVS: [&str; 5] = ["textcraft", "babyai", "alfworld", "webshop", "searchqa"];
 
-/// Where we answer otherwise than AgentGym, on purpose (README, GAP.md §6).
+/// Where we answer otherwise than AgentGym, on purpose (docs/src/agentgym.md, GAP.md §6).
 fn deliberate(env: &str, phase: &str, recorded: u16) -> Option<&'static str> {
     match (env, phase, recorded) {
         // AgentGym's ALFWorld and WebShop servers have no close route (404,

@@ -413,7 +413,7 @@ fn failure_section(groups: &BTreeMap<String, FailureCounts>) -> anyhow::Result<S
     Ok(Section {
         heading: "Failure labels".into(),
         paragraphs: vec![
-            "Share of the unsuccessful plays carrying each rule-based label (a play may carry several; see the README's failure taxonomy).".into(),
+            "Share of the unsuccessful plays carrying each rule-based label (a play may carry several; see the failure taxonomy in docs/src/evaluation.md).".into(),
         ],
         tables: vec![Table { headers, rows }],
         figures: vec![Figure {
