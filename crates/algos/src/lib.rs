@@ -4,7 +4,7 @@
 //!   REINFORCE++, GiGPO, and helpers to spread advantages onto tokens — on
 //!   plain `f32` slices.
 //! - [`filter`]: the StarPO-S top-std group filter and RAGEN-2's SNR-adaptive one.
-//! - [`template_collapse`]: RAGEN-2's H(Z|X) and I(X;Z) diagnostics.
+//! - [`mod@template_collapse`]: RAGEN-2's H(Z|X) and I(X;Z) diagnostics.
 //! - [`loss`]: PPO clipped policy loss (ε_low / ε_high, dual clip), KL
 //!   estimators k1/k2/k3, clipped value loss, entropy, loss aggregation — on
 //!   candle tensors `[B, T]`.

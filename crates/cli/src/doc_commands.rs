@@ -145,6 +145,12 @@ fn agentrl_args(line: &str) -> Option<Vec<String>> {
     } else {
         return None;
     }
+    // A redirection or a following command ends the invocation's arguments.
+    if let Some(end) = rest.iter().position(|w| {
+        matches!(*w, "<" | "&&" | "||" | ";") || w.starts_with('>') || w.starts_with("2>")
+    }) {
+        rest.truncate(end);
+    }
     let synopsis = rest
         .iter()
         .any(|w| w.starts_with("[-") || w.contains('…') || (w.contains('|') && !w.contains('=')));
@@ -263,6 +269,14 @@ fn agentrl_args_find_the_invocation_and_skip_synopses() {
     assert_eq!(
         agentrl_args("agentrl train [CONFIG.toml] [--out RUN_DIR]"),
         None
+    );
+    assert_eq!(
+        agentrl_args("agentrl config --reference > docs/src/config.md"),
+        words(&["config", "--reference"])
+    );
+    assert_eq!(
+        agentrl_args("agentrl eval RUN 2>&1 && echo done"),
+        words(&["eval", "RUN"])
     );
     assert_eq!(agentrl_args("cargo test --workspace"), None);
     assert_eq!(agentrl_args("curl -s localhost:8000/v1/models"), None);

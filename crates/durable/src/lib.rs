@@ -1,6 +1,6 @@
 //! Files that survive a kill at any moment.
 //!
-//! A file replaced with [`write`] or [`write_via_path`] holds either all of
+//! A file replaced with [`write()`] or [`write_via_path`] holds either all of
 //! its old content or all of the new whenever the process dies (kill -9, out
 //! of memory, or a power cut after the call returned): the new content goes
 //! to a temporary file in the target's own directory, which is flushed to

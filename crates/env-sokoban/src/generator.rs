@@ -267,7 +267,7 @@ pub fn displacement(room: &Room, state: &State) -> usize {
 /// reverse moves (each move pulls the box behind the player with probability
 /// 0.8, as a player walking backwards would). Like gym-sokoban, which keeps
 /// the best-scoring state of its reverse search, this returns the visited
-/// box layout furthest from the targets ([`displacement`]; the first such
+/// box layout furthest from the targets (`displacement`; the first such
 /// layout, with the player where it stood last before the boxes moved again), so rooms are not
 /// wasted on walks that happened to push the boxes back. Returns `None` if
 /// the room has too little floor.

@@ -229,7 +229,7 @@ pub(crate) fn delta<T: Real>(d_out: &[T], out: &[T], hd: usize) -> Vec<T> {
         .collect()
 }
 
-/// [`delta`] from the row-major `[N, heads · hd]` forms of `d_out` and
+/// `delta` from the row-major `[N, heads · hd]` forms of `d_out` and
 /// `out` (o_proj's input and its gradient), laid out `[heads, N]`.
 pub(crate) fn delta_rows<T: Real>(d_out: &[T], out: &[T], heads: usize, hd: usize) -> Vec<T> {
     let n = d_out.len() / (heads * hd).max(1);

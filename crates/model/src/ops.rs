@@ -491,7 +491,7 @@ fn fused_or_gpu_ok(t: &Tensor) -> bool {
 
 /// Causal softmax of attention scores `[.., T, S]` (query i sees keys
 /// `..= i + S - T`), differentiable. Fused on CPU; elsewhere an additive
-/// mask plus [`crate::qwen2::softmax_last_dim`].
+/// mask plus `softmax_last_dim`.
 pub fn causal_softmax(scores: &Tensor) -> Result<Tensor> {
     left_padded_causal_softmax(scores, &[])
 }

@@ -8,9 +8,9 @@
 //! carries a `// grad:` note saying why it back-propagates.
 //!
 //! Training on the CPU does not go through these per-op modules but through
-//! [`Model::fused_logprobs`]: each decoder layer as one op with a
-//! hand-written backward ([`crate::block`]) and a fused LM head
-//! ([`crate::head`]), tested against this composite path (which stays the
+//! `Model::fused_logprobs`: each decoder layer as one op with a
+//! hand-written backward (the `block` module) and a fused LM head
+//! (the `head` module), tested against this composite path (which stays the
 //! reference, and the path on other devices and dtypes). Generation runs on
 //! [`crate::decode`].
 //!

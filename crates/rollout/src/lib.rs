@@ -2,7 +2,7 @@
 //!
 //! - [`codec`]: chat messages → token ids (ChatML, built incrementally so the
 //!   loss mask is exact);
-//! - [`format`]: reply formats and their parsers;
+//! - [`mod@format`]: reply formats and their parsers;
 //! - [`policy`]: the `Policy` seam and its plain-data sampling types (the
 //!   local model implements it in `agentrl-trainer`, an inference server can
 //!   too);

@@ -1,6 +1,6 @@
 //! RAGEN-2's template-collapse diagnostics on a step's rollouts: the
 //! (prompt X, reasoning Z) pairs of every trajectory's first turn, each Z
-//! scored under every distinct prompt, then [`algos::template_collapse`].
+//! scored under every distinct prompt, then [`algos::template_collapse()`].
 
 use std::collections::BTreeMap;
 

@@ -20,7 +20,7 @@ pub struct SequenceArgs {
     /// `section.key=value` overrides, applied to every stage.
     #[arg(value_name = "CONFIG_OR_OVERRIDE")]
     args: Vec<String>,
-    /// The stages in order, comma-separated: ENV[:DIFFICULTY[:STEPS]].
+    /// The stages in order, comma-separated: `ENV[:DIFFICULTY[:STEPS]]`.
     #[arg(long, value_delimiter = ',', required = true)]
     stages: Vec<String>,
     /// RL steps of a stage that names none (default: the config's
@@ -33,7 +33,7 @@ pub struct SequenceArgs {
     /// Validation tasks per environment (seeds 0..tasks of the val split).
     #[arg(long, default_value_t = 32)]
     tasks: u64,
-    /// Sequence directory (default: runs/sequence-<timestamp>); must not exist or be empty.
+    /// Sequence directory (default: `runs/sequence-<timestamp>`); must not exist or be empty.
     #[arg(long)]
     out: Option<PathBuf>,
     /// No progress bars.

@@ -45,7 +45,7 @@ struct EchoTrapArgs {
     /// 40 steps on 64 validation seeds instead of 200 on the config's.
     #[arg(long)]
     quick: bool,
-    /// Study directory (default: runs/echo-trap-<timestamp>); must not exist or be empty.
+    /// Study directory (default: `runs/echo-trap-<timestamp>`); must not exist or be empty.
     #[arg(long)]
     out: Option<PathBuf>,
     /// No progress bars.

@@ -14,7 +14,7 @@ pub struct TrainArgs {
     /// `section.key=value` overrides.
     #[arg(value_name = "CONFIG_OR_OVERRIDE")]
     args: Vec<String>,
-    /// Run directory (default: runs/<name>-<timestamp>); it must not exist or
+    /// Run directory (default: `runs/<name>-<timestamp>`); it must not exist or
     /// be empty (an existing run is continued with --resume).
     #[arg(long)]
     out: Option<PathBuf>,

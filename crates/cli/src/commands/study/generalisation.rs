@@ -51,7 +51,7 @@ pub struct GeneralisationArgs {
     /// Samples per task of avg@k / pass@k (default: 4 quick, 8 full).
     #[arg(long)]
     k: Option<usize>,
-    /// Study directory (default: runs/generalisation-<timestamp>); must not exist or be empty.
+    /// Study directory (default: `runs/generalisation-<timestamp>`); must not exist or be empty.
     #[arg(long)]
     out: Option<PathBuf>,
     /// No progress bars.
