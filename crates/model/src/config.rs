@@ -159,6 +159,16 @@ impl ModelConfig {
         Ok(cfg)
     }
 
+    /// The configuration of a model source: the metadata of a GGUF file
+    /// ([`crate::gguf::is_gguf`]), else `config.json` in the directory `path`.
+    pub fn from_source(path: &Path) -> Result<Self, ModelError> {
+        if crate::gguf::is_gguf(path) {
+            crate::gguf::read_config(path)
+        } else {
+            Self::from_file(&path.join(crate::checkpoint::CONFIG_FILE))
+        }
+    }
+
     /// Checks that the configuration describes a model this crate implements
     /// (the first of [`ModelConfig::problems`]).
     pub fn validate(&self) -> Result<(), String> {

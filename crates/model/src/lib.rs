@@ -15,6 +15,7 @@ mod cuda;
 pub mod decode;
 pub mod device;
 pub mod error;
+pub mod gguf;
 mod graph_decode;
 mod head;
 mod host;

@@ -194,12 +194,20 @@ impl PolicyModel {
     }
 
     /// Loads a Hugging Face directory (`config.json` + `model.safetensors` or
-    /// sharded safetensors with `model.safetensors.index.json`) as f32.
-    /// bf16/f16 weights are converted on the CPU. With `with_value_head`, a
+    /// sharded safetensors with `model.safetensors.index.json`), or a GGUF
+    /// file (see [`crate::gguf`]), as f32. bf16/f16 weights are converted
+    /// and GGUF tensors dequantised on the CPU. With `with_value_head`, a
     /// checkpoint without `value_head.*` gets a fresh (seeded) value head.
     pub fn load(dir: &Path, with_value_head: bool, device: &Device) -> Result<Self, ModelError> {
-        let config = ModelConfig::from_file(&dir.join(CONFIG_FILE))?;
-        let mut stored = read_tensors(dir)?;
+        let gguf = crate::gguf::is_gguf(dir);
+        let (config, mut stored) = if gguf {
+            crate::gguf::read_checkpoint(dir)?
+        } else {
+            (
+                ModelConfig::from_file(&dir.join(CONFIG_FILE))?,
+                read_tensors(dir)?,
+            )
+        };
         let mut rng = ChaCha8Rng::seed_from_u64(VALUE_HEAD_SEED);
         let mut tensors = BTreeMap::new();
         for (name, shape, init) in param_specs(&config, with_value_head) {
@@ -237,7 +245,7 @@ impl PolicyModel {
             }
         }
         let mut model = Self::from_tensors(config, tensors, with_value_head, DType::F32, device)?;
-        if let Some(adapter) = adapter_dir_of(dir) {
+        if let Some(adapter) = adapter_dir_of(dir).filter(|_| !gguf) {
             model.load_adapter(&adapter)?;
         }
         Ok(model)

@@ -124,6 +124,12 @@ pub struct RolloutConfig {
     pub repeat_instructions: bool,
     /// Plain, plan-then-act or reflect ([`AgentStrategy`]).
     pub agent: AgentStrategy,
+    /// RAGEN's pre-fill: every generation prompt ends with the opening of
+    /// the reply format (`<think>` for `think_answer`, `Thought:` for
+    /// `react`), so the policy writes its reply from inside the format. A
+    /// pretrained chat model otherwise answers in free prose. The pre-fill
+    /// is context, not the policy's tokens; the reply read back includes it.
+    pub prefill: bool,
 }
 
 impl Default for RolloutConfig {
@@ -155,6 +161,7 @@ impl Default for RolloutConfig {
             history_turns: None,
             repeat_instructions: true,
             agent: AgentStrategy::Plain,
+            prefill: false,
         }
     }
 }
@@ -519,7 +526,15 @@ pub fn state_message(
             env.available_actions().join(", ")
         ));
     }
-    s.push_str(&format!("You have {actions_left} actions left."));
+    // The budget the prompt states is the one that binds: the rollout's,
+    // or the env's own step limit when that is tighter (a Bandit is pulled
+    // once, whatever the rollout allows).
+    let env_left = env.max_steps().saturating_sub(env.steps());
+    let left = match env.max_steps() {
+        0 => actions_left,
+        _ => actions_left.min(env_left),
+    };
+    s.push_str(&format!("You have {left} actions left."));
     s
 }
 
@@ -560,16 +575,39 @@ pub fn state_prompt(
         (_, Some(_)) => user_message(env, cfg, turn, actions_left, &[], None, &fresh),
         (_, None) => state_message(env, cfg, turn, actions_left),
     };
-    opening(codec, &user)
+    opening(codec, cfg, &user)
 }
 
 /// A turn's opening context as its own sequence: system prompt, the user
 /// message, the assistant header.
-fn opening(codec: &dyn ChatCodec, user: &str) -> Result<Vec<u32>, CodecError> {
+fn opening(codec: &dyn ChatCodec, cfg: &RolloutConfig, user: &str) -> Result<Vec<u32>, CodecError> {
     let mut ids = codec.message("system", SYSTEM_PROMPT)?;
     ids.extend(codec.message("user", user)?);
-    ids.extend(codec.assistant_header_for("assistant")?);
+    ids.extend(reply_opening(codec, cfg)?);
     Ok(ids)
+}
+
+/// What a reply is generated after: the assistant header, then the
+/// format's pre-fill when `cfg.prefill` is on.
+pub fn reply_opening(codec: &dyn ChatCodec, cfg: &RolloutConfig) -> Result<Vec<u32>, CodecError> {
+    let mut ids = codec.assistant_header_for("assistant")?;
+    if let Some(text) = prefill_text(cfg) {
+        ids.extend(codec.encode(text)?);
+    }
+    Ok(ids)
+}
+
+/// The pre-fill text of `cfg`'s format, when pre-filling is on.
+pub fn prefill_text(cfg: &RolloutConfig) -> Option<&'static str> {
+    cfg.prefill.then_some(cfg.format.prefill())
+}
+
+/// The part of a reply the policy writes itself: all of it, or what
+/// follows the pre-fill when the prompt ends with one.
+pub fn policy_written<'a>(cfg: &RolloutConfig, reply: &'a str) -> &'a str {
+    prefill_text(cfg)
+        .and_then(|p| reply.strip_prefix(p))
+        .unwrap_or(reply)
 }
 
 fn start_episode<'e>(
@@ -591,7 +629,7 @@ fn start_episode<'e>(
             None,
             &Memory::default(),
         );
-        conv.push_context(&opening(codec, &first)?);
+        conv.push_context(&opening(codec, cfg, &first)?);
         // A first prompt that leaves no room for a reply ends before it starts.
         too_long = conv.tokens.len() + cfg.response_length > cfg.max_context_tokens;
     }
@@ -631,7 +669,11 @@ fn apply_generated(
         .into_iter()
         .filter(|&t| t != codec.im_end())
         .collect();
-    let reply = codec.decode(&reply_ids)?;
+    let reply = format!(
+        "{}{}",
+        prefill_text(cfg).unwrap_or(""),
+        codec.decode(&reply_ids)?
+    );
     match cfg.format.parse(&reply, cfg.max_actions_per_turn) {
         Err(e) => {
             ep.turn.format_error = true;
@@ -663,7 +705,8 @@ fn apply_played(
         return Ok(());
     };
     let reply = cfg.format.render(thought, &ep.turn.actions);
-    let mut ids = codec.encode(&reply)?;
+    // The pre-fill is already in the context: the policy writes the rest.
+    let mut ids = codec.encode(policy_written(cfg, &reply))?;
     ids.push(codec.im_end());
     ep.conv.push_policy(&ids);
     ep.turn.end = ep.conv.tokens.len();
@@ -697,11 +740,11 @@ fn advance(
     // A history window starts a sequence of its own; otherwise the
     // dialogue goes on.
     let (next, context) = if cfg.history_turns.is_some() {
-        (opening(codec, &msg)?, 0)
+        (opening(codec, cfg, &msg)?, 0)
     } else {
         let mut next = codec.encode("\n")?;
         next.extend(codec.message("user", &msg)?);
-        next.extend(codec.assistant_header_for("assistant")?);
+        next.extend(reply_opening(codec, cfg)?);
         (next, ep.conv.tokens.len() - ep.sequence_start)
     };
     if context + next.len() + cfg.response_length > cfg.max_context_tokens {

@@ -45,6 +45,15 @@ impl ReplyFormat {
         }
     }
 
+    /// How a reply in this format opens: what RAGEN pre-fills the
+    /// generation prompt with (`rollout.prefill`).
+    pub fn prefill(self) -> &'static str {
+        match self {
+            ReplyFormat::ThinkAnswer => "<think>",
+            ReplyFormat::React => "Thought:",
+        }
+    }
+
     /// Read the actions out of a reply. At most `max_actions` are returned
     /// (extra ones are dropped, as RAGEN does).
     pub fn parse(self, reply: &str, max_actions: usize) -> Result<Vec<String>, FormatError> {

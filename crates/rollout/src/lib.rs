@@ -27,8 +27,9 @@ pub use actor::{
 };
 pub use codec::{ChatCodec, CodecError};
 pub use engine::{
-    expert_demonstrations, play_episodes, run_rollouts, state_message, state_prompt, Actor,
-    AgentStrategy, GroupFilterType, Play, Reply, RolloutConfig, RolloutError, Seat, SYSTEM_PROMPT,
+    expert_demonstrations, play_episodes, policy_written, prefill_text, reply_opening,
+    run_rollouts, state_message, state_prompt, Actor, AgentStrategy, GroupFilterType, Play, Reply,
+    RolloutConfig, RolloutError, Seat, SYSTEM_PROMPT,
 };
 pub use failure::{failure_labels, FailureCounts, FailureLabel};
 pub use format::{FormatError, ReplyFormat};

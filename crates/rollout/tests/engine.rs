@@ -294,6 +294,60 @@ fn expert_demo_matches_rollout_layout() {
     );
 }
 
+/// With the pre-fill every prompt ends with `<think>`, which is context:
+/// the policy writes the rest, its reply is read with the pre-fill in
+/// front, and the expert's demonstrations lay out exactly the same tokens.
+#[test]
+fn a_prefilled_prompt_opens_the_reply_and_stays_out_of_the_loss() {
+    let c = RolloutConfig {
+        prefill: true,
+        ..cfg()
+    };
+    const WRITTEN: [&str; 2] = [
+        "</think><answer>R || R</answer>",
+        "</think><answer>R</answer>",
+    ];
+    let t = play(&WRITTEN, &c);
+    assert!(t.success, "{:?}", t.turns);
+    assert_eq!(t.turns.len(), 2);
+    for (turn, written) in t.turns.iter().zip(WRITTEN) {
+        let before = CharCodec.decode(&t.tokens[..turn.start]).unwrap();
+        assert!(before.ends_with("assistant\n<think>"), "{before:?}");
+        assert_eq!(turn.reply, format!("<think>{written}"));
+        assert_eq!(
+            CharCodec.decode(&t.tokens[turn.start..turn.end]).unwrap(),
+            written
+        );
+    }
+    let masked: usize = t.loss_mask.iter().map(|&m| m as usize).sum();
+    let written_len: usize = WRITTEN.iter().map(|r| r.chars().count() + 1).sum();
+    assert_eq!(masked, written_len);
+    // The expert's demonstration: the same tokens and mask.
+    let demo = demo(2, &c);
+    assert_eq!(demo.tokens, t.tokens);
+    assert_eq!(demo.loss_mask, t.loss_mask);
+    // Without the pre-fill the same written text is a format error.
+    let t = play(&WRITTEN, &cfg());
+    assert!(t.turns.iter().all(|x| x.format_error));
+}
+
+/// The prompt states the tighter of the two budgets: an env that allows
+/// fewer steps than the rollout's action budget is shown its own.
+#[test]
+fn the_prompt_states_the_env_step_limit_when_it_is_tighter() {
+    let c = RolloutConfig {
+        max_actions: 50,
+        ..cfg()
+    };
+    let t = play(&WALK, &c);
+    let opening = CharCodec.decode(&t.tokens[..t.turns[0].start]).unwrap();
+    assert!(opening.contains("You have 10 actions left."), "{opening}");
+    let second = CharCodec
+        .decode(&t.tokens[t.turns[0].end..t.turns[1].start])
+        .unwrap();
+    assert!(second.contains("You have 8 actions left."), "{second}");
+}
+
 #[test]
 fn a_perceiving_expert_thinks_what_it_sees_before_it_moves() {
     let c = cfg();

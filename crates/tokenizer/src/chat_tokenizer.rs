@@ -123,8 +123,16 @@ impl ChatTokenizer {
     /// Load a Hugging Face tokenizer directory: `tokenizer.json` (required),
     /// `tokenizer_config.json` (special tokens, `added_tokens_decoder`,
     /// `chat_template`), else `chat_template.jinja` / `chat_template.json`.
+    ///
+    /// A GGUF file instead of a directory is read through its
+    /// `tokenizer.ggml.*` metadata and `tokenizer.chat_template`, as
+    /// transformers' GGUF loader rebuilds them; saving it writes the
+    /// directory layout.
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
+        if crate::is_gguf(dir) {
+            return crate::gguf::load(dir);
+        }
         let tokenizer_path = dir.join("tokenizer.json");
         let bytes = read(&tokenizer_path)?;
         let mut tokenizer = Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Parse {
@@ -191,7 +199,7 @@ impl ChatTokenizer {
     }
 
     /// Check the ChatML tokens and fix the ids every caller needs.
-    fn assemble(
+    pub(crate) fn assemble(
         mut tokenizer: Tokenizer,
         config: Map<String, Value>,
         template: Option<ChatTemplate>,

@@ -162,7 +162,7 @@ pub fn starting_policy(
     } else {
         let desc = agentrl_envs::find(&cfg.env.name).map_err(|e| {
             BootstrapError::Tokenizer(format!(
-                "{e}: the tiny model's tokenizer is trained on the env's expert play, which only agentrl's own envs have; set model.path (a Hugging Face model directory), or env.protocol = \"agentgym\" for an AgentGym server"
+                "{e}: the tiny model's tokenizer is trained on the env's expert play, which only agentrl's own envs have; set model.path (a Hugging Face model directory or a GGUF file), or env.protocol = \"agentgym\" for an AgentGym server"
             ))
         })?;
         let mut difficulties: Vec<&str> = vec![cfg.env.difficulty.as_str()];

@@ -425,6 +425,11 @@ pub struct TrainerSection {
     pub test_freq: usize,
     /// Checkpoint every this many steps (0 = only at the end).
     pub save_freq: usize,
+    /// Step checkpoints kept on disk, the newest first (0 = all). The
+    /// latest, `best/` and, when a reference model is used, step 0 are
+    /// always kept: a 135M-parameter checkpoint with its optimizer state
+    /// is about 1.6 GB.
+    pub keep_checkpoints: usize,
     /// Seed of every random draw of the run (tasks, sampling, warm start).
     pub seed: u64,
     /// Held-out validation tasks (seeds 0..val_tasks of the val split).
@@ -480,6 +485,7 @@ impl Default for TrainerSection {
             total_training_steps: 50,
             test_freq: 10,
             save_freq: 10,
+            keep_checkpoints: 0,
             seed: 0,
             val_tasks: 256,
             val_temperature: 0.0,
@@ -777,8 +783,14 @@ impl TrainConfig {
         if self.model.path.is_empty() {
             return p.0;
         }
-        let config = Path::new(&self.model.path).join("config.json");
-        match ModelConfig::from_file(&config) {
+        let source = Path::new(&self.model.path);
+        // A GGUF file carries its configuration in its metadata.
+        let config = if agentrl_model::gguf::is_gguf(source) {
+            source.to_path_buf()
+        } else {
+            source.join("config.json")
+        };
+        match ModelConfig::from_source(source) {
             Ok(c) if self.rollout.max_context_tokens > c.max_position_embeddings => p.add(
                 "rollout.max_context_tokens",
                 format!(
@@ -1311,6 +1323,41 @@ fn format_problems(problems: &[ConfigProblem]) -> String {
 
 /// Set `a.b.c = value` in a TOML table; the value is read as a TOML literal
 /// (number, bool, string, array), falling back to a bare string.
+/// `rollout` with `key=value` overrides of its own keys applied (the
+/// `--rollout` flag of `agentrl eval`: `prefill=true`, `response_length=64`),
+/// checked as a config's `[rollout]` section is.
+pub fn override_rollout(
+    rollout: &RolloutConfig,
+    overrides: &[String],
+) -> Result<RolloutConfig, ConfigError> {
+    if overrides.is_empty() {
+        return Ok(rollout.clone());
+    }
+    let mut root = toml::Table::new();
+    let section = toml::Value::try_from(rollout).map_err(|e| ConfigError::Render(e.to_string()))?;
+    root.insert("rollout".to_string(), section);
+    for o in overrides {
+        apply_override(&mut root, &format!("rollout.{o}"))?;
+    }
+    let section = root
+        .remove("rollout")
+        .ok_or_else(|| ConfigError::Invalid("rollout: the section went missing".to_string()))?;
+    let mut cfg = TrainConfig::load(None, &[])?;
+    cfg.rollout = section.try_into().map_err(|e: toml::de::Error| {
+        ConfigError::Invalid(format!("rollout: {}", e.to_string().trim()))
+    })?;
+    // Only the section's own checks: the rest of this config is a stand-in.
+    let problems: Vec<ConfigProblem> = cfg
+        .problems()
+        .into_iter()
+        .filter(|p| p.key.starts_with("rollout."))
+        .collect();
+    match problems.is_empty() {
+        true => Ok(cfg.rollout),
+        false => Err(ConfigError::Problems(problems)),
+    }
+}
+
 fn apply_override(root: &mut toml::Table, o: &str) -> Result<(), ConfigError> {
     let (key, raw) = o
         .split_once('=')
@@ -1348,6 +1395,23 @@ fn parse_literal(raw: &str) -> toml::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rollout_overrides_set_keys_and_refuse_unknown_or_invalid_ones() {
+        let base = RolloutConfig::default();
+        let r = override_rollout(
+            &base,
+            &["prefill=true".to_string(), "response_length=64".to_string()],
+        )
+        .unwrap();
+        assert!(r.prefill && !base.prefill);
+        assert_eq!(r.response_length, 64);
+        assert_eq!(r.n, base.n);
+        let e = override_rollout(&base, &["prefil=true".to_string()]).unwrap_err();
+        assert!(e.to_string().contains("prefil"), "{e}");
+        let e = override_rollout(&base, &["temperature=-1".to_string()]).unwrap_err();
+        assert!(e.to_string().contains("rollout.temperature"), "{e}");
+    }
 
     #[test]
     fn env_endpoint_is_one_url_or_a_list_and_reads_back_the_same() {

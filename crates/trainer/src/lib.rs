@@ -26,7 +26,7 @@ pub mod template_collapse;
 pub mod tensorboard;
 pub mod trainer;
 
-pub use config::{ConfigError, TrainConfig, DEFAULT_CONFIG, FORMAT_ONLY_CONFIG};
+pub use config::{override_rollout, ConfigError, TrainConfig, DEFAULT_CONFIG, FORMAT_ONLY_CONFIG};
 pub use evaluate::{evaluate, EvalPlan, EvalStats};
 pub use local_policy::{LocalPolicy, PromptTokens};
 pub use policy_dir::{PolicySettings, TrainedPolicy};

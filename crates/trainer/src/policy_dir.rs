@@ -17,7 +17,7 @@ use crate::{TrainConfig, TrainError};
 pub struct PolicySettings {
     pub tokenizer: ChatTokenizer,
     pub rollout: RolloutConfig,
-    /// The checkpoint directory.
+    /// The checkpoint directory (or GGUF file).
     pub checkpoint: PathBuf,
     /// The training config, when the path was a run directory.
     pub config: Option<TrainConfig>,
@@ -26,7 +26,8 @@ pub struct PolicySettings {
 impl PolicySettings {
     /// Open a run directory (uses `checkpoints/latest`), one of a run's
     /// checkpoints (`RUN/checkpoints/best`, `RUN/checkpoints/step-N`: played
-    /// with the run's config) or a model directory; reads no weights.
+    /// with the run's config), a model directory or a GGUF file; reads no
+    /// weights.
     pub fn open(path: &Path) -> Result<Self, TrainError> {
         let is_run = |p: &Path| p.join("config.toml").is_file() && p.join("checkpoints").is_dir();
         let run_of_checkpoint = path
@@ -41,11 +42,11 @@ impl PolicySettings {
         } else if let (Some(run), true) = (run_of_checkpoint, path.join("config.json").is_file()) {
             let cfg = TrainConfig::load(Some(&RunDir::open(run)?.config_path()), &[])?;
             (path.to_path_buf(), Some(cfg))
-        } else if path.join("config.json").is_file() {
+        } else if path.join("config.json").is_file() || agentrl_model::gguf::is_gguf(path) {
             (path.to_path_buf(), None)
         } else {
             return Err(TrainError::Checkpoint(format!(
-                "{}: neither a run directory (config.toml + checkpoints/) nor a model directory (config.json)",
+                "{}: neither a run directory (config.toml + checkpoints/) nor a model directory (config.json) nor a GGUF file",
                 path.display()
             )));
         };

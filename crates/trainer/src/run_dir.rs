@@ -311,6 +311,44 @@ impl RunDir {
         agentrl_durable::write(&p, format!("step-{step}\n")).map_err(|e| err(&p, e))
     }
 
+    /// Remove `step-N` checkpoints so that at most `keep` remain, the
+    /// newest kept; the steps in `protect` (the latest, a reference model's
+    /// step 0) are never removed and count towards `keep`. `best/` is not a
+    /// step checkpoint and stays. Returns the steps removed.
+    pub fn prune_checkpoints(
+        &self,
+        keep: usize,
+        protect: &[usize],
+    ) -> Result<Vec<usize>, RunDirError> {
+        let root = self.path.join("checkpoints");
+        let mut steps: Vec<usize> = fs::read_dir(&root)
+            .map_err(|e| err(&root, e))?
+            .filter_map(|entry| {
+                let entry = entry.ok()?;
+                let name = entry.file_name().into_string().ok()?;
+                let step = name.strip_prefix("step-")?.parse::<usize>().ok()?;
+                entry.path().is_dir().then_some(step)
+            })
+            .collect();
+        steps.sort_unstable();
+        steps.reverse();
+        let mut kept = protect.iter().filter(|s| steps.contains(s)).count();
+        let mut removed = Vec::new();
+        for step in steps {
+            if protect.contains(&step) {
+                continue;
+            }
+            if kept < keep {
+                kept += 1;
+                continue;
+            }
+            let dir = self.checkpoint_dir(step);
+            fs::remove_dir_all(&dir).map_err(|e| err(&dir, e))?;
+            removed.push(step);
+        }
+        Ok(removed)
+    }
+
     pub fn latest_checkpoint(&self) -> Result<PathBuf, RunDirError> {
         let p = self.path.join("checkpoints").join("latest");
         let name = fs::read_to_string(&p).map_err(|e| match e.kind() {
@@ -474,6 +512,24 @@ mod tests {
             1,
             "checkpoints/ only"
         );
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_steps_and_the_protected_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(&dir.path().join("run")).unwrap();
+        for step in [0, 10, 20, 30, 40] {
+            fs::create_dir_all(run.checkpoint_dir(step)).unwrap();
+        }
+        fs::create_dir_all(run.best_checkpoint_dir()).unwrap();
+        let removed = run.prune_checkpoints(3, &[40, 0]).unwrap();
+        assert_eq!(removed, vec![20, 10]);
+        for (step, present) in [(0, true), (10, false), (20, false), (30, true), (40, true)] {
+            assert_eq!(run.checkpoint_dir(step).is_dir(), present, "step {step}");
+        }
+        assert!(run.best_checkpoint_dir().is_dir());
+        // Fewer than `keep`: nothing goes.
+        assert!(run.prune_checkpoints(5, &[40]).unwrap().is_empty());
     }
 
     #[test]

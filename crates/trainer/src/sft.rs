@@ -195,7 +195,7 @@ pub fn perception_examples(
 /// prefix) as the prompt and the rendered reading as the target.
 pub fn rollout_perception_examples(
     codec: &dyn ChatCodec,
-    format: agentrl_rollout::ReplyFormat,
+    rollout: &RolloutConfig,
     trajs: &[Trajectory],
 ) -> Result<Vec<PerceptionExample>, CodecError> {
     let mut examples = Vec::new();
@@ -215,7 +215,10 @@ pub fn rollout_perception_examples(
             };
             let mut tokens = traj.tokens[seq.start..turn.start].to_vec();
             let mut mask = vec![0u8; tokens.len()];
-            let target = codec.encode(&format.render_thought(thought))?;
+            let target = codec.encode(agentrl_rollout::policy_written(
+                rollout,
+                &rollout.format.render_thought(thought),
+            ))?;
             mask.extend(std::iter::repeat_n(1u8, target.len()));
             tokens.extend(target);
             examples.push(PerceptionExample { tokens, mask });
@@ -235,7 +238,10 @@ fn perception_tokens(
     thought: &str,
 ) -> Result<(Vec<u32>, Vec<u32>), CodecError> {
     let prompt = state_prompt(codec, env, rollout, turn, actions_left, last_reward)?;
-    let target = codec.encode(&rollout.format.render_thought(thought))?;
+    let target = codec.encode(agentrl_rollout::policy_written(
+        rollout,
+        &rollout.format.render_thought(thought),
+    ))?;
     Ok((prompt, target))
 }
 
@@ -546,7 +552,7 @@ mod tests {
                 ..RolloutConfig::default()
             };
             let demos = demos_with(&rollout);
-            let examples = rollout_perception_examples(&ByteCodec, rollout.format, &demos).unwrap();
+            let examples = rollout_perception_examples(&ByteCodec, &rollout, &demos).unwrap();
             let turns: Vec<(&Trajectory, &agentrl_rollout::Turn)> = demos
                 .iter()
                 .flat_map(|t| t.turns.iter().map(move |turn| (t, turn)))
@@ -570,9 +576,11 @@ mod tests {
         }
         // No perception, no example: a turn of an env without one.
         let mut demos = demos_with(&RolloutConfig::default());
-        let all = rollout_perception_examples(&ByteCodec, Default::default(), &demos).unwrap();
+        let all =
+            rollout_perception_examples(&ByteCodec, &RolloutConfig::default(), &demos).unwrap();
         demos[0].turns[0].perception = None;
-        let fewer = rollout_perception_examples(&ByteCodec, Default::default(), &demos).unwrap();
+        let fewer =
+            rollout_perception_examples(&ByteCodec, &RolloutConfig::default(), &demos).unwrap();
         assert_eq!(fewer.len() + 1, all.len());
         assert_eq!(fewer[..], all[1..]);
     }

@@ -564,9 +564,8 @@ impl Trainer {
         {
             return Ok(None);
         }
-        let examples =
-            sft::rollout_perception_examples(&self.tokenizer, self.cfg.rollout.format, trajs)
-                .map_err(agentrl_rollout::RolloutError::from)?;
+        let examples = sft::rollout_perception_examples(&self.tokenizer, &self.cfg.rollout, trajs)
+            .map_err(agentrl_rollout::RolloutError::from)?;
         if examples.is_empty() {
             return Err(TrainError::Config(crate::config::ConfigError::Invalid(
                 "actor.perception_states = \"rollouts\": this step's rollouts have no perception (the env defines none); use \"walks\" or actor.perception_steps_per_update = 0".into(),
@@ -854,6 +853,14 @@ impl Trainer {
         // and the new directory's entry go to disk before `latest` names it.
         self.run.sync_logs()?;
         self.run.set_latest(self.state.step)?;
+        let keep = self.cfg.trainer.keep_checkpoints;
+        if keep > 0 {
+            let mut protect = vec![self.state.step];
+            if needs_reference(&self.cfg) {
+                protect.push(0);
+            }
+            self.run.prune_checkpoints(keep, &protect)?;
+        }
         Ok(())
     }
 

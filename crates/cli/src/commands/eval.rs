@@ -50,7 +50,7 @@ impl FromStr for PolicyKind {
 /// Arguments of `agentrl eval`.
 #[derive(clap::Args)]
 pub struct EvalArgs {
-    /// `expert`, `random`, a run directory (its latest checkpoint) or a model directory.
+    /// `expert`, `random`, a run directory (its latest checkpoint), a model directory or a GGUF file.
     #[arg(long, default_value = "expert")]
     policy: String,
     /// Environment name (see `agentrl envs`); with --endpoint, any name the
@@ -110,6 +110,11 @@ pub struct EvalArgs {
     /// Sampling temperature of a model policy (0 = greedy).
     #[arg(long, default_value_t = 0.0)]
     temperature: f64,
+    /// A model policy's rollout setting as KEY=VALUE (a `[rollout]` key;
+    /// repeatable), over the run's own or the defaults: `prefill=true`
+    /// (RAGEN's `<think>` pre-fill), `response_length=128`.
+    #[arg(long = "rollout", value_name = "KEY=VALUE")]
+    rollout: Vec<String>,
     /// Where a model policy's weights run (`cuda`: GPU 0, a build with the
     /// `cuda` feature); the environments stay on the host.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu, conflicts_with = "policy_endpoint")]
@@ -299,7 +304,7 @@ fn evaluate_policy(
             let rollout = RolloutConfig {
                 n: 1,
                 env_groups: 64,
-                ..policy.rollout.clone()
+                ..agentrl_trainer::override_rollout(&policy.rollout, &args.rollout)?
             };
             let sampling = SamplingParams {
                 temperature: args.temperature,

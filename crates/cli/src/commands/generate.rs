@@ -15,8 +15,10 @@ use crate::commands::device::DeviceArg;
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "chat"])))]
 pub struct GenerateArgs {
-    /// Model directory: config.json, *.safetensors, tokenizer.json,
-    /// tokenizer_config.json (with the chat template).
+    /// Model directory (config.json, *.safetensors, tokenizer.json,
+    /// tokenizer_config.json with the chat template), or a GGUF file
+    /// (tokenizer and chat template from its metadata, tensors dequantised
+    /// to f32 on load).
     #[arg(long)]
     model: PathBuf,
     /// One user message (rendered with the chat template).
@@ -84,8 +86,11 @@ fn read_chat(path: &Path) -> anyhow::Result<Vec<ChatMessage>> {
 
 /// Runs `agentrl generate`.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    if !args.model.is_dir() {
-        bail!("model directory {} does not exist", args.model.display());
+    if !args.model.is_dir() && !args.model.is_file() {
+        bail!(
+            "{} is neither a model directory nor a GGUF file",
+            args.model.display()
+        );
     }
     let messages = match (&args.prompt, &args.chat) {
         (Some(prompt), _) => {

@@ -1,4 +1,5 @@
-//! `agentrl generate` on the qwen2-tiny fixture made by transformers, and
+//! `agentrl generate` on the qwen2-tiny fixture made by transformers (its
+//! directory, and the same checkpoint written as a GGUF file), and
 //! `agentrl bench model`'s rounds.
 
 use std::path::Path;
@@ -10,6 +11,9 @@ use crate::common::{agentrl, agentrl_line, failure_stderr, json_stdout};
 #[path = "../../../model/tests/model/qwen2_tiny/mod.rs"]
 mod qwen2_tiny;
 use qwen2_tiny::{fixture_dir, reference};
+
+#[path = "../../../model/tests/model/gguf_writer/mod.rs"]
+mod gguf_writer;
 
 /// `agentrl generate --model MODEL` with the words of `line` and then `more`.
 fn generate(model: &Path, line: &str, more: &[&str]) -> std::process::Output {
@@ -34,6 +38,27 @@ fn greedy_generate_matches_transformers_continuation() {
     assert_eq!(v["new_ids"], r["greedy_new_ids"]);
     assert_eq!(v["stopped"], Value::Bool(false));
     assert!(!v["text"].as_str().unwrap().is_empty());
+}
+
+#[test]
+fn greedy_generate_on_a_gguf_of_the_fixture_matches_transformers_continuation() {
+    // The fixture as llama.cpp would write it: weights, tokenizer and chat
+    // template all come from the one file.
+    let r = reference();
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("qwen2-tiny.gguf");
+    gguf_writer::write_gguf(
+        &fixture_dir(),
+        &gguf,
+        &gguf_writer::GgufOptions::f32("qwen2"),
+    );
+    let chat = dir.path().join("chat.json");
+    std::fs::write(&chat, r["chat_messages"].to_string()).unwrap();
+    let greedy = r["greedy_new_ids"].as_array().unwrap();
+    let line = format!("--temperature 0 --max-new-tokens {} --json", greedy.len());
+    let v = json_stdout(&generate(&gguf, &line, &["--chat", chat.to_str().unwrap()]));
+    assert_eq!(v["prompt_ids"], r["input_ids"]);
+    assert_eq!(v["new_ids"], r["greedy_new_ids"]);
 }
 
 #[test]

@@ -9,6 +9,8 @@ mod device;
 mod finite_difference;
 mod fixture;
 mod generation;
+mod gguf;
+mod gguf_writer;
 mod gradients;
 mod infer_tracks_updates;
 mod lora;
