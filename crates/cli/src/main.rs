@@ -71,7 +71,39 @@ enum Command {
     Study(commands::study::StudyArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {}", render_error(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error as `main` returning it would print it, without the backtrace:
+/// anyhow captures one whenever `RUST_BACKTRACE` is set (common on
+/// developers' machines), and the errors that reach here are about the
+/// user's input (a config value, a missing file, a server that does not
+/// answer), where a stack trace only buries the message. A panic, a bug,
+/// still prints its backtrace.
+fn render_error(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
+    if !causes.is_empty() {
+        text.push_str("\n\nCaused by:");
+        for (i, cause) in causes.iter().enumerate() {
+            if causes.len() == 1 {
+                text.push_str(&format!("\n    {cause}"));
+            } else {
+                text.push_str(&format!("\n    {i}: {cause}"));
+            }
+        }
+    }
+    text
+}
+
+fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -117,7 +117,7 @@ fn default_name() -> String {
 #[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(try_from = "ModelTable")]
 pub struct ModelSection {
-    /// A HF checkpoint directory; empty = create a tiny model and tokenizer.
+    /// A HF checkpoint directory or a GGUF file; empty = create a tiny model and tokenizer.
     pub path: String,
     /// Seed of the tiny model's initial weights.
     pub init_seed: u64,
@@ -151,7 +151,7 @@ impl Default for ModelSection {
 /// configuration reference documents this form; see [`ModelSection`]).
 #[derive(Deserialize, schemars::JsonSchema)]
 struct ModelTable {
-    /// A HF checkpoint directory; empty = create a tiny model and tokenizer.
+    /// A HF checkpoint directory or a GGUF file; empty = create a tiny model and tokenizer.
     #[serde(default)]
     path: String,
     /// Seed of the tiny model's initial weights.
@@ -764,11 +764,17 @@ impl TrainConfig {
 
     /// [`TrainConfig::validate`] plus what a new run needs besides its
     /// values: the model directory of `model.path` and the positions its
-    /// `config.json` allows. Not checked when resuming, which loads the
-    /// checkpoint instead (the directory may have moved since).
+    /// `config.json` allows, a `trainer.device` this build has, and env
+    /// servers (`env.endpoint`) that accept a connection. Not checked when
+    /// resuming, which loads the checkpoint instead (the directory may have
+    /// moved since).
     pub fn validate_for_new_run(&self) -> Result<(), ConfigError> {
         let mut problems = self.problems();
         problems.extend(self.model_source_problems());
+        let outside = crate::preflight::device_problem(self.trainer.device)
+            .into_iter()
+            .chain(crate::preflight::endpoint_problems(self));
+        problems.extend(outside.map(|(key, message)| ConfigProblem { key, message }));
         if problems.is_empty() {
             Ok(())
         } else {
@@ -807,7 +813,10 @@ impl TrainConfig {
     }
 
     /// Every value that is out of range, or inconsistent with another, in
-    /// section order. Empty when the config is usable. Reads no file.
+    /// section order, then the params of each in-process env (one task of
+    /// each is built, so a generator setting that cannot produce a task is
+    /// named too; data files an env's params name are read). Empty when the
+    /// config is usable.
     pub fn problems(&self) -> Vec<ConfigProblem> {
         let mut p = Problems::default();
         self.check_name(&mut p);
@@ -825,6 +834,11 @@ impl TrainConfig {
             p.add(key, message);
         }
         self.check_schedules(&mut p);
+        // Last: building a task is the one check that does work, and a
+        // value already named above is not reported again through it.
+        for (key, message) in crate::preflight::env_task_problems(self) {
+            p.add(&key, message);
+        }
         p.0
     }
 

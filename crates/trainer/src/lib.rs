@@ -16,6 +16,7 @@ pub mod pass_at_k;
 pub mod policy_dir;
 pub mod policy_section;
 pub mod ppo;
+mod preflight;
 pub mod remote_env;
 pub mod remote_generation;
 pub mod run_dir;

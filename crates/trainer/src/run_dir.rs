@@ -79,6 +79,67 @@ pub struct RunDir {
 /// The logs a run appends to.
 const LOG_FILES: [&str; 2] = ["metrics.jsonl", "trajectories.jsonl"];
 
+/// What [`RunDir::create_for_start`] made, removed when this guard is
+/// dropped before [`UnfinishedStart::first_checkpoint`] (an error or a panic
+/// during the start): the run directory if it did not exist (and the
+/// parent directories created for it, when they are still empty), or the
+/// files written into it if it existed empty. A directory that existed
+/// before is never removed.
+#[derive(Debug)]
+pub struct UnfinishedStart {
+    path: PathBuf,
+    existed: bool,
+    new_ancestors: Vec<PathBuf>,
+    done: bool,
+}
+
+impl UnfinishedStart {
+    /// The run has its first checkpoint: from now on it is resumed, not
+    /// removed.
+    pub fn first_checkpoint(mut self) {
+        self.done = true;
+    }
+
+    fn undo(&self) -> std::io::Result<()> {
+        if self.existed {
+            // It was empty when the start checked it: all of it is ours.
+            for entry in fs::read_dir(&self.path)? {
+                let entry = entry?;
+                if entry.file_type()?.is_dir() {
+                    fs::remove_dir_all(entry.path())?;
+                } else {
+                    fs::remove_file(entry.path())?;
+                }
+            }
+            return Ok(());
+        }
+        fs::remove_dir_all(&self.path)?;
+        for dir in &self.new_ancestors {
+            // Only while empty: another run may have started in it meanwhile.
+            if fs::remove_dir(dir).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for UnfinishedStart {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // A drop has no caller to return an error to: say it where the
+        // user reads the start's own error.
+        if let Err(e) = self.undo() {
+            eprintln!(
+                "warning: the start failed and {} could not be cleaned up ({e}); delete it before starting the run there again",
+                self.path.display()
+            );
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {reason}")]
 pub struct RunDirError {
@@ -105,6 +166,31 @@ impl RunDir {
             path: path.to_path_buf(),
             events: None,
         })
+    }
+
+    /// [`RunDir::create`], and the guard that removes what it made if the
+    /// start fails before the run's first checkpoint: a failed start must
+    /// not leave a directory that refuses the same command again (not a new
+    /// run: it is not empty) and cannot be resumed (no checkpoint).
+    pub fn create_for_start(path: &Path) -> Result<(Self, UnfinishedStart), RunDirError> {
+        let existed = path.exists();
+        // The ancestors create_dir_all will make, nearest first.
+        let new_ancestors = path
+            .ancestors()
+            .skip(1)
+            .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        let run = Self::create(path)?;
+        Ok((
+            run,
+            UnfinishedStart {
+                path: path.to_path_buf(),
+                existed,
+                new_ancestors,
+                done: false,
+            },
+        ))
     }
 
     /// Whether a new run may be created at `path`: it does not exist or is
@@ -354,7 +440,7 @@ impl RunDir {
         let name = fs::read_to_string(&p).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => err(
                 &p,
-                "no checkpoint to resume from: the run stopped before its first checkpoint (start it again in a new directory)",
+                "no checkpoint to resume from: the run stopped before its first checkpoint (delete this directory and start the run again, or start it in a new directory)",
             ),
             _ => err(&p, format!("no checkpoint to resume from ({e})")),
         })?;

@@ -300,9 +300,13 @@ impl Trainer {
         let make = env_maker(&cfg)?;
         // Before the run directory exists, so a fixed config can rerun there.
         check_readings_exist(&cfg, make.as_ref())?;
-        let run = RunDir::create(run_path)?.watch_in_tensorboard()?;
-        run.write_config(&cfg.to_toml()?)?;
+        // Also before it: a machine without the configured GPU.
         let device = cfg.trainer.device.open()?;
+        // From here until the first checkpoint, a failure (or a panic)
+        // removes what the start wrote, so the same command can run again.
+        let (run, unfinished) = RunDir::create_for_start(run_path)?;
+        let run = run.watch_in_tensorboard()?;
+        run.write_config(&cfg.to_toml()?)?;
         let remote = remote_generation(&cfg, &run.path)?;
         progress.message("creating tokenizer and model");
         let (tokenizer, model) = starting_policy(&cfg, make.as_ref(), uses_critic(&cfg), &device)?;
@@ -357,6 +361,7 @@ impl Trainer {
         }
         t.state.wall_seconds = started.elapsed().as_secs_f64();
         t.save_checkpoint()?;
+        unfinished.first_checkpoint();
         if needs_reference(&t.cfg) {
             t.reference = Some(PolicyModel::load(
                 &t.run.checkpoint_dir(0),

@@ -21,7 +21,8 @@ pub struct TrainArgs {
     /// Continue a killed run from its latest checkpoint.
     #[arg(long, conflicts_with = "out")]
     resume: Option<PathBuf>,
-    /// Print the resolved config and exit.
+    /// Check the config as a start does (values, env params, model
+    /// directory, device, env servers), print it resolved, and exit.
     #[arg(long)]
     print_config: bool,
     /// No progress bars (log lines only).
@@ -99,6 +100,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         t
     } else {
         let cfg = load_config(&args.args)?;
+        // What a start checks besides the values (the model directory, the
+        // device, the env servers), before anything is printed or written.
+        cfg.validate_for_new_run()?;
         if args.print_config {
             print!("{}", cfg.to_toml()?);
             return Ok(());

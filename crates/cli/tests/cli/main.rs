@@ -4,6 +4,7 @@
 
 mod agentgym_cli;
 mod common;
+mod config_checks_cli;
 mod env_pool_cli;
 mod envs_cli;
 mod eval_matrix_cli;
