@@ -267,8 +267,10 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
-/// A message of a chat request.
+/// A message of a chat request (strict, like the request: an unknown key
+/// is refused, not ignored).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RequestMessage {
     pub role: String,
     pub content: MessageContent,

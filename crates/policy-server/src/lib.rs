@@ -18,6 +18,7 @@
 
 pub mod answer;
 pub mod batcher;
+pub mod bounds;
 mod error;
 pub mod plan;
 mod routes;

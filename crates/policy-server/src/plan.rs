@@ -27,7 +27,19 @@ pub struct ModelLimits {
     /// end-of-sequence ids (`generation_config.json`'s `eos_token_id`, with
     /// `<|im_end|>` and `<|endoftext|>`).
     pub eos_ids: Vec<u32>,
+    /// The most bytes of text one token stands for
+    /// ([`crate::bounds::max_token_bytes`]): a longer text cannot fit.
+    pub max_token_bytes: usize,
 }
+
+/// Stop strings one request may give at most (vLLM and OpenAI take a few).
+pub const MAX_STOP_STRINGS: usize = 64;
+/// Bytes of one stop string at most.
+pub const MAX_STOP_STRING_BYTES: usize = 1024;
+/// `stop_token_ids` one request may give at most.
+pub const MAX_STOP_TOKEN_IDS: usize = 1024;
+/// The chat roles a request may use (OpenAI's).
+pub const CHAT_ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
 /// A checked request: the prompts as token ids and how to continue them.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,9 +113,7 @@ pub fn completion(
             "prompt".to_string()
         };
         let ids = match item {
-            PromptItem::Text(t) => tokenizer
-                .encode(t)
-                .map_err(|e| ApiError::invalid(&field, format!("cannot tokenize: {e}")))?,
+            PromptItem::Text(t) => crate::bounds::encode_bounded(tokenizer, t, &field, limits)?,
             PromptItem::Tokens(ids) => ids.clone(),
         };
         check_prompt(&field, &ids, limits)?;
@@ -152,10 +162,14 @@ pub fn chat(
     }
     let mut chat = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
-        if m.role.trim().is_empty() {
+        if !CHAT_ROLES.contains(&m.role.as_str()) {
             return Err(ApiError::invalid(
                 &format!("messages[{i}].role"),
-                "the role is empty",
+                format!(
+                    "{:?} is not a chat role (one of {})",
+                    m.role,
+                    CHAT_ROLES.join(", ")
+                ),
             ));
         }
         let content = match &m.content {
@@ -184,9 +198,10 @@ pub fn chat(
         };
         chat.push(ChatMessage::new(m.role.clone(), content));
     }
-    let ids = tokenizer.encode_chat(&chat, true).map_err(|e| {
+    let text = tokenizer.render_chat(&chat, true).map_err(|e| {
         ApiError::invalid("messages", format!("cannot render the chat template: {e}"))
     })?;
+    let ids = crate::bounds::encode_bounded(tokenizer, &text, "messages", limits)?;
     check_prompt("messages", &ids, limits)?;
     let knobs = SamplingFields {
         max_tokens,
@@ -304,15 +319,46 @@ fn plan(
         Some(m) => m,
     };
     let stop_strings = k.stop.map(Stop::strings).unwrap_or_default();
+    let stop_field = |i: usize| match k.stop {
+        Some(Stop::Many(_)) => format!("stop[{i}]"),
+        _ => "stop".to_string(),
+    };
+    if stop_strings.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "{} stop strings: at most {MAX_STOP_STRINGS}",
+                stop_strings.len()
+            ),
+        ));
+    }
     if let Some(i) = stop_strings.iter().position(String::is_empty) {
-        let field = match k.stop {
-            Some(Stop::Many(_)) => format!("stop[{i}]"),
-            _ => "stop".to_string(),
-        };
-        return Err(ApiError::invalid(&field, "a stop string must not be empty"));
+        return Err(ApiError::invalid(
+            &stop_field(i),
+            "a stop string must not be empty",
+        ));
+    }
+    if let Some(i) = stop_strings
+        .iter()
+        .position(|s| s.len() > MAX_STOP_STRING_BYTES)
+    {
+        return Err(ApiError::invalid(
+            &stop_field(i),
+            format!(
+                "a stop string of {} bytes: at most {MAX_STOP_STRING_BYTES}",
+                stop_strings[i].len()
+            ),
+        ));
+    }
+    let stop_ids = k.stop_token_ids.unwrap_or_default();
+    if stop_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(ApiError::invalid(
+            "stop_token_ids",
+            format!("{} ids: at most {MAX_STOP_TOKEN_IDS}", stop_ids.len()),
+        ));
     }
     let mut stop_tokens = Vec::new();
-    for (i, &id) in k.stop_token_ids.unwrap_or_default().iter().enumerate() {
+    for (i, &id) in stop_ids.iter().enumerate() {
         if id as usize >= limits.vocab_size {
             return Err(ApiError::invalid(
                 &format!("stop_token_ids[{i}]"),
@@ -360,6 +406,7 @@ mod tests {
             vocab_size: 100,
             max_model_len: 10,
             eos_ids: vec![2],
+            max_token_bytes: 16,
         }
     }
 
@@ -486,6 +533,40 @@ mod tests {
             }),
             "stop"
         );
+        // Lists and strings past their bounds are refused, not kept.
+        let stop = Stop::Many(vec!["x".into(); MAX_STOP_STRINGS + 1]);
+        assert_eq!(
+            refused(SamplingFields {
+                stop: Some(&stop),
+                ..knobs()
+            }),
+            "stop"
+        );
+        let stop = Stop::Many(vec!["x".into(), "y".repeat(MAX_STOP_STRING_BYTES + 1)]);
+        assert_eq!(
+            refused(SamplingFields {
+                stop: Some(&stop),
+                ..knobs()
+            }),
+            "stop[1]"
+        );
+        let ids = vec![3; MAX_STOP_TOKEN_IDS + 1];
+        assert_eq!(
+            refused(SamplingFields {
+                stop_token_ids: Some(&ids),
+                ..knobs()
+            }),
+            "stop_token_ids"
+        );
+        // At the bounds: accepted.
+        let stop = Stop::Many(vec!["y".repeat(MAX_STOP_STRING_BYTES); MAX_STOP_STRINGS]);
+        let ids = vec![3; MAX_STOP_TOKEN_IDS];
+        let k = SamplingFields {
+            stop: Some(&stop),
+            stop_token_ids: Some(&ids),
+            ..knobs()
+        };
+        assert!(plan(vec![vec![5; 4]], &k, false, false, &limits()).is_ok());
     }
 
     #[test]

@@ -108,6 +108,7 @@ impl ServedModel {
             vocab_size: self.model.config.vocab_size,
             max_model_len: self.model.config.max_position_embeddings,
             eos_ids,
+            max_token_bytes: crate::bounds::max_token_bytes(&self.tokenizer),
         }
     }
 }

@@ -473,3 +473,60 @@ fn openai_policy_generates_what_the_local_model_generates() {
     }
     assert_ne!(tokens(&a), tokens(&c));
 }
+
+#[test]
+fn prompts_too_long_for_the_context_and_unknown_roles_or_keys_are_refused_unread() {
+    let server = start_with(PolicyServerConfig {
+        body_limit: 8 << 20,
+        ..PolicyServerConfig::default()
+    });
+    // 2 MB of text: more bytes than 512 positions of the fixture's longest
+    // token can hold, refused before the tokenizer sees it.
+    let long = "ab".repeat(1 << 20);
+    for (route, body, param) in [
+        (
+            "/v1/completions",
+            json!({"prompt": long, "max_tokens": 4}),
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": ["ok", long], "max_tokens": 4}),
+            "prompt[1]",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": long}], "max_tokens": 4}),
+            "messages",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "hacker", "content": "hi"}]}),
+            "messages[0].role",
+        ),
+    ] {
+        let (status, answer) = post(&server, route, &body);
+        assert_eq!(status, 400, "{route}: {answer}");
+        assert_eq!(answer["error"]["param"], param, "{answer}");
+    }
+    let (status, answer) = post(
+        &server,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi", "secret": 1}]}),
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("secret"),
+        "{answer}"
+    );
+    // A prompt that fits is still served.
+    let (status, answer) = post(
+        &server,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "max_tokens": 2}),
+    );
+    assert_eq!(status, 200, "{answer}");
+}
