@@ -2,7 +2,9 @@
 
 Runs the same workload as the Rust benchmark on Hugging Face's own
 Qwen2ForCausalLM (built from a config, random weights; float32 on the CPU by
-default, `--device cuda` and `--dtype bfloat16` for a GPU) and
+default, `--device cuda` and `--dtype bfloat16` for a GPU), or on a
+checkpoint (`--model DIR` or `--model FILE.gguf`, loaded by
+`from_pretrained`), and
 prints one JSON line with its figures. `agentrl bench model` feeds this file
 to the interpreter on stdin (`python - ARGS`); it can also be run by hand:
 
@@ -11,6 +13,8 @@ to the interpreter on stdin (`python - ARGS`); it can also be run by hand:
 Workload (the defaults are the Rust side's):
 - train: batch of B random sequences of T tokens, next-token cross-entropy
   (= minus the mean log-prob), backward, clip_grad_norm_(1.0), AdamW step;
+  with `--reply-len R`, the loss on each sequence's last R tokens only and
+  sequences in groups of `--group` sharing the rest (an RL update's batch);
 - sample: B random prompts of P tokens, `generate` with the KV cache
   (use_cache=True), multinomial sampling at temperature 1 (no top-k / top-p
   truncation), exactly N new tokens (no end-of-sequence token).
@@ -53,6 +57,9 @@ def parse_args(argv):
     p.add_argument("--max-positions", type=int, default=1024)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--model", default=None)
+    p.add_argument("--reply-len", type=int, default=0)
+    p.add_argument("--group", type=int, default=1)
     return p.parse_args(argv)
 
 
@@ -69,27 +76,41 @@ def main(argv):
         pass  # already set by an earlier parallel region; harmless
     torch.manual_seed(0)
 
-    vocab, d, layers, heads, kv, ffn = SHAPES[args.shape]
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=d,
-        intermediate_size=ffn,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        max_position_embeddings=args.max_positions,
-        tie_word_embeddings=True,
-        rope_theta=ROPE_THETA[args.shape],
-        rms_norm_eps=1e-6,
-        use_cache=True,
-        attn_implementation="sdpa",
-    )
     dev = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    model = Qwen2ForCausalLM(cfg).to(device=dev, dtype=dtype)
+    if args.model:
+        import os
+
+        from transformers import AutoModelForCausalLM
+
+        path = args.model
+        if path.endswith(".gguf"):
+            folder, name = os.path.split(os.path.abspath(path))
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype)
+        model = model.to(device=dev)
+        vocab = model.config.vocab_size
+    else:
+        vocab, d, layers, heads, kv, ffn = SHAPES[args.shape]
+        cfg = Qwen2Config(
+            vocab_size=vocab,
+            hidden_size=d,
+            intermediate_size=ffn,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            max_position_embeddings=args.max_positions,
+            tie_word_embeddings=True,
+            rope_theta=ROPE_THETA[args.shape],
+            rms_norm_eps=1e-6,
+            use_cache=True,
+            attn_implementation="sdpa",
+        )
+        model = Qwen2ForCausalLM(cfg).to(device=dev, dtype=dtype)
     params = sum(p.numel() for p in model.parameters())
 
     def sync():
@@ -100,10 +121,18 @@ def main(argv):
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     gen = torch.Generator().manual_seed(0)
-    batch = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen).to(dev)
+    batch = torch.randint(0, vocab, (args.batch, args.seq_len), generator=gen)
+    labels = batch.clone()
+    if args.reply_len > 0:
+        prompt = args.seq_len - args.reply_len
+        for start in range(0, args.batch, args.group):
+            batch[start : start + args.group, :prompt] = batch[start, :prompt]
+        labels = batch.clone()
+        labels[:, :prompt] = -100  # the loss reads the replies alone
+    batch, labels = batch.to(dev), labels.to(dev)
 
     def train_step():
-        out = model(input_ids=batch, labels=batch)
+        out = model(input_ids=batch, labels=labels)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

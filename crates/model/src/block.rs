@@ -28,16 +28,25 @@ use crate::kernels::{
     swiglu_bwd_into, swiglu_into, write_slice, Mm, Real,
 };
 
-/// Where each packed token sits: sequence `s` owns rows
-/// `offsets[s]..offsets[s + 1]`, and row r is at position `pos[r]` of its sequence.
+/// Where each packed token sits: segment `s` owns rows
+/// `offsets[s]..offsets[s + 1]`, row r is at position `pos[r]` of its
+/// sequence, and `prefix[s] = Some(p)` when segment `s` continues the
+/// shared prompt that segment `p` holds (see [`crate::attention`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Packing {
     pub offsets: Vec<usize>,
     pub pos: Vec<usize>,
+    pub prefix: Vec<Option<usize>>,
+    /// Per input sequence: its own segment, and the length and segment of
+    /// the prompt it shares (0 and `None` when it shares none).
+    sequences: Vec<(usize, usize, Option<usize>)>,
 }
 
+/// The fewest tokens worth sharing: below this a copy costs less than the bookkeeping.
+pub(crate) const MIN_SHARED_PREFIX: usize = 16;
+
 impl Packing {
-    /// The packing of sequences with these lengths.
+    /// The packing of sequences with these lengths, one segment each.
     pub(crate) fn of_lengths(lengths: impl IntoIterator<Item = usize>) -> Self {
         let mut offsets = vec![0];
         let mut pos = Vec::new();
@@ -45,12 +54,110 @@ impl Packing {
             pos.extend(0..len);
             offsets.push(offsets[offsets.len() - 1] + len);
         }
-        Self { offsets, pos }
+        let count = offsets.len() - 1;
+        Self {
+            offsets,
+            pos,
+            prefix: vec![None; count],
+            sequences: (0..count).map(|s| (s, 0, None)).collect(),
+        }
+    }
+
+    /// The packing of `seqs` that computes a prompt several of them share
+    /// once, and the packed token ids. Each sequence's shareable part is
+    /// the longest it has in common with any other sequence, cut before its
+    /// position `first_free[i]` (a position whose output is read per
+    /// sequence, such as a scored one) and leaving it one row of its own;
+    /// sequences whose shareable parts are the same tokens, at least
+    /// [`MIN_SHARED_PREFIX`] of them, form a group (a GRPO group's prompt,
+    /// not the system prompt every task starts with).
+    pub(crate) fn sharing_prefixes(seqs: &[Vec<u32>], first_free: &[usize]) -> (Self, Vec<u32>) {
+        let lcp = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        let cap: Vec<usize> = (0..seqs.len())
+            .map(|i| {
+                first_free
+                    .get(i)
+                    .copied()
+                    .unwrap_or(0)
+                    .min(seqs[i].len().saturating_sub(1))
+            })
+            .collect();
+        let shareable: Vec<usize> = (0..seqs.len())
+            .map(|i| {
+                (0..seqs.len())
+                    .filter(|&j| j != i && cap[i] >= MIN_SHARED_PREFIX)
+                    .map(|j| lcp(&seqs[i], &seqs[j]).min(cap[i]).min(cap[j]))
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        // Groups in order of their first member: (shared length, members).
+        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        let mut by_prefix: std::collections::HashMap<&[u32], usize> =
+            std::collections::HashMap::new();
+        for (i, &len) in shareable.iter().enumerate() {
+            if len < MIN_SHARED_PREFIX {
+                groups.push((0, vec![i]));
+                continue;
+            }
+            let g = *by_prefix.entry(&seqs[i][..len]).or_insert_with(|| {
+                groups.push((len, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(i);
+        }
+        let mut offsets = vec![0];
+        let (mut pos, mut ids, mut prefix) = (Vec::new(), Vec::new(), Vec::new());
+        let mut sequences = vec![(0, 0, None); seqs.len()];
+        let mut push = |tokens: &[u32], start: usize, shared: Option<usize>| {
+            pos.extend(start..start + tokens.len());
+            ids.extend_from_slice(tokens);
+            offsets.push(offsets[offsets.len() - 1] + tokens.len());
+            prefix.push(shared);
+            offsets.len() - 2
+        };
+        for (shared, members) in groups {
+            let first = members[0];
+            if members.len() < 2 {
+                sequences[first] = (push(&seqs[first], 0, None), 0, None);
+                continue;
+            }
+            let p = push(&seqs[first][..shared], 0, None);
+            for i in members {
+                sequences[i] = (push(&seqs[i][shared..], shared, Some(p)), shared, Some(p));
+            }
+        }
+        (
+            Self {
+                offsets,
+                pos,
+                prefix,
+                sequences,
+            },
+            ids,
+        )
     }
 
     /// Total rows.
     pub(crate) fn rows(&self) -> usize {
         self.pos.len()
+    }
+
+    /// The packed row of position `t` of input sequence `i`.
+    pub(crate) fn row_of(&self, i: usize, t: usize) -> usize {
+        let (own, shared, prefix) = self.sequences[i];
+        match prefix {
+            Some(p) if t < shared => self.offsets[p] + t,
+            _ => self.offsets[own] + t - shared,
+        }
+    }
+
+    /// The attention's view of the segments.
+    pub(crate) fn segments(&self) -> crate::attention::Segments<'_> {
+        crate::attention::Segments {
+            offsets: &self.offsets,
+            prefix: &self.prefix,
+        }
     }
 }
 
@@ -485,7 +592,7 @@ impl<T: Real> DecoderLayerOp<T> {
         let k = to_heads(&qkv, (qkv_dim, q_dim), nkv, hd, pos, Some((rope, T::ONE)));
         let v = to_heads(&qkv, (qkv_dim, q_dim + kv_dim), nkv, hd, pos, None);
         drop(qkv);
-        let (out, lse) = attention::forward(&q, &k, &v, &pk.offsets, sh.heads);
+        let (out, lse) = attention::forward(&q, &k, &v, pk.segments(), sh.heads);
         let att = heads_to_rows(&out, nh, hd, n);
         let mut y1 = x.to_vec();
         Mm::nt(n, d, q_dim)
@@ -550,7 +657,7 @@ impl<T: Real> DecoderLayerOp<T> {
             &s.lse,
             &d_out,
             &delta,
-            &pk.offsets,
+            pk.segments(),
             sh.heads,
         );
         let scale = T::from_f64(1.0 / (hd as f64).sqrt());
@@ -662,6 +769,62 @@ mod tests {
 
     fn seq(n: usize, s: f64) -> Vec<f64> {
         (0..n).map(|i| (i as f64 * s).sin()).collect()
+    }
+
+    /// Sequences with the same prompt (a group's task) form a group that
+    /// shares it up to their first scored position; the system prompt that
+    /// every task starts with does not merge the groups, and a sequence
+    /// scored too early, or sharing only that, stays alone.
+    #[test]
+    fn sequences_sharing_a_prompt_pack_it_once() {
+        let system: Vec<u32> = (0..20).collect();
+        let a = [&system[..], &(100..130).collect::<Vec<u32>>()].concat();
+        let b = [&system[..], &(200..230).collect::<Vec<u32>>()].concat();
+        let seqs = vec![
+            [&a[..], &[1, 2]].concat(),
+            [&b[..], &[3]].concat(),
+            [&a[..], &[4]].concat(),
+            [&b[..], &[5, 6]].concat(),
+            [&a[..], &[7]].concat(),
+            [&system[..], &(300..310).collect::<Vec<u32>>(), &[8]].concat(),
+            [&a[..], &[9]].concat(),
+        ];
+        // Replies are scored from position 49 (predicting token 50); the
+        // last sequence from position 10.
+        let (p, ids) = Packing::sharing_prefixes(&seqs, &[49, 49, 49, 49, 49, 30, 10]);
+        // Segments in order of first appearance: task a's 49 shared tokens
+        // and the rest of sequences 0, 2, 4; task b's and 1, 3; then 5 and 6 whole.
+        assert_eq!(p.offsets, vec![0, 49, 52, 54, 56, 105, 107, 110, 141, 192]);
+        assert_eq!(
+            p.prefix,
+            vec![
+                None,
+                Some(0),
+                Some(0),
+                Some(0),
+                None,
+                Some(4),
+                Some(4),
+                None,
+                None
+            ]
+        );
+        assert_eq!(ids.len(), 192);
+        assert_eq!(&ids[..49], &a[..49]);
+        assert_eq!(&ids[49..52], &seqs[0][49..]);
+        assert_eq!(p.pos[49], 49);
+        // Every position of every sequence maps to a row holding its token.
+        for (i, s) in seqs.iter().enumerate() {
+            for (t, &tok) in s.iter().enumerate() {
+                let r = p.row_of(i, t);
+                assert_eq!((ids[r], p.pos[r]), (tok, t), "sequence {i} position {t}");
+            }
+        }
+        // Nothing to share: one segment each, in order.
+        let (p, ids) = Packing::sharing_prefixes(&seqs, &[0; 7]);
+        assert_eq!(p.offsets, vec![0, 52, 103, 154, 206, 257, 288, 339]);
+        assert!(p.prefix.iter().all(Option::is_none));
+        assert_eq!(ids, seqs.concat());
     }
 
     #[test]

@@ -615,31 +615,56 @@ pub(crate) fn generate(
         // The last sampled token is never fed back.
         c.reserve(ctx.len() + params.max_new_tokens - 1);
     }
+    // A context that repeats an earlier one from the same cached start (the
+    // members of a GRPO group on their first turn) is encoded once: its twin
+    // takes the leader's keys, values and logits, which are what encoding it
+    // again would give.
+    let mut first_seen: std::collections::HashMap<(usize, &[u32]), usize> =
+        std::collections::HashMap::new();
+    let leader: Vec<usize> = contexts
+        .iter()
+        .enumerate()
+        .map(|(i, ctx)| *first_seen.entry((starts[i], &ctx[..])).or_insert(i))
+        .collect();
     with_view(model, cfg, |w| {
         let mut scratch = Scratch::default();
-        // Step 0 encodes every uncached context token; later steps one token per live sequence.
+        // Step 0 encodes every uncached context token of each leader; later
+        // steps one token per live sequence.
         let mut active: Vec<usize> = (0..contexts.len()).collect();
         let mut ids: Vec<u32> = Vec::new();
         let mut rows: Vec<Row> = Vec::new();
         let mut emit: Vec<bool> = Vec::new();
         for (i, ctx) in contexts.iter().enumerate() {
+            if leader[i] != i {
+                continue;
+            }
             for (pos, &t) in ctx.iter().enumerate().skip(starts[i]) {
                 ids.push(t);
                 rows.push(Row { seq: i, pos });
                 emit.push(pos + 1 == ctx.len());
             }
         }
+        // Per sequence, its row of the step's logits.
+        let mut logit_row = vec![0usize; contexts.len()];
+        let mut first_step = true;
         loop {
             forward(w, caches, &ids, &rows, &emit, &mut scratch);
-            for (&r, c) in rows.iter().zip(&emit) {
-                if *c {
-                    caches[r.seq].cached = r.pos + 1;
+            let emitted = rows.iter().zip(&emit).filter(|(_, &e)| e).map(|(r, _)| r);
+            for (k, r) in emitted.enumerate() {
+                caches[r.seq].cached = r.pos + 1;
+                logit_row[r.seq] = k;
+            }
+            if std::mem::take(&mut first_step) {
+                for (j, &i) in leader.iter().enumerate().filter(|(j, &i)| *j != i) {
+                    copy_encoded(caches, i, j, starts[j]);
+                    logit_row[j] = logit_row[i];
                 }
             }
             let vocab = w.dims.vocab;
             let mut still = Vec::with_capacity(active.len());
-            for (j, &i) in active.iter().enumerate() {
-                let logits = &scratch.logits[j * vocab..(j + 1) * vocab];
+            for &i in &active {
+                let at = logit_row[i] * vocab;
+                let logits = &scratch.logits[at..at + vocab];
                 let (tok, lp) = sample_row(logits, params, rng.for_sequence(i))?;
                 caches[i].tokens.push(tok);
                 if push_token(&mut gens[i], tok, lp, params) {
@@ -664,6 +689,28 @@ pub(crate) fn generate(
             }
         }
     })
+}
+
+/// Gives cache `to` the keys and values cache `from` holds past position
+/// `start` (both stand for the same context), and its cached length.
+fn copy_encoded(caches: &mut [SequenceCache], from: usize, to: usize, start: usize) {
+    let (src, dst) = if from < to {
+        let (a, b) = caches.split_at_mut(to);
+        (&a[from], &mut b[0])
+    } else {
+        let (a, b) = caches.split_at_mut(from);
+        (&b[0], &mut a[to])
+    };
+    let span = start * src.kv_dim..src.cached * src.kv_dim;
+    for (d, s) in dst
+        .k
+        .iter_mut()
+        .zip(&src.k)
+        .chain(dst.v.iter_mut().zip(&src.v))
+    {
+        d[span.clone()].copy_from_slice(&s[span.clone()]);
+    }
+    dst.cached = src.cached;
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@
 //! (a prompt token, which no loss reads) costs nothing there. Prompts are
 //! most of the tokens of a warm-start or RL batch (85% of a perception
 //! batch in the default run), so the logits' and the input gradient's
-//! products and the passes over the vocabulary shrink by that much; the
-//! weight's gradient still sums over every row, to keep a run's bits.
+//! products, the weight's gradient and the passes over the vocabulary
+//! shrink by that much.
 
 use std::mem::MaybeUninit;
 use std::sync::Mutex;
@@ -67,7 +67,7 @@ impl<T: Real> LmHeadOp<T> {
                 if wanted.is_some_and(|m| !is_scored(m, t)) {
                     continue;
                 }
-                rows.push(packing.offsets[i] + t);
+                rows.push(packing.row_of(i, t));
                 targets.push(next);
                 slots.push(i * width + t);
             }
@@ -206,11 +206,11 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
             let dz = unsafe { par_fill(m * vocab, vocab, m * vocab * 4, fill) };
             // Rows that are not scored get no gradient from the head.
             let dh = self.scatter(&Mm::nn(m, d, vocab).product(&dz, wv), d, n);
-            // The weight's gradient sums over every packed row, with zero
-            // rows where nothing is scored: the GEMM then groups the terms
-            // of each sum as it does when every row is scored, so a run
-            // keeps its bits whichever positions its loss reads.
-            let dw = Mm::tn(vocab, d, n).product(&self.scatter(&dz, vocab, n), hv);
+            // The weight's gradient sums over the scored rows alone: rows
+            // no loss reads add nothing to it, and in an RL batch they are
+            // most rows (a [V, d] × [d, N] product over them would cost more
+            // than the rest of the head).
+            let dw = Mm::tn(vocab, d, m).product(&dz, &self.gather(hv, d));
             (dh, dw)
         })?;
         Ok((

@@ -65,6 +65,9 @@ pub struct PolicyModel {
     with_value_head: bool,
     /// Whether [`PolicyModel::sequence_logprobs`] may use the fused layer ops.
     fused_training: bool,
+    /// Whether the fused path computes a prompt that several scored
+    /// sequences share once (see [`PolicyModel::set_prefix_sharing`]).
+    share_prefixes: bool,
     /// Whether generation runs through candle's graph ops even where the
     /// host decoder could (it always does off the CPU).
     graph_decode: bool,
@@ -188,6 +191,7 @@ impl PolicyModel {
             dtype,
             with_value_head,
             fused_training: true,
+            share_prefixes: true,
             graph_decode: false,
             lora: None,
         })
@@ -325,6 +329,7 @@ impl PolicyModel {
             dtype: self.dtype,
             with_value_head: self.with_value_head,
             fused_training: self.fused_training,
+            share_prefixes: self.share_prefixes,
             graph_decode: self.graph_decode,
             lora: Some(adapter),
         })
@@ -457,6 +462,17 @@ impl PolicyModel {
         self.fused_training = on;
     }
 
+    /// Whether [`PolicyModel::scored_logprobs`] on the fused path computes a
+    /// prompt that several sequences share (a GRPO group's: at least 16
+    /// leading tokens, none of them scored) once, with each sequence's own
+    /// tokens attending to it; the gradient the shared rows receive is the
+    /// sum over the sequences, so the results are those of the unshared
+    /// batch up to rounding. On by default: a group of 8 single-turn
+    /// replies to a long prompt costs about an eighth of the tokens.
+    pub fn set_prefix_sharing(&mut self, on: bool) {
+        self.share_prefixes = on;
+    }
+
     /// Generates through candle's graph ops on the model's device (left-padded
     /// batch, per-layer KV caches, the logits brought to the host per step)
     /// instead of the host decoder. Off the CPU this path is always taken; on the CPU it is what the host decoder
@@ -581,18 +597,18 @@ impl PolicyModel {
     /// packed tokens through the fused layer ops, scattered back to the padded layout.
     fn fused_outputs(&self, model: &Model, batch: Ragged<'_>) -> Result<Outputs, ModelError> {
         let Ragged { seqs, scored, b, t } = batch;
-        let (out, hn, packing) = model.fused_logprobs(seqs, scored)?;
+        let (out, hn, packing) = model.fused_logprobs(seqs, scored, self.share_prefixes)?;
         // grad: get (narrow + squeeze) passes the gradient to its plane.
         let (logprobs, entropy) = (out.get(0)?, out.get(1)?);
         let values = match model.values(&hn)? {
             Some(v) => {
-                // [N] → [B, T]: row b·T + p reads packed row offsets[b] + p, or
-                // the appended zero past the sequence's end.
+                // [N] → [B, T]: row b·T + p reads the packed row of position
+                // p of sequence b, or the appended zero past the sequence's end.
                 let n = packing.rows();
                 let mut map = vec![n as u32; b * t];
                 for (i, s) in seqs.iter().enumerate() {
                     for p in 0..s.len() {
-                        map[i * t + p] = (packing.offsets[i] + p) as u32;
+                        map[i * t + p] = packing.row_of(i, p) as u32;
                     }
                 }
                 let map = Tensor::from_vec(map, b * t, &self.device)?;

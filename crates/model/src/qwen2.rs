@@ -817,16 +817,19 @@ impl Model {
     /// (see [`LmHeadOp::new`]), and the final normed hidden states `[N, d]`
     /// of the packed tokens. Differentiable with respect to every
     /// parameter: each decoder layer is one [`DecoderLayerOp`] with its own
-    /// backward, the head one [`LmHeadOp`]. Callers check
+    /// backward, the head one [`LmHeadOp`]. With `share` and `scored`,
+    /// sequences that share an unscored prompt pack it once
+    /// ([`Packing::sharing_prefixes`]). Callers check
     /// [`Model::supports_fused`] first.
     pub(crate) fn fused_logprobs(
         &self,
         seqs: &[Vec<u32>],
         scored: Option<&[Vec<f32>]>,
+        share: bool,
     ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
         match self.dtype {
-            DType::F32 => self.fused_logprobs_in::<f32>(seqs, scored),
-            DType::F64 => self.fused_logprobs_in::<f64>(seqs, scored),
+            DType::F32 => self.fused_logprobs_in::<f32>(seqs, scored, share),
+            DType::F64 => self.fused_logprobs_in::<f64>(seqs, scored, share),
             dt => candle_core::bail!("fused training forward: {dt:?} is not supported"),
         }
     }
@@ -835,10 +838,32 @@ impl Model {
         &self,
         seqs: &[Vec<u32>],
         scored: Option<&[Vec<f32>]>,
+        share: bool,
     ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
-        let packing = Arc::new(Packing::of_lengths(seqs.iter().map(Vec::len)));
+        let (packing, ids) = match scored.filter(|_| share) {
+            // A sequence's rows up to its first scored position (the one
+            // predicting its first scored token) are not read per sequence.
+            Some(rows) => {
+                let first_free: Vec<usize> = seqs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let row = rows.get(i).map_or(&[][..], Vec::as_slice);
+                        (0..s.len())
+                            .find(|&t| crate::head::is_scored(row, t))
+                            .unwrap_or(s.len())
+                    })
+                    .collect();
+                Packing::sharing_prefixes(seqs, &first_free)
+            }
+            None => (
+                Packing::of_lengths(seqs.iter().map(Vec::len)),
+                seqs.concat(),
+            ),
+        };
+        let packing = Arc::new(packing);
         let longest = seqs.iter().map(Vec::len).max().unwrap_or(0);
-        let ids = Tensor::from_vec(seqs.concat(), packing.rows(), &self.device)?;
+        let ids = Tensor::from_vec(ids, packing.rows(), &self.device)?;
         let half = self.rotary.cos.dim(1)?;
         let table = |t: &Tensor| -> Result<Vec<T>> {
             with_slices::<T, _>(&[&t.narrow(0, 0, longest)?], "rotary table", |v| {

@@ -49,15 +49,15 @@ impl PpoBatch {
         model: &PolicyModel,
         scoring: &Scoring<'_>,
     ) -> Result<Self, TrainError> {
-        let masks = trajs.iter().map(shifted_mask).collect();
+        let masks: Vec<Vec<f32>> = trajs.iter().map(shifted_mask).collect();
         let (old_logprobs, old_values) = if scoring.old {
-            let rows = score_rows(model, &trajs, scoring.chunk)?;
+            let rows = score_rows(model, &trajs, &masks, scoring.chunk)?;
             (Some(rows.logprobs), rows.values)
         } else {
             (None, None)
         };
         let ref_logprobs = match scoring.reference {
-            Some(r) => Some(score_rows(r, &trajs, scoring.chunk)?.logprobs),
+            Some(r) => Some(score_rows(r, &trajs, &masks, scoring.chunk)?.logprobs),
             None => None,
         };
         Ok(Self {
@@ -89,17 +89,23 @@ struct ScoredRows {
 }
 
 /// No-grad pass of `model` over `trajs` in chunks of `chunk` sequences, each
-/// row trimmed to its trajectory's length.
+/// row trimmed to its trajectory's length. Log-probs are scored where
+/// `masks` (the policy's tokens) say, as the update scores them, and are 0
+/// elsewhere: the same packing, so an unchanged policy's old log-probs are
+/// the update's own.
 fn score_rows(
     model: &PolicyModel,
     trajs: &[Trajectory],
+    masks: &[Vec<f32>],
     chunk: usize,
 ) -> Result<ScoredRows, TrainError> {
     let mut logprobs = Vec::with_capacity(trajs.len());
     let mut values = Vec::new();
-    for part in trajs.chunks(chunk.max(1)) {
+    let chunk = chunk.max(1);
+    for (part, part_masks) in trajs.chunks(chunk).zip(masks.chunks(chunk)) {
         let rows = ModelRows::of(part.iter());
-        let out = model.sequence_logprobs(&rows.seqs)?;
+        let scored = rows.split(part_masks.iter());
+        let out = model.scored_logprobs(&rows.seqs, &scored)?;
         logprobs.extend(rows.join(out.logprobs.detach().to_vec2::<f32>()?));
         if let Some(v) = out.values {
             values.extend(rows.join(v.detach().to_vec2::<f32>()?));

@@ -296,3 +296,66 @@ fn graph_decode_on_the_test_device_equals_the_host_decoder() {
     assert!(g[2].stopped && g[2].tokens.len() <= 4);
     assert!(g.iter().any(|x| x.tokens.len() == 10));
 }
+
+/// A batch whose prompts repeat (a GRPO group's members on their first
+/// turn) encodes each distinct prompt once and copies its keys and values:
+/// the draws, the log-probs and a second turn from the kept caches are
+/// those of the graph decoder, which encodes every prompt.
+#[test]
+fn repeated_prompts_are_encoded_once_and_continue_from_their_own_caches() {
+    let host = fixture_model();
+    let mut graph = fixture_model();
+    graph.set_graph_decode(true);
+    let ids = fixture_ids();
+    let (a, b) = (ids[..40].to_vec(), ids[3..30].to_vec());
+    let prompts = vec![a.clone(), b.clone(), a.clone(), a, b];
+    let sampled = SamplingParams {
+        max_new_tokens: 8,
+        temperature: 1.0,
+        ..SamplingParams::default()
+    };
+    let mut caches: Vec<_> = prompts.iter().map(|_| host.new_cache()).collect();
+    let got = host
+        .generate_cached(
+            &mut caches,
+            &prompts,
+            &sampled,
+            &mut ChaCha8Rng::seed_from_u64(3),
+        )
+        .unwrap();
+    let want = graph
+        .generate(&prompts, &sampled, &mut ChaCha8Rng::seed_from_u64(3))
+        .unwrap();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.tokens, w.tokens, "prompt {i}");
+        for (x, y) in g.logprobs.iter().zip(&w.logprobs) {
+            assert!((x - y).abs() < 1e-4, "prompt {i}: {x} vs {y}");
+        }
+    }
+    // Members of a group draw different replies to one prompt.
+    assert!(got[0].tokens != got[2].tokens || got[0].tokens != got[3].tokens);
+    // Second turn: each dialogue grows by its reply and an observation.
+    let turn2: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(&got)
+        .map(|(p, g)| [&p[..], &g.tokens[..], &ids[50..56]].concat())
+        .collect();
+    let greedy = SamplingParams::greedy(6);
+    let got2 = host
+        .generate_cached(
+            &mut caches,
+            &turn2,
+            &greedy,
+            &mut ChaCha8Rng::seed_from_u64(0),
+        )
+        .unwrap();
+    let want2 = graph
+        .generate(&turn2, &greedy, &mut ChaCha8Rng::seed_from_u64(0))
+        .unwrap();
+    for (i, (g, w)) in got2.iter().zip(&want2).enumerate() {
+        assert_eq!(g.tokens, w.tokens, "turn 2, dialogue {i}");
+        for (x, y) in g.logprobs.iter().zip(&w.logprobs) {
+            assert!((x - y).abs() < 1e-4, "turn 2, dialogue {i}: {x} vs {y}");
+        }
+    }
+}

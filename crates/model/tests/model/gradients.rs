@@ -255,6 +255,117 @@ fn scored_positions_alone_give_the_full_pass_outputs_and_gradients() {
     }
 }
 
+/// Sequences that share a prompt (a GRPO group's) give, with the prompt
+/// computed once, the log-probs, entropies, values and gradients of the
+/// unshared pass: a group of three replies to one 40-token prompt (one of
+/// them a single token), a pair whose shared part is cut short by a
+/// member's early scored position, and a sequence sharing too little.
+#[test]
+fn a_prompt_shared_by_several_sequences_is_computed_once_with_the_same_results() {
+    let mut config = tiny_config("qwen2", false);
+    config.max_position_embeddings = 80;
+    let mut model =
+        PolicyModel::new_random_with_dtype(&config, true, 9, DType::F64, &Device::Cpu).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 13).collect();
+    let other: Vec<u32> = (0..30).map(|i| (i * 5 + 1) % 13).collect();
+    let with = |base: &[u32], tail: &[u32]| -> Vec<u32> { [base, tail].concat() };
+    let seqs: Vec<Vec<u32>> = vec![
+        with(&prompt, &[1, 2, 3, 4, 5]),
+        with(&other, &[9, 9, 1]),
+        with(&prompt, &[6]),
+        with(&other, &[2, 0, 4, 4, 8, 1]),
+        with(&prompt, &[7, 7, 0, 12]),
+        with(&prompt[..10], &[3, 3, 3]),
+    ];
+    // Each reply scored from the position predicting its first token; the
+    // second pair member also at position 20 (so the pair shares 20 tokens).
+    let mut scored: Vec<Vec<f32>> = seqs
+        .iter()
+        .zip([40, 30, 40, 30, 40, 10])
+        .map(|(s, p)| (0..s.len() - 1).map(|t| f32::from(t + 1 >= p)).collect())
+        .collect();
+    scored[3][20] = 1.0;
+    let b = seqs.len();
+    let width = seqs.iter().map(Vec::len).max().unwrap() - 1;
+    let t = width + 1;
+    let keep: Vec<f64> = (0..b * width)
+        .map(|i| f64::from(scored[i / width].get(i % width).copied().unwrap_or(0.0)))
+        .collect();
+    let keep = Tensor::from_vec(keep, (b, width), &Device::Cpu).unwrap();
+    let weights: Vec<f64> = (0..b * width).map(|i| 0.3 + 0.1 * (i % 5) as f64).collect();
+    let weights = Tensor::from_vec(weights, (b, width), &Device::Cpu).unwrap();
+    let value_w: Vec<f64> = (0..b * t)
+        .map(|i| f64::from(u8::from(i % t < seqs[i / t].len())) * (1.0 - 0.2 * (i % 4) as f64))
+        .collect();
+    let value_w = Tensor::from_vec(value_w, (b, t), &Device::Cpu).unwrap();
+    let run = |model: &PolicyModel| -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+        let out = model.scored_logprobs(&seqs, &scored).unwrap();
+        let values = out.values.clone().unwrap();
+        let loss = ((&out.logprobs * &weights)
+            .unwrap()
+            .mul(&keep)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            + (&out.entropy * &keep)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .affine(0.7, 0.)
+                .unwrap())
+        .unwrap();
+        let loss = (loss
+            + (values.sqr().unwrap() * &value_w)
+                .unwrap()
+                .sum_all()
+                .unwrap())
+        .unwrap();
+        let g = loss.backward().unwrap();
+        let flat = |t: &Tensor| -> Vec<f64> { t.flatten_all().unwrap().to_vec1().unwrap() };
+        let vals = flat(&values)
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| if i % t < seqs[i / t].len() { v } else { 0.0 })
+            .collect();
+        let outputs = vec![flat(&out.logprobs), flat(&out.entropy), vals];
+        let grads = model
+            .trainable_vars()
+            .unwrap()
+            .iter()
+            .map(|v| match g.get(v.as_tensor()) {
+                Some(t) => flat(t),
+                None => vec![0.0; v.elem_count()],
+            })
+            .collect();
+        (outputs, grads)
+    };
+    model.set_prefix_sharing(false);
+    let (want_out, want_grads) = run(&model);
+    model.set_fused_training(false);
+    let (composite_out, _) = run(&model);
+    model.set_fused_training(true);
+    model.set_prefix_sharing(true);
+    let (got_out, got_grads) = run(&model);
+    let names = var_names(model.named_vars().unwrap());
+    let close = |x: f64, y: f64| (x - y).abs() <= 1e-10 * (1.0 + x.abs());
+    for (what, (a, (b, c))) in ["logprobs", "entropy", "values"]
+        .iter()
+        .zip(want_out.iter().zip(got_out.iter().zip(&composite_out)))
+    {
+        for (i, ((x, y), z)) in a.iter().zip(b).zip(c).enumerate() {
+            assert!(
+                close(*x, *y) && close(*z, *y),
+                "{what}[{i}]: shared {y}, unshared {x}, composite {z}"
+            );
+        }
+    }
+    for ((a, b), name) in want_grads.iter().zip(&got_grads).zip(&names) {
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(close(*x, *y), "grad {name}[{i}]: shared {y}, unshared {x}");
+        }
+    }
+}
+
 #[test]
 fn adamw_matches_pytorch_update_rule() {
     let dev = Device::Cpu;

@@ -89,9 +89,14 @@ impl Shape {
 
 #[derive(clap::Args)]
 pub struct BenchModelArgs {
-    /// Model shape.
+    /// Model shape (random weights).
     #[arg(long, value_enum, default_value_t = Shape::Small)]
     shape: Shape,
+    /// A checkpoint instead of a random shape: a Hugging Face directory or
+    /// a `.gguf` file (PyTorch loads the same weights: transformers'
+    /// `from_pretrained`, with `gguf_file=` for a GGUF).
+    #[arg(long, value_name = "DIR|FILE.gguf", conflicts_with = "shape")]
+    model: Option<std::path::PathBuf>,
     /// Where both sides run.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
@@ -116,6 +121,14 @@ pub struct BenchModelArgs {
     /// Training sequence length.
     #[arg(long, default_value_t = 256)]
     seq_len: usize,
+    /// Training as an RL update reads it: the loss on each sequence's last
+    /// `reply_len` tokens only (0: on every token, a language-model step).
+    #[arg(long, default_value_t = 0)]
+    reply_len: usize,
+    /// With `--reply-len`: sequences come in groups of this many that share
+    /// their prompt (a GRPO group; agentrl packs a shared prompt once).
+    #[arg(long, default_value_t = 1)]
+    group: usize,
     /// Sampling: prompt length (tokens) for each of `batch` prompts.
     #[arg(long, default_value_t = 128)]
     prompt_len: usize,
@@ -330,6 +343,22 @@ fn large_matmul_flops(n: usize, dtype: DType, dev: &Device) -> anyhow::Result<f6
     Ok(reps as f64 * 2.0 * (n * n * n) as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// The training batch: random sequences, in groups of `--group` that share
+/// all but their last `--reply-len` tokens when a reply length is given.
+fn train_batch(rng: &mut ChaCha8Rng, args: &BenchModelArgs, vocab: u32) -> Vec<Vec<u32>> {
+    let mut seqs = random_seqs(rng, args.batch, args.seq_len, vocab);
+    if args.reply_len > 0 {
+        let prompt = args.seq_len - args.reply_len;
+        for g in seqs.chunks_mut(args.group.max(1)) {
+            let shared = g[0][..prompt].to_vec();
+            for s in g.iter_mut() {
+                s[..prompt].copy_from_slice(&shared);
+            }
+        }
+    }
+    seqs
+}
+
 fn random_seqs(rng: &mut ChaCha8Rng, n: usize, len: usize, vocab: u32) -> Vec<Vec<u32>> {
     (0..n)
         .map(|_| (0..len).map(|_| rng.random_range(0..vocab)).collect())
@@ -387,7 +416,15 @@ fn measure_agentrl(args: &BenchModelArgs, model: &PolicyModel) -> anyhow::Result
     // (PyTorch: the cross-entropy of `labels=input_ids`, the same number).
     let vars = model.trainable_vars()?;
     let mut opt = AdamW::new(vars.clone(), AdamWConfig::default())?;
-    let batch = random_seqs(&mut rng, args.batch, args.seq_len, vocab);
+    let batch = train_batch(&mut rng, args, vocab);
+    // The loss's positions (shifted frame): the replies, or everything.
+    let scored: Option<Vec<Vec<f32>>> = (args.reply_len > 0).then(|| {
+        let first = args.seq_len - args.reply_len - 1;
+        let row: Vec<f32> = (0..args.seq_len - 1)
+            .map(|t| f32::from(u8::from(t >= first)))
+            .collect();
+        vec![row; args.batch]
+    });
     // `phases`: synchronise and record the clock after each phase.
     let mut train_step = |mut phases: Option<&mut [f64; 4]>| -> anyhow::Result<()> {
         let mut t = Instant::now();
@@ -399,15 +436,20 @@ fn measure_agentrl(args: &BenchModelArgs, model: &PolicyModel) -> anyhow::Result
             }
             Ok(())
         };
-        let out = model.sequence_logprobs(&batch)?;
-        let n = out
-            .mask
-            .to_dtype(DType::F32)?
-            .sum_all()?
-            .to_scalar::<f32>()? as f64;
-        let loss = (&out.logprobs * &out.mask)?
-            .sum_all()?
-            .affine(-1.0 / n, 0.0)?;
+        let (out, mask) = match &scored {
+            Some(rows) => {
+                let out = model.scored_logprobs(&batch, rows)?;
+                let mask = Tensor::new(rows.clone(), &model.device)?.to_dtype(out.mask.dtype())?;
+                (out, mask)
+            }
+            None => {
+                let out = model.sequence_logprobs(&batch)?;
+                let mask = out.mask.clone();
+                (out, mask)
+            }
+        };
+        let n = mask.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()? as f64;
+        let loss = (&out.logprobs * &mask)?.sum_all()?.affine(-1.0 / n, 0.0)?;
         mark(0)?;
         let mut grads = loss.backward()?;
         mark(1)?;
@@ -498,7 +540,7 @@ fn measure_torch(
     args: &BenchModelArgs,
     threads: usize,
 ) -> anyhow::Result<TorchMeasured> {
-    let flags = [
+    let mut flags = vec![
         ("--shape", args.shape.name().to_string()),
         ("--threads", threads.to_string()),
         (
@@ -517,7 +559,12 @@ fn measure_torch(
         ("--new-tokens", args.new_tokens.to_string()),
         ("--steps", args.steps.to_string()),
         ("--sample-runs", args.sample_runs.to_string()),
+        ("--reply-len", args.reply_len.to_string()),
+        ("--group", args.group.to_string()),
     ];
+    if let Some(m) = &args.model {
+        flags.push(("--model", m.display().to_string()));
+    }
     let script_args: Vec<String> = flags
         .into_iter()
         .flat_map(|(flag, value)| [flag.to_string(), value])
@@ -573,10 +620,32 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(args.seq_len >= 2, "--seq-len must be at least 2");
     anyhow::ensure!(
+        args.reply_len < args.seq_len && args.group > 0,
+        "--reply-len must be shorter than --seq-len, and --group positive"
+    );
+    anyhow::ensure!(
         args.prompt_len > 0 && args.new_tokens > 0,
         "--prompt-len and --new-tokens must be positive"
     );
-    let cfg = args.shape.config();
+    let dev = args.device.open()?;
+    let dtype = args.dtype.candle();
+    // A checkpoint is loaded here for its configuration; the first round
+    // measures it, later ones load it again.
+    let mut loaded = match &args.model {
+        Some(path) => Some(
+            PolicyModel::load(path, false, &dev)
+                .with_context(|| format!("loading {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let cfg = match &loaded {
+        Some(m) => m.config.clone(),
+        None => args.shape.config(),
+    };
+    let name = match &args.model {
+        Some(p) => p.display().to_string(),
+        None => args.shape.name().to_string(),
+    };
     anyhow::ensure!(
         args.seq_len <= cfg.max_position_embeddings
             && args.prompt_len + args.new_tokens <= cfg.max_position_embeddings,
@@ -588,8 +657,10 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         on_gpu || args.dtype == BenchDtype::F32,
         "--dtype bf16 needs --device cuda (the CPU kernels are f32)"
     );
-    let dev = args.device.open()?;
-    let dtype = args.dtype.candle();
+    anyhow::ensure!(
+        args.model.is_none() || args.dtype == BenchDtype::F32,
+        "--model runs in f32 (the checkpoint's weights as loaded)"
+    );
     let threads = candle_core::utils::get_num_threads();
     let load_start = load_average();
     // The MFU denominator: on the CPU the FMA peak of candle's threads; on a
@@ -616,8 +687,13 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     for _ in 0..args.rounds {
         // Built anew each round (the same seed, the same weights): the
         // PyTorch side needs the GPU's memory next.
-        let model = PolicyModel::new_random_with_dtype(&cfg, false, 0, dtype, &dev)
-            .context("building the model")?;
+        let model = match (loaded.take(), &args.model) {
+            (Some(m), _) => m,
+            (None, Some(path)) => PolicyModel::load(path, false, &dev)
+                .with_context(|| format!("loading {}", path.display()))?,
+            (None, None) => PolicyModel::new_random_with_dtype(&cfg, false, 0, dtype, &dev)
+                .context("building the model")?,
+        };
         parameters = model.num_parameters()?;
         rounds.push(measure_agentrl(&args, &model)?);
         drop(model);
@@ -643,7 +719,15 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     let peak = peak_start.max(peak_now()?);
 
     let flops = FlopModel::of(&cfg);
-    let train_flop_s = ours.train_tok_s * flops.train_token(args.seq_len as f64);
+    // MFU counts the tokens each side computes: agentrl packs a group's
+    // shared prompt once, PyTorch runs every sequence whole.
+    let computed = if args.reply_len > 0 {
+        let groups = args.batch.div_ceil(args.group);
+        groups * (args.seq_len - args.reply_len) + args.batch * args.reply_len
+    } else {
+        args.batch * args.seq_len
+    };
+    let train_flop_s = computed as f64 / ours.train_step_s * flops.train_token(args.seq_len as f64);
     let mfu = train_flop_s / peak;
     let sample_flops = flops.sample_run(args.batch as f64, args.prompt_len as f64, args.new_tokens);
     let sample_mfu = sample_flops / ours.sample_s / peak;
@@ -653,7 +737,9 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
 
     if args.json {
         let mut v = serde_json::json!({
-            "shape": args.shape.name(),
+            "shape": name,
+            "reply_len": args.reply_len,
+            "group": args.group,
             "config": {"vocab": cfg.vocab_size, "d": cfg.hidden_size, "layers": cfg.num_hidden_layers,
                        "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads(), "ffn": cfg.intermediate_size},
             "parameters": parameters,
@@ -692,7 +778,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     }
     println!(
         "model {}: vocab {} d {} layers {} heads {}/{} kv ffn {} ({} parameters), {} {}",
-        args.shape.name(),
+        name,
         cfg.vocab_size,
         cfg.hidden_size,
         cfg.num_hidden_layers,
@@ -735,7 +821,14 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     println!("{:<34}{:>12}{:>12}{:>9}", "", "agentrl", "PyTorch", "ratio");
     println!(
         "{:<34}{:>12.0}{}{}",
-        format!("train tok/s ({}x{}, +clip+AdamW)", args.batch, args.seq_len),
+        if args.reply_len > 0 {
+            format!(
+                "train tok/s ({}x{}, loss on {}, groups of {})",
+                args.batch, args.seq_len, args.reply_len, args.group
+            )
+        } else {
+            format!("train tok/s ({}x{}, +clip+AdamW)", args.batch, args.seq_len)
+        },
         ours.train_tok_s,
         cell(theirs(|t| t.train_tok_s)),
         ratio(train_ratio)
