@@ -540,3 +540,103 @@ pub fn chat_response(
         prompt_logprobs,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::ToolPlan;
+    use agentrl_model::{Generation, LogitAdjustment, SamplingParams};
+
+    fn fixture_tokenizer() -> ChatTokenizer {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny");
+        ChatTokenizer::load(dir).expect("the qwen2-tiny fixture's tokenizer")
+    }
+
+    /// A chat plan with `tools` (or none), ending at `<|im_end|>`.
+    fn plan(tools: Option<ToolPlan>, im_end: u32) -> Plan {
+        Plan {
+            prompts: vec![vec![1, 2, 3]],
+            n: 1,
+            params: SamplingParams {
+                max_new_tokens: 200,
+                stop_tokens: vec![im_end],
+                ..SamplingParams::default()
+            },
+            seed: 0,
+            stop_strings: Vec::new(),
+            logprobs: false,
+            return_token_ids: false,
+            best_of: 1,
+            top_logprobs: 0,
+            adjust: LogitAdjustment::default(),
+            echo: Vec::new(),
+            prompt_logprobs: None,
+            stream: None,
+            request_stop_ids: Vec::new(),
+            tools,
+        }
+    }
+
+    /// The model's reply as the model thread returns it: its tokens, then
+    /// the end of its turn.
+    fn output(tok: &ChatTokenizer, reply: &str, im_end: u32) -> GenerateOutput {
+        let mut tokens = tok.encode(reply).expect("encode");
+        tokens.push(im_end);
+        GenerateOutput {
+            sequences: vec![SequenceOutput {
+                generation: Generation {
+                    logprobs: vec![-0.5; tokens.len()],
+                    tokens,
+                    stopped: true,
+                },
+                top: Vec::new(),
+            }],
+            prompt_scores: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_tool_call_reply_is_answered_as_tool_calls_with_their_finish_reason() {
+        let tok = fixture_tokenizer();
+        let im_end = tok.token_id("<|im_end|>").expect("<|im_end|>");
+        let reply = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let tools = ToolPlan {
+            tools: vec![
+                serde_json::json!({"type": "function", "function": {"name": "get_weather"}}),
+            ],
+            parallel: true,
+        };
+        let answer = chat_response(
+            &tok,
+            "tiny",
+            &plan(Some(tools), im_end),
+            output(&tok, reply, im_end),
+        )
+        .expect("answer");
+        let choice = &answer.choices[0];
+        assert_eq!(choice.finish_reason.as_deref(), Some("tool_calls"));
+        // An end of turn at the model's own end of sequence: no stop_reason.
+        assert_eq!(choice.stop_reason, None);
+        assert_eq!(choice.message.content.as_deref(), Some("Let me look.\n"));
+        let calls = choice.message.tool_calls.as_ref().expect("tool_calls");
+        assert_eq!(calls.len(), 1);
+        assert!(calls[0].id.starts_with("call_"), "{}", calls[0].id);
+        assert_eq!(calls[0].kind, "function");
+        assert_eq!(calls[0].function.name, "get_weather");
+        let args: Value = serde_json::from_str(&calls[0].function.arguments).expect("JSON");
+        assert_eq!(args, serde_json::json!({"city": "Paris"}));
+        // Without tools the same reply is plain content.
+        let answer = chat_response(
+            &tok,
+            "tiny",
+            &plan(None, im_end),
+            output(&tok, reply, im_end),
+        )
+        .expect("answer");
+        let choice = &answer.choices[0];
+        assert_eq!(choice.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(choice.message.content.as_deref(), Some(reply));
+        assert!(choice.message.tool_calls.is_none());
+    }
+}
