@@ -19,9 +19,8 @@ use crate::kernels::{
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::{has_avx2, simd};
 use crate::qwen2::Model;
-use crate::sampling::{
-    empty_generations, push_token, sample_row, Generation, SamplingParams, SamplingRng,
-};
+use crate::sampling::{empty_generations, push_token, Generation, SamplingParams, SamplingRng};
+use crate::steer::Steer;
 use crate::{ModelConfig, ModelError};
 
 /// The key/value cache of one sequence, kept between `generate` calls so a
@@ -596,6 +595,7 @@ pub(crate) fn generate(
     contexts: &[Vec<u32>],
     params: &SamplingParams,
     mut rng: SamplingRng<'_>,
+    steer: &mut Steer<'_>,
 ) -> Result<Vec<Generation>, ModelError> {
     if let Some(i) = caches.iter().position(|c| !c.fits(cfg)) {
         return Err(ModelError::InvalidInput(format!(
@@ -665,9 +665,10 @@ pub(crate) fn generate(
             for &i in &active {
                 let at = logit_row[i] * vocab;
                 let logits = &scratch.logits[at..at + vocab];
-                let (tok, lp) = sample_row(logits, params, rng.for_sequence(i))?;
+                let (tok, lp, go_on) =
+                    steer.choose(i, logits, &gens[i].tokens, params, rng.for_sequence(i))?;
                 caches[i].tokens.push(tok);
-                if push_token(&mut gens[i], tok, lp, params) {
+                if push_token(&mut gens[i], tok, lp, params) && go_on {
                     still.push(i);
                 }
             }

@@ -7,7 +7,7 @@
 //! device: the contexts are left-padded into one batch, prefilled into
 //! preallocated per-layer KV caches ([`LayerKvCache`]), then decoded one
 //! token per step. Only each step's last-position logits `[B, V]` come to
-//! the host, where [`sample_rows`] picks the tokens, so the draws, the
+//! the host, where [`crate::sampling::sample_rows`] picks the tokens, so the draws, the
 //! untempered log-probs and the stop rule are those of the host decoder.
 //!
 //! Finished sequences stay in the batch (their rows are computed and
@@ -21,9 +21,8 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::decode::SequenceCache;
 use crate::qwen2::{LayerKvCache, Model};
-use crate::sampling::{
-    empty_generations, push_token, sample_rows, Generation, SamplingParams, SamplingRng,
-};
+use crate::sampling::{empty_generations, push_token, Generation, SamplingParams, SamplingRng};
+use crate::steer::Steer;
 use crate::{ModelConfig, ModelError};
 
 /// Samples a continuation of each `contexts[i]` on the model's device; see
@@ -36,6 +35,7 @@ pub(crate) fn generate(
     contexts: &[Vec<u32>],
     params: &SamplingParams,
     mut rng: SamplingRng<'_>,
+    steer: &mut Steer<'_>,
 ) -> Result<Vec<Generation>, ModelError> {
     for c in caches.iter_mut() {
         c.clear();
@@ -78,10 +78,10 @@ pub(crate) fn generate(
         let vocab = logits.len() / b;
         // A real vocabulary (Qwen2.5's 151,936) makes the token choice a
         // host pass per row worth spreading over the cores.
-        let picks = sample_rows(&logits, vocab, &active, params, &mut rng)?;
+        let picks = steer.choose_rows(&logits, vocab, &active, &gens, params, &mut rng)?;
         let mut still = Vec::with_capacity(active.len());
-        for (&i, (tok, lp)) in active.iter().zip(picks) {
-            if push_token(&mut gens[i], tok, lp, params) {
+        for (&i, (tok, lp, go_on)) in active.iter().zip(picks) {
+            if push_token(&mut gens[i], tok, lp, params) && go_on {
                 still.push(i);
             }
         }

@@ -26,6 +26,7 @@ pub mod optim;
 pub mod policy;
 pub mod qwen2;
 pub mod sampling;
+mod steer;
 pub mod token_loss;
 
 /// The tensor library, re-exported so callers need no direct dependency.
@@ -33,6 +34,8 @@ pub use candle_core;
 /// candle's NN helpers (VarMap), re-exported for the same reason.
 pub use candle_nn;
 
+/// Per-sequence steering of a generation, re-exported for callers.
+pub use agentrl_sampling::{steering, LogitAdjustment, Steering};
 pub use config::{ModelConfig, RopeParameters, MAX_PARAMETERS, MAX_POSITIONS};
 pub use decode::SequenceCache;
 pub use device::open_cuda;
@@ -41,6 +44,7 @@ pub use lora::{LoraAdapter, LoraConfig, LoraTarget};
 pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
 pub use policy::{PolicyModel, SequenceLogprobs};
 pub use sampling::{Generation, SamplingParams};
+pub use steer::PromptTokenLogprob;
 
 /// Which library runs the large CPU matrix products: `gemm` (the crate), or
 /// with the `openblas` feature `openblas (KERNEL)`, or `gemm (...)` saying

@@ -15,7 +15,9 @@ use crate::decode::SequenceCache;
 use crate::lora::{adapter_dir_of, LoraAdapter, LoraConfig, ADAPTER_DIR};
 use crate::qwen2::{param_specs, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT};
 use crate::sampling::{Generation, SamplingParams, SamplingRng};
+use crate::steer::{PromptTokenLogprob, Steer};
 use crate::{ModelConfig, ModelError};
+use agentrl_sampling::Steering;
 
 /// Seed of the fresh value head added to a checkpoint that has none.
 const VALUE_HEAD_SEED: u64 = 0x5641_4c55_4548_4541;
@@ -699,7 +701,13 @@ impl PolicyModel {
         params: &SamplingParams,
         rng: &mut ChaCha8Rng,
     ) -> Result<Vec<Generation>, ModelError> {
-        self.decode(caches, contexts, params, SamplingRng::Shared(rng))
+        self.decode(
+            caches,
+            contexts,
+            params,
+            SamplingRng::Shared(rng),
+            Steer::none(),
+        )
     }
 
     /// [`PolicyModel::generate`] with one random stream per prompt:
@@ -720,7 +728,57 @@ impl PolicyModel {
             )));
         }
         let mut caches: Vec<SequenceCache> = prompts.iter().map(|_| self.new_cache()).collect();
-        self.decode(&mut caches, prompts, params, SamplingRng::PerSequence(rngs))
+        self.decode(
+            &mut caches,
+            prompts,
+            params,
+            SamplingRng::PerSequence(rngs),
+            Steer::none(),
+        )
+    }
+
+    /// [`PolicyModel::generate_independent`] steered per sequence: before
+    /// each token of sequence `i` is chosen, `steering` may adjust its
+    /// logits (penalties, logit bias); after, it sees the token with its
+    /// raw row and may end the sequence there. The log-probs returned stay
+    /// the raw policy's. With a steering that adjusts nothing and never ends
+    /// a sequence, the result is `generate_independent`'s.
+    pub fn generate_steered(
+        &self,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        rngs: &mut [ChaCha8Rng],
+        steering: &mut dyn Steering,
+    ) -> Result<Vec<Generation>, ModelError> {
+        if rngs.len() != prompts.len() {
+            return Err(ModelError::InvalidInput(format!(
+                "{} random streams for {} prompts",
+                rngs.len(),
+                prompts.len()
+            )));
+        }
+        let mut caches: Vec<SequenceCache> = prompts.iter().map(|_| self.new_cache()).collect();
+        self.decode(
+            &mut caches,
+            prompts,
+            params,
+            SamplingRng::PerSequence(rngs),
+            Steer::by(steering),
+        )
+    }
+
+    /// The log-prob of each token of `prompt` after the first given the
+    /// tokens before it, its rank, and the `k` most likely tokens at that
+    /// position (OpenAI's `echo` with `logprobs`, vLLM's `prompt_logprobs`),
+    /// under the raw distribution. The prompt runs through the model in
+    /// chunks over a KV cache, so memory grows with its length, not its square.
+    pub fn prompt_logprobs(
+        &self,
+        prompt: &[u32],
+        k: usize,
+    ) -> Result<Vec<PromptTokenLogprob>, ModelError> {
+        let model = self.inference_model()?;
+        crate::steer::prompt_logprobs(&model, &self.config, prompt, k)
     }
 
     /// Checks the inputs of a generation and runs it.
@@ -730,6 +788,7 @@ impl PolicyModel {
         contexts: &[Vec<u32>],
         params: &SamplingParams,
         rng: SamplingRng<'_>,
+        mut steer: Steer<'_>,
     ) -> Result<Vec<Generation>, ModelError> {
         crate::sampling::validate(params)?;
         self.check_ids(contexts)?;
@@ -763,9 +822,18 @@ impl PolicyModel {
                 contexts,
                 params,
                 rng,
+                &mut steer,
             );
         }
-        crate::decode::generate(&model, &self.config, caches, contexts, params, rng)
+        crate::decode::generate(
+            &model,
+            &self.config,
+            caches,
+            contexts,
+            params,
+            rng,
+            &mut steer,
+        )
     }
 
     /// Whether the host decoder serves `model`: weights on the CPU (off it,

@@ -7,6 +7,8 @@
 //! rejects a field it would otherwise ignore); answers are lenient (vLLM and
 //! SGLang add fields of their own).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// `prompt` of a completions request: text, token ids, or a list of either.
@@ -82,6 +84,30 @@ pub struct SamplingFields<'a> {
     pub seed: Option<u64>,
     /// Streaming asked for.
     pub stream: Option<bool>,
+    /// What a stream sends besides the choices.
+    pub stream_options: Option<&'a StreamOptions>,
+    /// OpenAI's frequency penalty (−2 to 2).
+    pub frequency_penalty: Option<f64>,
+    /// OpenAI's presence penalty (−2 to 2).
+    pub presence_penalty: Option<f64>,
+    /// Token id (as a string, OpenAI's JSON) → bias added to its logit.
+    pub logit_bias: Option<&'a BTreeMap<String, f64>>,
+    /// vLLM's extension: log-probs of the prompt's tokens with this many
+    /// top alternatives.
+    pub prompt_logprobs: Option<u32>,
+}
+
+/// `stream_options`: what a stream sends besides the choices.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamOptions {
+    /// A last chunk, before `[DONE]`, with the request's usage (and
+    /// `"usage": null` in every other chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub include_usage: Option<bool>,
+    /// vLLM's extension: the usage so far in every chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// Request structs: each has `model`, the fields given (first the input, then what
@@ -144,9 +170,28 @@ macro_rules! sampling_request {
             /// vLLM's extension: answer the prompt's and each choice's token ids.
             #[serde(skip_serializing_if = "Option::is_none")]
             pub return_token_ids: Option<bool>,
-            /// Streaming is not supported: only `false` is accepted.
+            /// Answer as server-sent events, one chunk per step.
             #[serde(skip_serializing_if = "Option::is_none")]
             pub stream: Option<bool>,
+            /// With `stream`: `include_usage` adds a usage chunk at the end.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub stream_options: Option<StreamOptions>,
+            /// Lowers a token's logit by this much per earlier occurrence in
+            /// the choice (−2 to 2; 0 is off).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub frequency_penalty: Option<f64>,
+            /// Lowers the logit of every token already in the choice by this
+            /// much (−2 to 2; 0 is off).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub presence_penalty: Option<f64>,
+            /// Token id (a string, as JSON keys are) → a bias (−100 to 100)
+            /// added to its logit at every step.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub logit_bias: Option<BTreeMap<String, f64>>,
+            /// vLLM's extension: the log-prob of every prompt token, with
+            /// this many top alternatives (0 to 20).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub prompt_logprobs: Option<u32>,
             /// An end-user id (OpenAI's abuse monitoring); not used.
             #[serde(skip_serializing_if = "Option::is_none")]
             pub user: Option<String>,
@@ -166,6 +211,11 @@ macro_rules! sampling_request {
                     ignore_eos: self.ignore_eos,
                     seed: self.seed,
                     stream: self.stream,
+                    stream_options: self.stream_options.as_ref(),
+                    frequency_penalty: self.frequency_penalty,
+                    presence_penalty: self.presence_penalty,
+                    logit_bias: self.logit_bias.as_ref(),
+                    prompt_logprobs: self.prompt_logprobs,
                 }
             }
         }
@@ -176,11 +226,17 @@ sampling_request! {
     /// `POST /v1/completions`.
     pub struct CompletionRequest {
         pub prompt: Option<Prompt>,
-        /// Return log-probs: 0 gives each sampled token's own (top
-        /// alternatives are not computed by `agentrl serve-policy`).
+        /// Return log-probs: each token's own, with this many top
+        /// alternatives (0 to 20, vLLM's bound).
         pub logprobs: Option<u32>,
-        /// Echoing the prompt is not supported: only `false` is accepted.
+        /// Answer the prompt before the completion (its text, and with
+        /// `logprobs` its tokens' log-probs); with `max_tokens: 0`, only it.
         pub echo: Option<bool>,
+        /// Choices generated per prompt, of which the `n` with the highest
+        /// total log-prob are answered (at least `n`; not with `stream`).
+        pub best_of: Option<usize>,
+        /// Text after the completion: not served (only empty is accepted).
+        pub suffix: Option<String>,
     }
 
     /// `POST /v1/chat/completions`.
@@ -190,8 +246,18 @@ sampling_request! {
         pub max_completion_tokens: Option<usize>,
         /// Return each sampled token's log-prob.
         pub logprobs: Option<bool>,
-        /// Top alternatives per token: only 0 is served.
+        /// Top alternatives per token (0 to 20; needs `logprobs`).
         pub top_logprobs: Option<u32>,
+        /// `{"type": "text"}` is served; the JSON modes (`json_object`,
+        /// `json_schema`) are refused (no constrained decoding).
+        pub response_format: Option<ResponseFormat>,
+        /// Functions the model may call.
+        pub tools: Option<Vec<Tool>>,
+        /// `"auto"` (the default with tools) or `"none"`; forcing a call
+        /// (`"required"`, a named function) is refused.
+        pub tool_choice: Option<serde_json::Value>,
+        /// `false` answers at most one call.
+        pub parallel_tool_calls: Option<bool>,
     }
 }
 
@@ -203,19 +269,93 @@ pub struct Usage {
     pub total_tokens: usize,
 }
 
+/// `response_format` of a chat request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseFormat {
+    /// `text`, `json_object` or `json_schema`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The schema of `json_schema`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json_schema: Option<serde_json::Value>,
+}
+
+/// A tool of a chat request: a function the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    /// `function`, the only kind.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDefinition,
+}
+
+/// A function's name, description and JSON Schema of its parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionDefinition {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<serde_json::Value>,
+    /// OpenAI's strict schema adherence; accepted, not enforced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// A call the model made (an answer's `tool_calls`, or an assistant
+/// message's in the history).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id, which the tool message answering it names.
+    #[serde(default)]
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+fn function_kind() -> String {
+    "function".into()
+}
+
+/// The function a call names and its arguments as JSON text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: String,
+}
+
 /// The legacy completions `logprobs` object.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CompletionLogprobs {
-    /// Each generated token's text.
+    /// Each token's text.
     #[serde(default)]
     pub tokens: Vec<String>,
-    /// Each generated token's log-probability.
+    /// Each token's log-probability (`null` for an echoed prompt's first).
     #[serde(default)]
     pub token_logprobs: Vec<Option<f32>>,
-    /// Top alternatives per token; `null` from `agentrl serve-policy`.
+    /// Per token, `{token text: log-prob}` of its top alternatives (with
+    /// the token itself, as vLLM answers); `null` when none were asked for.
     #[serde(default)]
     pub top_logprobs: Option<serde_json::Value>,
+    /// Each token's offset in characters in the choice's text.
+    #[serde(default)]
+    pub text_offset: Option<Vec<usize>>,
 }
+
+/// One entry of vLLM's `prompt_logprobs`, keyed by token id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptLogprob {
+    pub logprob: f32,
+    /// 1 = the most likely token at that position.
+    pub rank: usize,
+    pub decoded_token: String,
+}
+
+/// vLLM's `prompt_logprobs`: per prompt token, `null` for the first, then
+/// `{token id: entry}` of the token itself and the top alternatives.
+pub type PromptLogprobs = Vec<Option<BTreeMap<String, PromptLogprob>>>;
 
 /// One choice of a completion.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -236,6 +376,9 @@ pub struct CompletionChoice {
     /// The prompt's token ids (with `return_token_ids`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// vLLM's `prompt_logprobs` (when asked for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// The answer to `POST /v1/completions`.
@@ -273,7 +416,16 @@ pub struct ContentPart {
 #[serde(deny_unknown_fields)]
 pub struct RequestMessage {
     pub role: String,
-    pub content: MessageContent,
+    /// The text; may be `null` (or left out) on an assistant message that
+    /// made tool calls.
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    /// The calls an assistant message made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
     /// A participant's name; not used by the chat template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -283,7 +435,11 @@ pub struct RequestMessage {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResponseMessage {
     pub role: String,
-    pub content: String,
+    /// The reply's text; `null` when the reply is only tool calls.
+    pub content: Option<String>,
+    /// The calls the reply made (with `tools`), left out when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// One token of a chat answer's `logprobs.content`.
@@ -293,9 +449,17 @@ pub struct ChatTokenLogprob {
     pub logprob: f32,
     /// The token text's UTF-8 bytes.
     pub bytes: Vec<u8>,
-    /// Top alternatives: always empty (not computed).
+    /// The top alternatives at this step, most likely first.
     #[serde(default)]
-    pub top_logprobs: Vec<serde_json::Value>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// One top alternative of a chat answer's token.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
 }
 
 /// A chat choice's `logprobs`.
@@ -332,6 +496,103 @@ pub struct ChatCompletionResponse {
     /// The rendered chat's token ids (with `return_token_ids`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// vLLM's `prompt_logprobs` of the rendered chat (when asked for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
+}
+
+/// `usage` of a stream chunk: left out without `include_usage`, `null` in
+/// every chunk but the last with it, the request's usage in the last.
+pub type ChunkUsage = Option<Option<Usage>>;
+
+/// One server-sent event of a streamed `/v1/completions` answer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChunk {
+    pub id: String,
+    /// `text_completion`, as OpenAI and vLLM name a chunk too.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChunkChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: ChunkUsage,
+}
+
+/// One choice's step in a [`CompletionChunk`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChunkChoice {
+    pub index: usize,
+    /// The text this step adds.
+    pub text: String,
+    /// The log-probs of this step's tokens (offsets continue the choice's).
+    #[serde(default)]
+    pub logprobs: Option<CompletionLogprobs>,
+    /// Set in the choice's last chunk.
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    #[serde(default)]
+    pub stop_reason: Option<serde_json::Value>,
+    /// This step's token ids (with `return_token_ids`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
+    /// The prompt's token ids, in the choice's first chunk (with `return_token_ids`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// vLLM's `prompt_logprobs`, in the choice's first chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
+}
+
+/// One server-sent event of a streamed `/v1/chat/completions` answer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    /// `chat.completion.chunk`.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: ChunkUsage,
+}
+
+/// One choice's step in a [`ChatCompletionChunk`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatChunkChoice {
+    pub index: usize,
+    pub delta: ChatDelta,
+    #[serde(default)]
+    pub logprobs: Option<ChatLogprobs>,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<serde_json::Value>,
+    /// This step's token ids (with `return_token_ids`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
+}
+
+/// What a chat chunk adds to the assistant's message.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatDelta {
+    /// `assistant`, in each choice's first chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// A tool call in a chat chunk: whole, in one chunk, with its place among
+/// the reply's calls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
 }
 
 /// One served model in `GET /v1/models`.

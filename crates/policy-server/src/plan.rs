@@ -2,7 +2,7 @@
 //! naming its field (`max_tokens`, `prompt[1]`, `messages[0].content`, …),
 //! found before the model is queued.
 
-use agentrl_model::SamplingParams;
+use agentrl_model::{LogitAdjustment, SamplingParams};
 use agentrl_policy_client::protocol::{
     ChatCompletionRequest, CompletionRequest, MessageContent, Prompt, PromptItem, SamplingFields,
     Stop,
@@ -10,8 +10,10 @@ use agentrl_policy_client::protocol::{
 use agentrl_tokenizer::{ChatMessage, ChatTokenizer};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::options::{self, StreamPlan, ToolPlan};
 
 /// Sequences (prompts × `n`) one request may ask for at most.
 pub const MAX_SEQUENCES_PER_REQUEST: usize = 1024;
@@ -57,23 +59,54 @@ pub struct Plan {
     pub logprobs: bool,
     /// Answer token ids (vLLM's `return_token_ids`).
     pub return_token_ids: bool,
+    /// Choices generated per prompt (`best_of`, at least `n`): the `n`
+    /// with the highest total log-prob are answered.
+    pub best_of: usize,
+    /// Top alternatives answered per token (0: none).
+    pub top_logprobs: usize,
+    /// Penalties and logit bias applied while sampling.
+    pub adjust: LogitAdjustment,
+    /// Answer each prompt before its choices (`echo`): its text as sent
+    /// (token-id prompts decoded), per prompt; empty without `echo`.
+    pub echo: Vec<String>,
+    /// vLLM's `prompt_logprobs`: this many alternatives per prompt token.
+    pub prompt_logprobs: Option<usize>,
+    /// Answer as server-sent events.
+    pub stream: Option<StreamPlan>,
+    /// The request's own `stop_token_ids` (a stop on one of them is its
+    /// `stop_reason`; a stop on the model's end-of-sequence is `null`).
+    pub request_stop_ids: Vec<u32>,
+    /// Read the answer for tool calls (a chat with tools).
+    pub tools: Option<ToolPlan>,
 }
 
 impl Plan {
     /// Every sequence to generate with its random stream: prompt `p`'s
-    /// choice `j` is choice index `p·n + j`, as in vLLM's answers.
+    /// choice `j` is choice index `p·best_of + j` (`p·n + j` as in vLLM's
+    /// answers when `best_of` is `n`).
     pub fn sequences(&self) -> (Vec<Vec<u32>>, Vec<ChaCha8Rng>) {
-        let mut prompts = Vec::with_capacity(self.prompts.len() * self.n);
+        let mut prompts = Vec::with_capacity(self.prompts.len() * self.best_of);
         let mut rngs = Vec::with_capacity(prompts.capacity());
         for (p, prompt) in self.prompts.iter().enumerate() {
-            for j in 0..self.n {
+            for j in 0..self.best_of {
                 prompts.push(prompt.clone());
                 let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
-                rng.set_stream((p * self.n + j) as u64);
+                rng.set_stream((p * self.best_of + j) as u64);
                 rngs.push(rng);
             }
         }
         (prompts, rngs)
+    }
+
+    /// Whether the prompts' own tokens are scored on the model thread
+    /// (`echo` with `logprobs`, or `prompt_logprobs`), with how many
+    /// alternatives per position.
+    pub fn prompt_scoring(&self) -> Option<usize> {
+        let echoed = (!self.echo.is_empty() && self.logprobs).then_some(self.top_logprobs);
+        match (echoed, self.prompt_logprobs) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0).max(b.unwrap_or(0))),
+        }
     }
 }
 
@@ -83,17 +116,17 @@ pub fn completion(
     tokenizer: &ChatTokenizer,
     limits: &ModelLimits,
 ) -> Result<Plan, ApiError> {
-    refuse_flag("echo", req.echo, "echo")?;
-    let logprobs = match req.logprobs {
-        None => false,
-        Some(0) => true,
-        Some(k) => {
-            return Err(ApiError::invalid(
-                "logprobs",
-                format!("{k} top alternatives per token are not computed: send 0 to get each sampled token's log-prob"),
-            ))
-        }
-    };
+    let top_logprobs = req
+        .logprobs
+        .map(|k| options::top_count("logprobs", k))
+        .transpose()?;
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid(
+            "suffix",
+            "a suffix (text after the completion) is not supported: leave it out",
+        ));
+    }
+    let echo = req.echo == Some(true);
     let items = req
         .prompt
         .as_ref()
@@ -106,6 +139,7 @@ pub fn completion(
     }
     let batch = matches!(req.prompt, Some(Prompt::Batch(_)));
     let mut prompts = Vec::with_capacity(items.len());
+    let mut echoed = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let field = if batch {
             format!("prompt[{i}]")
@@ -117,15 +151,59 @@ pub fn completion(
             PromptItem::Tokens(ids) => ids.clone(),
         };
         check_prompt(&field, &ids, limits)?;
+        if echo {
+            echoed.push(match item {
+                PromptItem::Text(t) => t.clone(),
+                PromptItem::Tokens(ids) => tokenizer
+                    .decode(ids, false)
+                    .map_err(|e| ApiError::invalid(&field, format!("cannot decode: {e}")))?,
+            });
+        }
         prompts.push(ids);
     }
-    plan(
+    // `echo` with `max_tokens: 0` scores the prompt alone (lm-eval's way).
+    let score_only = echo && req.max_tokens == Some(0);
+    let knobs = SamplingFields {
+        max_tokens: if score_only { None } else { req.max_tokens },
+        ..req.sampling()
+    };
+    let mut p = plan(
         prompts,
-        &req.sampling(),
-        logprobs,
+        &knobs,
+        top_logprobs.is_some(),
         req.return_token_ids == Some(true),
         limits,
-    )
+    )?;
+    if score_only {
+        p.params.max_new_tokens = 0;
+    }
+    p.top_logprobs = top_logprobs.unwrap_or(0);
+    p.echo = echoed;
+    if let Some(best_of) = req.best_of {
+        if best_of < p.n {
+            return Err(ApiError::invalid(
+                "best_of",
+                format!("best_of {best_of} must be at least n {}", p.n),
+            ));
+        }
+        if best_of > p.n && p.stream.is_some() {
+            return Err(ApiError::invalid(
+                "best_of",
+                "best_of above n cannot be streamed (the best choices are known at the end)",
+            ));
+        }
+        if p.prompts.len().saturating_mul(best_of) > MAX_SEQUENCES_PER_REQUEST {
+            return Err(ApiError::invalid(
+                "best_of",
+                format!(
+                    "{} prompts × best_of {best_of} is more than the {MAX_SEQUENCES_PER_REQUEST} sequences one request may ask for",
+                    p.prompts.len()
+                ),
+            ));
+        }
+        p.best_of = best_of;
+    }
+    Ok(p)
 }
 
 /// A `/v1/chat/completions` request as a plan: the messages rendered with
@@ -135,12 +213,15 @@ pub fn chat(
     tokenizer: &ChatTokenizer,
     limits: &ModelLimits,
 ) -> Result<Plan, ApiError> {
-    if req.top_logprobs.is_some_and(|k| k > 0) {
+    let top_logprobs = options::top_count("top_logprobs", req.top_logprobs.unwrap_or(0))?;
+    if top_logprobs > 0 && req.logprobs != Some(true) {
         return Err(ApiError::invalid(
             "top_logprobs",
-            "top alternatives are not computed: send 0 or leave it out (logprobs: true gives each sampled token's log-prob)",
+            "top_logprobs needs logprobs: true",
         ));
     }
+    options::check_response_format(req.response_format.as_ref())?;
+    let tools = options::tool_plan(req)?;
     let max_tokens = match (req.max_tokens, req.max_completion_tokens) {
         (Some(a), Some(b)) if a != b => {
             return Err(ApiError::invalid(
@@ -161,6 +242,7 @@ pub fn chat(
         ));
     }
     let mut chat = Vec::with_capacity(messages.len());
+    let mut json_messages = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         if !CHAT_ROLES.contains(&m.role.as_str()) {
             return Err(ApiError::invalid(
@@ -173,8 +255,15 @@ pub fn chat(
             ));
         }
         let content = match &m.content {
-            MessageContent::Text(t) => t.clone(),
-            MessageContent::Parts(parts) => {
+            None if m.role == "assistant" && m.tool_calls.is_some() => String::new(),
+            None => {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].content"),
+                    "required (null only on an assistant message with tool_calls)",
+                ))
+            }
+            Some(MessageContent::Text(t)) => t.clone(),
+            Some(MessageContent::Parts(parts)) => {
                 let mut text = String::new();
                 for (j, part) in parts.iter().enumerate() {
                     match (part.kind.as_str(), &part.text) {
@@ -196,36 +285,58 @@ pub fn chat(
                 text
             }
         };
+        json_messages.push(message_json(m, &content));
         chat.push(ChatMessage::new(m.role.clone(), content));
     }
-    let text = tokenizer.render_chat(&chat, true).map_err(|e| {
-        ApiError::invalid("messages", format!("cannot render the chat template: {e}"))
-    })?;
+    // Tools, tool calls and tool results go through the template's tools
+    // support (or are written into the messages for a template without it);
+    // a plain chat renders exactly as before.
+    let uses_tools = tools.is_some()
+        || messages
+            .iter()
+            .any(|m| m.role == "tool" || m.tool_calls.is_some() || m.tool_call_id.is_some());
+    let text = if uses_tools {
+        tokenizer.render_chat_with_tools(
+            &json_messages,
+            tools.as_ref().map(|t| t.tools.as_slice()),
+            true,
+        )
+    } else {
+        tokenizer.render_chat(&chat, true)
+    }
+    .map_err(|e| ApiError::invalid("messages", format!("cannot render the chat template: {e}")))?;
     let ids = crate::bounds::encode_bounded(tokenizer, &text, "messages", limits)?;
     check_prompt("messages", &ids, limits)?;
     let knobs = SamplingFields {
         max_tokens,
         ..req.sampling()
     };
-    plan(
+    let mut p = plan(
         vec![ids],
         &knobs,
         req.logprobs == Some(true),
         req.return_token_ids == Some(true),
         limits,
-    )
+    )?;
+    p.top_logprobs = top_logprobs;
+    p.tools = tools;
+    Ok(p)
 }
 
-/// A flag the server does not support (`what`) passes only as `false` or
-/// left out.
-fn refuse_flag(field: &str, value: Option<bool>, what: &str) -> Result<(), ApiError> {
-    match value {
-        Some(true) => Err(ApiError::invalid(
-            field,
-            format!("{what} is not supported: send false or leave it out"),
-        )),
-        _ => Ok(()),
+/// A chat message as the template reads it (OpenAI's JSON shape): its
+/// text, and its tool calls or the call it answers.
+fn message_json(m: &agentrl_policy_client::protocol::RequestMessage, content: &str) -> Value {
+    let mut v = serde_json::json!({ "role": m.role, "content": content });
+    if let Some(calls) = &m.tool_calls {
+        v["tool_calls"] = serde_json::to_value(calls).unwrap_or(Value::Null);
     }
+    if let Some(id) = &m.tool_call_id {
+        v["tool_call_id"] = Value::from(id.clone());
+    }
+    if let Some(name) = &m.name {
+        v["name"] = Value::from(name.clone());
+    }
+    v
 }
 
 /// A prompt must hold at least one token, ids in the vocabulary, and leave
@@ -264,7 +375,12 @@ fn plan(
     return_token_ids: bool,
     limits: &ModelLimits,
 ) -> Result<Plan, ApiError> {
-    refuse_flag("stream", k.stream, "streaming")?;
+    let stream = options::stream_plan(k.stream, k.stream_options)?;
+    let adjust = options::adjustment(k, limits.vocab_size)?;
+    let prompt_logprobs = k
+        .prompt_logprobs
+        .map(|n| options::top_count("prompt_logprobs", n))
+        .transpose()?;
     let n = k.n.unwrap_or(1);
     if n == 0 {
         return Err(ApiError::invalid("n", "must be at least 1"));
@@ -372,6 +488,7 @@ fn plan(
             stop_tokens.push(id);
         }
     }
+    let request_stop_ids = stop_tokens.clone();
     if k.ignore_eos != Some(true) {
         for &id in &limits.eos_ids {
             if !stop_tokens.contains(&id) {
@@ -394,6 +511,14 @@ fn plan(
         stop_strings,
         logprobs,
         return_token_ids,
+        best_of: n,
+        top_logprobs: 0,
+        adjust,
+        echo: Vec::new(),
+        prompt_logprobs,
+        stream,
+        request_stop_ids,
+        tools: None,
     })
 }
 
@@ -502,12 +627,27 @@ mod tests {
             }),
             "max_tokens"
         );
+        let opts = agentrl_policy_client::protocol::StreamOptions::default();
         assert_eq!(
             refused(SamplingFields {
-                stream: Some(true),
+                stream_options: Some(&opts),
                 ..knobs()
             }),
-            "stream"
+            "stream_options"
+        );
+        assert_eq!(
+            refused(SamplingFields {
+                frequency_penalty: Some(-3.0),
+                ..knobs()
+            }),
+            "frequency_penalty"
+        );
+        assert_eq!(
+            refused(SamplingFields {
+                prompt_logprobs: Some(21),
+                ..knobs()
+            }),
+            "prompt_logprobs"
         );
         let ids = [3, 100];
         assert_eq!(
@@ -580,6 +720,23 @@ mod tests {
         assert!(e.body.error.message.contains("token id 100"), "{e:?}");
         assert!(check_prompt("prompt", &[1; 10], &l).is_err());
         assert!(check_prompt("prompt", &[1; 9], &l).is_ok());
+    }
+
+    #[test]
+    fn stop_reason_ids_are_the_requests_own() {
+        let ids = [9, 2];
+        let k = SamplingFields {
+            stop_token_ids: Some(&ids),
+            stream: Some(true),
+            ..knobs()
+        };
+        let p = plan(vec![vec![5]], &k, false, false, &limits()).unwrap();
+        assert_eq!(p.request_stop_ids, vec![9, 2]);
+        assert_eq!(p.params.stop_tokens, vec![9, 2]);
+        assert_eq!(p.stream, Some(options::StreamPlan::default()));
+        let p = plan(vec![vec![5]], &knobs(), false, false, &limits()).unwrap();
+        assert!(p.request_stop_ids.is_empty());
+        assert_eq!(p.params.stop_tokens, vec![2]);
     }
 
     #[test]

@@ -1,33 +1,41 @@
-//! The routes (`/v1/models`, `/v1/completions`, `/v1/chat/completions`,
-//! vLLM's `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`, `/health`), their JSON extractor and the
+//! The routes (`/v1/models`, `/v1/models/{id}`, `/v1/completions`,
+//! `/v1/chat/completions`, vLLM's `/v1/load_lora_adapter` and
+//! `/v1/unload_lora_adapter`, `/health`), their JSON extractor and the
 //! layers around them.
 //!
 //! A handler checks the request into a [`Plan`] (tokenizing on a blocking
 //! thread), queues its sequences for the model thread, and writes the answer
-//! (decoding on a blocking thread): the async runtime only moves bytes.
+//! (decoding on a blocking thread): the async runtime only moves bytes. A
+//! streamed request ([`crate::stream`]) answers server-sent events as the
+//! tokens come.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use agentrl_connections::Hardening;
-use agentrl_model::Generation;
 use agentrl_policy_client::protocol::{
     ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
 };
 use agentrl_tokenizer::{ChatTokenizer, TokenizerError};
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::answer::{self, Choice};
-use crate::batcher::{GenerateError, Generator};
+use crate::answer;
+use crate::batcher::{
+    GenerateError, GenerateOutput, GenerateRequest, Generator, SequenceOptions, StreamEvent,
+};
 use crate::error::ApiError;
 use crate::plan::{self, ModelLimits, Plan};
+use crate::stream::{self, Kind};
 
 /// Shared state of every route.
 pub(crate) struct AppState {
@@ -72,13 +80,19 @@ pub(crate) fn router(state: Shared, hardening: Hardening) -> Router {
     let routes = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
+        // A served name may hold slashes (`--model runs/fl3` by default).
+        .route("/v1/models/{*id}", get(model_card))
         .route(
             "/v1/completions",
-            generation_route(plan::completion, answer::completion_response),
+            generation_route(
+                plan::completion,
+                answer::completion_response,
+                Kind::Completion,
+            ),
         )
         .route(
             "/v1/chat/completions",
-            generation_route(plan::chat, answer::chat_response),
+            generation_route(plan::chat, answer::chat_response, Kind::Chat),
         )
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
@@ -112,7 +126,8 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for OpenAiJson<T> {
 }
 
 /// A deserialisation error as a 400: the field it is about is the path, or
-/// the unknown field's name.
+/// the unknown field's name under the object that holds it
+/// (`messages[0].priority`), so a client sees which message was refused.
 fn body_error(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     let message = e.inner().to_string();
     let path = e.path().to_string();
@@ -120,7 +135,11 @@ fn body_error(e: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         .strip_prefix("unknown field `")
         .and_then(|rest| rest.split('`').next());
     match (path.as_str(), unknown) {
-        (_, Some(field)) => ApiError::invalid(field, message.clone()),
+        ("." | "?", Some(field)) => ApiError::invalid(field, message.clone()),
+        (at, Some(field)) if at == field || at.ends_with(&format!(".{field}")) => {
+            ApiError::invalid(at, message.clone())
+        }
+        (at, Some(field)) => ApiError::invalid(&format!("{at}.{field}"), message.clone()),
         (".", None) => ApiError::bad_request(format!("the body is not a valid request: {message}")),
         (field, None) => ApiError::invalid(field, format!("{field}: {message}")),
     }
@@ -131,19 +150,25 @@ async fn health() -> StatusCode {
 }
 
 async fn models(State(st): State<Shared>) -> Result<Json<ModelList>, ApiError> {
-    let card = |id: &str| ModelCard {
-        id: id.to_string(),
-        object: "model".into(),
-        created: st.created,
-        owned_by: "agentrl".into(),
-        max_model_len: Some(st.limits.max_model_len),
-    };
-    let mut data = vec![card(&st.name)];
-    data.extend(st.adapter_names()?.iter().map(|n| card(n)));
+    let mut data = vec![st.card(&st.name)];
+    data.extend(st.adapter_names()?.iter().map(|n| st.card(n)));
     Ok(Json(ModelList {
         object: "list".into(),
         data,
     }))
+}
+
+/// `GET /v1/models/{id}`: the served model's or a loaded adapter's card; 404
+/// (OpenAI's `model_not_found`) for any other name.
+async fn model_card(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    if id == st.name || st.adapter_names()?.contains(&id) {
+        Ok(Json(st.card(&id)))
+    } else {
+        Err(ApiError::unknown_model(&id, &st.name))
+    }
 }
 
 /// Loads a PEFT adapter (vLLM's route and answer): requests naming
@@ -226,6 +251,7 @@ impl NamesModel for ChatCompletionRequest {
 fn generation_route<Req, Resp>(
     plan_of: Planner<Req>,
     answer_of: Answerer<Resp>,
+    kind: Kind,
 ) -> MethodRouter<Shared>
 where
     Req: DeserializeOwned + NamesModel + Send + 'static,
@@ -234,7 +260,7 @@ where
     post(
         move |State(st): State<Shared>, OpenAiJson(req): OpenAiJson<Req>| async move {
             let model = req.model();
-            answer_request(st, model, req, plan_of, answer_of).await
+            answer_request(st, model, req, plan_of, answer_of, kind).await
         },
     )
 }
@@ -242,36 +268,40 @@ where
 /// Checks a request's body into a [`Plan`] (tokenizing).
 type Planner<Req> = fn(&Req, &ChatTokenizer, &ModelLimits) -> Result<Plan, ApiError>;
 /// Writes a request's answer from its generated choices (decoding).
-type Answerer<Resp> = fn(&ChatTokenizer, &str, &Plan, Vec<Choice>) -> Result<Resp, TokenizerError>;
+type Answerer<Resp> =
+    fn(&ChatTokenizer, &str, &Plan, GenerateOutput) -> Result<Resp, TokenizerError>;
 
 /// One generation request from body to answer: check the model it names,
-/// plan it on a blocking thread, generate, and write the answer (named
-/// after the adapter used, if any) on a blocking thread.
+/// plan it on a blocking thread, then stream it, or generate and write the
+/// answer (named after the adapter used, if any) on a blocking thread.
 async fn answer_request<Req, Resp>(
     st: Shared,
     model: Option<String>,
     req: Req,
     plan_of: Planner<Req>,
     answer_of: Answerer<Resp>,
-) -> Result<Json<Resp>, ApiError>
+    kind: Kind,
+) -> Result<Response, ApiError>
 where
     Req: Send + 'static,
-    Resp: Send + 'static,
+    Resp: Serialize + Send + 'static,
 {
     let adapter = st.check_model(model.as_deref())?;
     let plan = {
         let st = Arc::clone(&st);
         blocking(move || plan_of(&req, &st.tokenizer, &st.limits)).await??
     };
-    let gens = st.generate(&plan, adapter.clone()).await?;
+    if plan.stream.is_some() {
+        return stream::respond(st, plan, adapter, kind);
+    }
+    let output = st.generate(&plan, adapter.clone()).await?;
     let answer = blocking(move || {
-        let choices = finish_all(&st.tokenizer, gens, &plan)?;
         let name = adapter.as_deref().unwrap_or(&st.name);
-        answer_of(&st.tokenizer, name, &plan, choices)
+        answer_of(&st.tokenizer, name, &plan, output)
             .map_err(|e| ApiError::internal(format!("decoding: {e}")))
     })
     .await??;
-    Ok(Json(answer))
+    Ok(Json(answer).into_response())
 }
 
 impl AppState {
@@ -290,6 +320,17 @@ impl AppState {
         }
     }
 
+    /// The model card of `id` (the served model or an adapter).
+    fn card(&self, id: &str) -> ModelCard {
+        ModelCard {
+            id: id.to_string(),
+            object: "model".into(),
+            created: self.created,
+            owned_by: "agentrl".into(),
+            max_model_len: Some(self.limits.max_model_len),
+        }
+    }
+
     fn adapter_names(&self) -> Result<BTreeSet<String>, ApiError> {
         Ok(self
             .adapters
@@ -303,17 +344,50 @@ impl AppState {
         &self,
         plan: &Plan,
         adapter: Option<String>,
-    ) -> Result<Vec<Generation>, ApiError> {
-        let (prompts, rngs) = plan.sequences();
+    ) -> Result<GenerateOutput, ApiError> {
         self.generator
-            .generate(prompts, rngs, plan.params.clone(), adapter)
+            .generate_with(request_of(plan, adapter, None))
             .await
+            .map_err(generate_error)
+    }
+
+    /// Queue `plan`'s sequences and receive their tokens as they come;
+    /// setting `stop_flags[i]` ends sequence `i`.
+    pub(crate) fn start_stream(
+        &self,
+        plan: &Plan,
+        adapter: Option<String>,
+        stop_flags: Arc<[AtomicBool]>,
+    ) -> Result<UnboundedReceiver<StreamEvent>, ApiError> {
+        self.generator
+            .stream(request_of(plan, adapter, Some(stop_flags)))
             .map_err(generate_error)
     }
 }
 
+/// The model thread's request for `plan`.
+fn request_of(
+    plan: &Plan,
+    adapter: Option<String>,
+    stop_flags: Option<Arc<[AtomicBool]>>,
+) -> GenerateRequest {
+    let (prompts, rngs) = plan.sequences();
+    GenerateRequest {
+        prompts,
+        rngs,
+        params: plan.params.clone(),
+        adapter,
+        options: SequenceOptions {
+            adjust: plan.adjust.clone(),
+            top_logprobs: plan.top_logprobs,
+            score_prompts: plan.prompt_scoring().map(|k| (plan.prompts.clone(), k)),
+            stop_flags,
+        },
+    }
+}
+
 /// The answer to a model thread's failure.
-fn generate_error(e: GenerateError) -> ApiError {
+pub(crate) fn generate_error(e: GenerateError) -> ApiError {
     match e {
         GenerateError::Busy(queued) => ApiError::busy(queued),
         GenerateError::Stopped => ApiError::new(
@@ -326,18 +400,6 @@ fn generate_error(e: GenerateError) -> ApiError {
         GenerateError::Failed(msg) => ApiError::internal(msg),
         GenerateError::Adapter(msg) => ApiError::bad_request(msg),
     }
-}
-
-/// Stop strings applied to every generation.
-fn finish_all(
-    tokenizer: &ChatTokenizer,
-    gens: Vec<Generation>,
-    plan: &Plan,
-) -> Result<Vec<Choice>, ApiError> {
-    gens.into_iter()
-        .map(|g| answer::finish(tokenizer, g, &plan.stop_strings))
-        .collect::<Result<_, _>>()
-        .map_err(|e| ApiError::internal(format!("decoding: {e}")))
 }
 
 /// Run `f` on tokio's blocking pool (tokenizing and decoding stay off the
@@ -355,7 +417,7 @@ async fn not_found(req: Request) -> ApiError {
         StatusCode::NOT_FOUND,
         "invalid_request_error",
         format!(
-            "no route {} {} (served: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter, GET /health)",
+            "no route {} {} (served: GET /v1/models, GET /v1/models/{{id}}, POST /v1/completions, POST /v1/chat/completions, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter, GET /health)",
             req.method(),
             req.uri().path()
         ),
@@ -379,8 +441,12 @@ mod tests {
     fn body_errors_name_the_field() {
         let e = error_of(r#"{"prompt": "x", "max_tokens": "ten"}"#);
         assert_eq!(e.body.error.param.as_deref(), Some("max_tokens"));
-        let e = error_of(r#"{"prompt": "x", "best_of": 2}"#);
+        let e = error_of(r#"{"prompt": "x", "best_of": -2}"#);
         assert_eq!(e.body.error.param.as_deref(), Some("best_of"));
+        let e = error_of(r#"{"prompt": "x", "functions": []}"#);
+        assert_eq!(e.body.error.param.as_deref(), Some("functions"));
+        let e = error_of(r#"{"prompt": "x", "stream_options": {"bogus": 1}}"#);
+        assert_eq!(e.body.error.param.as_deref(), Some("stream_options.bogus"));
         let e = error_of(r#"{"prompt": {"a": 1}}"#);
         assert_eq!(e.body.error.param.as_deref(), Some("prompt"));
         let e = error_of("not json");

@@ -126,7 +126,8 @@ pub struct RolloutConfig {
     pub agent: AgentStrategy,
     /// RAGEN's pre-fill: every generation prompt ends with the opening of
     /// the reply format (`<think>` for `think_answer`, `Thought:` for
-    /// `react`), so the policy writes its reply from inside the format. A
+    /// `react`, nothing for `tools`, whose replies open with free
+    /// thoughts), so the policy writes its reply from inside the format. A
     /// pretrained chat model otherwise answers in free prose. The pre-fill
     /// is context, not the policy's tokens; the reply read back includes it.
     pub prefill: bool,

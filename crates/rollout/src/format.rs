@@ -1,10 +1,20 @@
 //! Reply formats: how the policy writes its actions, and how we read them back.
 //!
 //! - [`ReplyFormat::ThinkAnswer`] (RAGEN): `<think>…</think><answer>a1 || a2</answer>`;
-//! - [`ReplyFormat::React`] (AgentGym): `Thought: … Action: …`.
+//! - [`ReplyFormat::React`] (AgentGym): `Thought: … Action: …`;
+//! - [`ReplyFormat::Tools`] (agent frameworks, TRL's environments): one
+//!   tool, `act`, called in the Hermes format Qwen2.5 is trained on,
+//!   `<tool_call>{"name": "act", "arguments": {"action": "…"}}</tool_call>`
+//!   per action, read back as vLLM's `hermes` parser reads it.
 
+use agentrl_tokenizer::tools::{parse_tool_calls, python_json, TOOL_CALL_END, TOOL_CALL_START};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+/// The one tool [`ReplyFormat::Tools`] offers: its name…
+pub const ACT_TOOL: &str = "act";
+/// …and its one argument, the action.
+pub const ACT_ARGUMENT: &str = "action";
 
 /// Why a reply could not be read as actions.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -17,6 +27,10 @@ pub enum FormatError {
     EmptyAnswer,
     #[error("text after </answer>: the reply must end with its answer")]
     TrailingText,
+    #[error("no well-formed <tool_call> with a JSON object of name and arguments")]
+    MissingToolCall,
+    #[error("a call to a tool other than 'act', or without a string 'action' argument")]
+    WrongToolCall,
 }
 
 /// The reply format the policy is prompted (and trained) to use.
@@ -30,6 +44,9 @@ pub enum ReplyFormat {
     ThinkAnswer,
     /// AgentGym's `Thought: …\nAction: …` (one action per turn).
     React,
+    /// Tool calls: `<tool_call>{"name": "act", "arguments": {"action": …}}</tool_call>`,
+    /// one per action, after optional free text (the thoughts).
+    Tools,
 }
 
 impl ReplyFormat {
@@ -42,6 +59,11 @@ impl ReplyFormat {
             ReplyFormat::React => {
                 "Answer with 'Thought: your thoughts' then a line 'Action: your action'.".to_string()
             }
+            ReplyFormat::Tools => format!(
+                "Think, then act by calling the tool {name} once per action (up to {max_actions}), each call as {TOOL_CALL_START}\n{example}\n{TOOL_CALL_END}",
+                name = ACT_TOOL,
+                example = act_call("your action"),
+            ),
         }
     }
 
@@ -51,6 +73,9 @@ impl ReplyFormat {
         match self {
             ReplyFormat::ThinkAnswer => "<think>",
             ReplyFormat::React => "Thought:",
+            // Thoughts come first and are free text: the only fixed opening
+            // is the call, and pre-filling it would leave no room to think.
+            ReplyFormat::Tools => "",
         }
     }
 
@@ -81,6 +106,7 @@ impl ReplyFormat {
                     vec![line.to_string()]
                 }
             }
+            ReplyFormat::Tools => tool_actions(reply)?,
         };
         if actions.is_empty() {
             return Err(FormatError::EmptyAnswer);
@@ -103,6 +129,7 @@ impl ReplyFormat {
                 let rest = &reply[start..];
                 &rest[..rest.find("Action:").unwrap_or(rest.len())]
             }
+            ReplyFormat::Tools => &reply[..reply.find(TOOL_CALL_START).unwrap_or(reply.len())],
         };
         let text = text.trim();
         (!text.is_empty()).then(|| text.to_string())
@@ -114,6 +141,7 @@ impl ReplyFormat {
         match self {
             ReplyFormat::ThinkAnswer => format!("<think>{thought}</think>"),
             ReplyFormat::React => format!("Thought: {thought}\n"),
+            ReplyFormat::Tools => format!("{thought}\n"),
         }
     }
 
@@ -130,8 +158,59 @@ impl ReplyFormat {
                 let action = actions.first().map(String::as_str).unwrap_or("");
                 format!("Thought: {thought}\nAction: {action}")
             }
+            ReplyFormat::Tools => {
+                let calls: Vec<String> = actions
+                    .iter()
+                    .map(|a| format!("{TOOL_CALL_START}\n{}\n{TOOL_CALL_END}", act_call(a)))
+                    .collect();
+                format!("{thought}\n{}", calls.join("\n"))
+            }
         }
     }
+}
+
+/// `{"name": "act", "arguments": {"action": …}}` as Qwen2.5's template
+/// writes a call (Python's `json.dumps` spacing).
+fn act_call(action: &str) -> String {
+    let args = serde_json::json!({ ACT_ARGUMENT: action });
+    format!(
+        "{{\"name\": \"{ACT_TOOL}\", \"arguments\": {}}}",
+        python_json(&args)
+    )
+}
+
+/// The actions of a [`ReplyFormat::Tools`] reply: each call's `action`
+/// argument, read with vLLM's `hermes` parser rules (one malformed block
+/// and no call counts). Arguments given as a JSON string holding the
+/// object are read too, as models trained on OpenAI's wire form write them.
+fn tool_actions(reply: &str) -> Result<Vec<String>, FormatError> {
+    let parsed = parse_tool_calls(reply);
+    if parsed.tool_calls.is_empty() {
+        return Err(FormatError::MissingToolCall);
+    }
+    let mut actions = Vec::with_capacity(parsed.tool_calls.len());
+    for call in &parsed.tool_calls {
+        if call.name != ACT_TOOL {
+            return Err(FormatError::WrongToolCall);
+        }
+        let mut args: serde_json::Value =
+            serde_json::from_str(&call.arguments).map_err(|_| FormatError::WrongToolCall)?;
+        if let Some(inner) = args
+            .as_str()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+        {
+            args = inner;
+        }
+        let action = args
+            .get(ACT_ARGUMENT)
+            .and_then(serde_json::Value::as_str)
+            .ok_or(FormatError::WrongToolCall)?;
+        let action = action.trim();
+        if !action.is_empty() {
+            actions.push(action.to_string());
+        }
+    }
+    Ok(actions)
 }
 
 /// The content of the first `<answer>…</answer>` that follows a closed
@@ -169,6 +248,35 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn tool_calls_are_read_as_actions_as_hermes_reads_them() {
+        let f = ReplyFormat::Tools;
+        let r = "go right twice\n<tool_call>\n{\"name\": \"act\", \"arguments\": {\"action\": \"R\"}}\n</tool_call>\n<tool_call>{\"name\": \"act\", \"arguments\": {\"action\": \" L \"}}</tool_call>";
+        assert_eq!(f.parse(r, 5).unwrap(), vec!["R", "L"]);
+        assert_eq!(f.parse(r, 1).unwrap(), vec!["R"]);
+        assert_eq!(f.thought(r).as_deref(), Some("go right twice"));
+        // Arguments as OpenAI's wire form (a string of JSON), and an
+        // unclosed last call, are read too.
+        let wire = r#"<tool_call>{"name": "act", "arguments": "{\"action\": \"R\"}"}"#;
+        assert_eq!(f.parse(wire, 1).unwrap(), vec!["R"]);
+        assert_eq!(f.parse("R", 1), Err(FormatError::MissingToolCall));
+        // One malformed block and no call counts (the reply is all text).
+        let broken = "<tool_call>{\"name\": \"act\", \"arguments\": {\"action\": \"R\"}}</tool_call><tool_call>oops</tool_call>";
+        assert_eq!(f.parse(broken, 2), Err(FormatError::MissingToolCall));
+        let other = r#"<tool_call>{"name": "search", "arguments": {"action": "R"}}</tool_call>"#;
+        assert_eq!(f.parse(other, 1), Err(FormatError::WrongToolCall));
+        let no_action = r#"<tool_call>{"name": "act", "arguments": {"move": "R"}}</tool_call>"#;
+        assert_eq!(f.parse(no_action, 1), Err(FormatError::WrongToolCall));
+        let blank = r#"<tool_call>{"name": "act", "arguments": {"action": " "}}</tool_call>"#;
+        assert_eq!(f.parse(blank, 1), Err(FormatError::EmptyAnswer));
+        // What render writes, parse reads back.
+        let actions = vec!["R".to_string(), "say \"hi\"".to_string()];
+        let rendered = f.render("plan", &actions);
+        assert!(rendered.starts_with("plan\n<tool_call>\n{\"name\": \"act\", \"arguments\": {\"action\": \"R\"}}\n</tool_call>"), "{rendered}");
+        assert_eq!(f.parse(&rendered, 2).unwrap(), actions);
+        assert!(f.instruction(2).contains("<tool_call>"));
+    }
 
     #[test]
     fn think_answer_splits_actions_and_caps_count() {

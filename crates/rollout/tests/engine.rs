@@ -862,3 +862,36 @@ fn reflect_agent_reflects_after_a_failure_and_keeps_the_reflection() {
     assert_eq!(text.matches("Your last reply failed").count(), 1);
     assert!(!text.contains("Your reflection:"));
 }
+
+/// `format = "tools"`: the prompt asks for `act` tool calls, each call is
+/// an action, and a reply without a well-formed call is a format error.
+#[test]
+fn an_env_is_driven_through_tool_calls() {
+    let c = RolloutConfig {
+        format: ReplyFormat::Tools,
+        response_length: 512,
+        ..cfg()
+    };
+    let call = |a: &str| {
+        format!("<tool_call>\n{{\"name\": \"act\", \"arguments\": {{\"action\": \"{a}\"}}}}\n</tool_call>")
+    };
+    let two: &'static str = format!("two steps right\n{}\n{}", call("R"), call("R")).leak();
+    let one: &'static str = format!("one more\n{}", call("R")).leak();
+    let t = play(&[two, one], &c);
+    assert!(t.success);
+    assert_eq!(t.turns.len(), 2);
+    assert_eq!(t.turns[0].actions, vec!["R", "R"]);
+    assert_eq!(t.turns[1].actions, vec!["R"]);
+    assert!(t.turns.iter().all(|turn| !turn.format_error));
+    let prompt = CharCodec.decode(&t.tokens[..t.turns[0].start]).unwrap();
+    assert!(
+        prompt.contains("calling the tool act") && prompt.contains("<tool_call>"),
+        "{prompt}"
+    );
+    // Plain text, or a call to another tool, is a format error.
+    let other: &'static str =
+        "<tool_call>{\"name\": \"move\", \"arguments\": {\"action\": \"R\"}}</tool_call>";
+    let t = play(&["R", other], &c);
+    assert!(t.turns[0].format_error && t.turns[1].format_error);
+    assert!(t.turns[0].actions.is_empty() && t.turns[1].actions.is_empty());
+}

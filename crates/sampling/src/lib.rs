@@ -6,6 +6,10 @@
 //! needs no tensor library and the local model needs no conversion to serve
 //! it.
 
+pub mod steering;
+
+pub use steering::{LogitAdjustment, Steering};
+
 /// How to sample continuations.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {

@@ -143,18 +143,61 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tokens: &TemplateTokens,
     ) -> Result<String, TemplateError> {
+        self.render_values(
+            Value::from_serialize(messages),
+            Value::from(()),
+            add_generation_prompt,
+            tokens,
+        )
+    }
+
+    /// Render messages given as JSON objects (an assistant message's
+    /// `tool_calls`, a tool message's `tool_call_id`, as OpenAI clients send
+    /// them) with `tools` (JSON schemas of functions, none when `None`), as
+    /// transformers' `apply_chat_template(messages, tools=tools, …)` does.
+    pub fn render_with_tools(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        tokens: &TemplateTokens,
+    ) -> Result<String, TemplateError> {
+        // Keys in a tool schema's usual order (serde_json's maps are sorted).
+        let ordered = |v: &[serde_json::Value]| {
+            Value::from_serialize(v.iter().map(crate::tools::Ordered).collect::<Vec<_>>())
+        };
+        let tools = match tools {
+            Some(t) => ordered(t),
+            None => Value::from(()),
+        };
+        self.render_values(ordered(messages), tools, add_generation_prompt, tokens)
+    }
+
+    /// Whether the template reads `tools` (Qwen2.5's has a tools section;
+    /// a plain ChatML template does not).
+    pub fn reads_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    fn render_values(
+        &self,
+        messages: Value,
+        tools: Value,
+        add_generation_prompt: bool,
+        tokens: &TemplateTokens,
+    ) -> Result<String, TemplateError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TemplateError::Render(describe(&e)))?;
         let ctx = minijinja::context! {
-            messages => Value::from_serialize(messages),
+            messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => tokens.bos.clone(),
             eos_token => tokens.eos.clone(),
             pad_token => tokens.pad.clone(),
             unk_token => tokens.unk.clone(),
-            tools => Value::from(()),
+            tools => tools,
             documents => Value::from(()),
         };
         template

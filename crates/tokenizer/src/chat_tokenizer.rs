@@ -479,6 +479,47 @@ impl ChatTokenizer {
         Ok(template.render(messages, add_generation_prompt, &self.tokens)?)
     }
 
+    /// Render JSON `messages` (OpenAI's shape: `tool_calls`, `tool_call_id`)
+    /// with `tools` through the chat template, as transformers'
+    /// `apply_chat_template(messages, tools=tools, tokenize=False)` does
+    /// (an assistant call's `arguments` string parsed first, as vLLM does).
+    /// A template that does not read `tools` gets them in the messages
+    /// instead ([`crate::tools::hermes_messages`]).
+    pub fn render_chat_with_tools(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let template = self
+            .template
+            .as_ref()
+            .ok_or(TokenizerError::NoChatTemplate)?;
+        // Both ways write a call's arguments as the JSON value they hold,
+        // not as a string of JSON (OpenAI's wire form).
+        let messages = crate::tools::template_messages(messages);
+        if template.reads_tools() {
+            return Ok(template.render_with_tools(
+                &messages,
+                tools,
+                add_generation_prompt,
+                &self.tokens,
+            )?);
+        }
+        // A template that knows nothing of tools gets them, the calls and
+        // their results written into the messages as Qwen2.5 writes them.
+        let messages = crate::tools::hermes_messages(&messages, tools.unwrap_or_default());
+        Ok(template.render_with_tools(&messages, None, add_generation_prompt, &self.tokens)?)
+    }
+
+    /// Whether the chat template renders `tools` itself (else a caller
+    /// that has tools must describe them in a message).
+    pub fn template_reads_tools(&self) -> bool {
+        self.template
+            .as_ref()
+            .is_some_and(ChatTemplate::reads_tools)
+    }
+
     /// Render `messages` with the chat template and encode the text.
     pub fn encode_chat(
         &self,

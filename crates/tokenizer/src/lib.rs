@@ -6,6 +6,7 @@
 mod chat_template;
 mod chat_tokenizer;
 mod gguf;
+pub mod tools;
 
 pub use chat_template::{
     ChatMessage, ChatTemplate, TemplateError, TemplateTokens, CHATML_TEMPLATE,

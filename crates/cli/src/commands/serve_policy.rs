@@ -15,8 +15,9 @@ use super::serve::shutdown_signal;
 
 #[derive(clap::Args)]
 pub struct ServePolicyArgs {
-    /// A model directory, a run directory (its latest checkpoint) or one of
-    /// a run's checkpoints (`RUN/checkpoints/best`), as `eval --policy` takes.
+    /// A model directory, a GGUF file, a run directory (its latest
+    /// checkpoint) or one of a run's checkpoints (`RUN/checkpoints/best`),
+    /// as `eval --policy` takes.
     #[arg(long)]
     model: PathBuf,
     /// Address to bind; loopback by default (use 0.0.0.0 with --api-key to expose it).
@@ -97,7 +98,7 @@ pub fn run(args: ServePolicyArgs) -> anyhow::Result<()> {
         .context("cannot start the tokio runtime")?;
     rt.block_on(serve_until(config, served, shutdown_signal(), |addr| {
         println!("agentrl serve-policy: listening on http://{addr} (model {name:?} from {checkpoint})");
-        println!("  OpenAI base URL: http://{addr}/v1   routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions   ctrl-c to stop");
+        println!("  OpenAI base URL: http://{addr}/v1   routes: GET /v1/models[/{{id}}], POST /v1/completions, POST /v1/chat/completions (stream, tools, logprobs)   ctrl-c to stop");
     }))?;
     println!("agentrl serve-policy: stopped");
     Ok(())
