@@ -720,21 +720,7 @@ impl PolicyModel {
         params: &SamplingParams,
         rngs: &mut [ChaCha8Rng],
     ) -> Result<Vec<Generation>, ModelError> {
-        if rngs.len() != prompts.len() {
-            return Err(ModelError::InvalidInput(format!(
-                "{} random streams for {} prompts",
-                rngs.len(),
-                prompts.len()
-            )));
-        }
-        let mut caches: Vec<SequenceCache> = prompts.iter().map(|_| self.new_cache()).collect();
-        self.decode(
-            &mut caches,
-            prompts,
-            params,
-            SamplingRng::PerSequence(rngs),
-            Steer::none(),
-        )
+        self.decode_per_sequence(prompts, params, rngs, Steer::none())
     }
 
     /// [`PolicyModel::generate_independent`] steered per sequence: before
@@ -750,6 +736,17 @@ impl PolicyModel {
         rngs: &mut [ChaCha8Rng],
         steering: &mut dyn Steering,
     ) -> Result<Vec<Generation>, ModelError> {
+        self.decode_per_sequence(prompts, params, rngs, Steer::by(steering))
+    }
+
+    /// Fresh caches and one random stream per prompt, checked, then [`Self::decode`].
+    fn decode_per_sequence(
+        &self,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        rngs: &mut [ChaCha8Rng],
+        steer: Steer<'_>,
+    ) -> Result<Vec<Generation>, ModelError> {
         if rngs.len() != prompts.len() {
             return Err(ModelError::InvalidInput(format!(
                 "{} random streams for {} prompts",
@@ -763,7 +760,7 @@ impl PolicyModel {
             prompts,
             params,
             SamplingRng::PerSequence(rngs),
-            Steer::by(steering),
+            steer,
         )
     }
 
