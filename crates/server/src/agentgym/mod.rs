@@ -15,9 +15,18 @@
 //!   observation (WebShop: the page unchanged), reward 0, not done; the
 //!   session's invalid-action counter still goes up;
 //! - a step after done, an unknown id or an index past the data answer 200
-//!   `{"error": …}` where AgentGym does, 500 where it does (WebShop and
-//!   SearchQA: unknown `env_idx`; SearchQA: item out of range);
-//! - a missing required field answers FastAPI's 422 `{"detail": [...]}`;
+//!   `{"error": …}` where AgentGym does; where AgentGym's server fails with
+//!   an uncaught 500 on the client's mistake we answer the 4xx it is (an
+//!   unknown WebShop or SearchQA `env_idx`: 404 naming it, as agentrl's
+//!   routes answer an id they do not know; a SearchQA item past the data or a
+//!   WebShop goal past the seeds: 400; a SearchQA reset without its item:
+//!   422);
+//! - a body that is not JSON, or whose fields are missing or of the wrong
+//!   type, answers FastAPI's 422 `{"detail": [...]}` with pydantic v2's
+//!   entries (`type`, `loc`, `msg`, `input`); integer fields and ids are
+//!   read as pydantic's lax mode reads them (`"3"`, `3.0` and `3` alike);
+//! - ALFWorld's reset takes `data_idx` for `game`, as every other AgentGym
+//!   client names its task, and `world_type` defaults to `"Text"`;
 //! - `close` answers `true`, then `false` (AgentGym's ALFWorld and WebShop
 //!   have no close route; answering 200 keeps their clients' assert happy).
 //!
@@ -45,7 +54,7 @@ use crate::routes::{
     EnvSegment, Shared,
 };
 use crate::sessions::{Dialect, Session, SessionState};
-use agentrl_env_client::protocol::{SessionId, StepResponse};
+use agentrl_env_client::protocol::{ErrorKind, SessionId, StepResponse};
 use tasks::{task_for, Flavor, OutOfRange, Task};
 
 /// The create-body fields only agentrl clients send.
@@ -83,30 +92,150 @@ fn error_200(message: impl Into<String>) -> Response {
     ok(json!({ "error": message.into() }))
 }
 
-/// FastAPI's answer to a missing required field (`loc` as FastAPI writes it).
-fn missing(loc: &[&str], input: &Value) -> Response {
-    let detail =
-        json!([{ "type": "missing", "loc": loc, "msg": "Field required", "input": input }]);
+/// One entry of FastAPI's 422 `detail` list as pydantic v2 writes it.
+fn detail(kind: &str, loc: &[Value], msg: impl Into<String>, input: &Value) -> Value {
+    json!({ "type": kind, "loc": loc, "msg": msg.into(), "input": input })
+}
+
+/// `loc` of a named field: `["body", "id"]`, `["query", "env_idx"]`.
+fn loc(parts: &[&str]) -> Vec<Value> {
+    parts.iter().map(|p| Value::from(*p)).collect()
+}
+
+/// FastAPI's answer to a request that fails validation.
+fn unprocessable(details: Vec<Value>) -> Response {
     (
         StatusCode::UNPROCESSABLE_ENTITY,
-        Json(json!({ "detail": detail })),
+        Json(json!({ "detail": details })),
     )
         .into_response()
 }
 
-/// FastAPI's answer to a field of the wrong type.
-fn not_an_int(loc: &[&str], input: &Value) -> Response {
-    let detail = json!([{
-        "type": "int_parsing",
-        "loc": loc,
-        "msg": "Input should be a valid integer",
-        "input": input,
-    }]);
-    (
-        StatusCode::UNPROCESSABLE_ENTITY,
-        Json(json!({ "detail": detail })),
-    )
-        .into_response()
+/// FastAPI's answer to a missing required field (`loc` as FastAPI writes it).
+fn missing(at: &[&str], input: &Value) -> Response {
+    unprocessable(vec![detail("missing", &loc(at), "Field required", input)])
+}
+
+/// FastAPI's answer to a body that is not JSON: `loc` ends with the
+/// character offset of the error, as Python's `json` module reports it.
+fn json_invalid(bytes: &[u8], e: &serde_json::Error) -> Response {
+    let at = Value::from(error_offset(bytes, e));
+    let mut entry = detail(
+        "json_invalid",
+        &[Value::from("body"), at],
+        format!("JSON decode error: {e}"),
+        &json!({}),
+    );
+    entry["ctx"] = json!({ "error": e.to_string() });
+    unprocessable(vec![entry])
+}
+
+/// Where in `bytes` parsing failed, in characters: the end for a body cut
+/// short, else the character serde_json stopped at (its line and 1-based
+/// column, in bytes).
+fn error_offset(bytes: &[u8], e: &serde_json::Error) -> usize {
+    let byte = if e.classify() == serde_json::error::Category::Eof {
+        bytes.len()
+    } else {
+        let line_start = match e.line() {
+            0 | 1 => 0,
+            line => bytes
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| **b == b'\n')
+                .nth(line - 2)
+                .map_or(bytes.len(), |(i, _)| i + 1),
+        };
+        (line_start + e.column().saturating_sub(1)).min(bytes.len())
+    };
+    String::from_utf8_lossy(&bytes[..byte]).chars().count()
+}
+
+/// Why a value is not the non-negative integer a field needs, in pydantic's
+/// words where pydantic has them.
+#[derive(Debug, Clone, PartialEq)]
+struct NotAnIndex {
+    kind: &'static str,
+    msg: &'static str,
+}
+
+impl NotAnIndex {
+    const NOT_DIGITS: Self = Self {
+        kind: "int_parsing",
+        msg: "Input should be a valid integer, unable to parse string as an integer",
+    };
+    const NEGATIVE: Self = Self {
+        kind: "greater_than_equal",
+        msg: "Input should be greater than or equal to 0",
+    };
+    const TOO_BIG: Self = Self {
+        kind: "int_parsing_size",
+        msg: "Input should be an integer below 2^64",
+    };
+    const FRACTION: Self = Self {
+        kind: "int_from_float",
+        msg: "Input should be a valid integer, got a number with a fractional part",
+    };
+    const WRONG_TYPE: Self = Self {
+        kind: "int_type",
+        msg: "Input should be a valid integer",
+    };
+
+    /// FastAPI's 422 for the field at `at` holding `input`.
+    fn answer(&self, at: &[&str], input: &Value) -> Response {
+        let mut entry = detail(self.kind, &loc(at), self.msg, input);
+        if *self == Self::NEGATIVE {
+            entry["ctx"] = json!({ "ge": 0 });
+        }
+        unprocessable(vec![entry])
+    }
+}
+
+/// A non-negative integer as pydantic's lax mode reads an `int`: a JSON
+/// integer, a float with no fractional part, or a string of decimal digits
+/// (surrounding whitespace and a `+` allowed). Booleans, which pydantic
+/// would read as 0 and 1, are refused: a `true` id is a client's bug.
+fn lax_index(v: &Value) -> Result<u64, NotAnIndex> {
+    match v {
+        Value::Number(n) => {
+            if let Some(i) = n.as_u64() {
+                return Ok(i);
+            }
+            if n.is_i64() {
+                return Err(NotAnIndex::NEGATIVE);
+            }
+            let f = n.as_f64().ok_or(NotAnIndex::WRONG_TYPE)?;
+            if f.fract() != 0.0 {
+                Err(NotAnIndex::FRACTION)
+            } else if f < 0.0 {
+                Err(NotAnIndex::NEGATIVE)
+            } else if f >= u64::MAX as f64 {
+                Err(NotAnIndex::TOO_BIG)
+            } else {
+                // A whole number below 2^64: the cast is exact.
+                Ok(f as u64)
+            }
+        }
+        Value::String(s) => lax_index_str(s),
+        _ => Err(NotAnIndex::WRONG_TYPE),
+    }
+}
+
+/// [`lax_index`] of a string (a body field or a query parameter).
+fn lax_index_str(s: &str) -> Result<u64, NotAnIndex> {
+    let t = s.trim();
+    let (negative, digits) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(NotAnIndex::NOT_DIGITS);
+    }
+    if negative && digits.bytes().any(|b| b != b'0') {
+        return Err(NotAnIndex::NEGATIVE);
+    }
+    digits.parse().map_err(|_| NotAnIndex::TOO_BIG)
 }
 
 /// What AgentGym's servers answer to an uncaught exception; the server's
@@ -118,10 +247,35 @@ fn internal(why: &str) -> Response {
 /// The answer to a session id the server does not know.
 fn unknown_session(flavor: Flavor, id: SessionId) -> Response {
     match flavor {
-        // Their wrappers index a dict: KeyError, uncaught.
-        Flavor::WebShop | Flavor::SearchQa => internal(&format!("no session {id}")),
+        // AgentGym's wrappers index a dict and fail with an uncaught
+        // KeyError (500); the mistake is the client's, so we answer what
+        // agentrl's routes answer to an id they do not know, under the
+        // name the client gave it.
+        Flavor::WebShop | Flavor::SearchQa => ApiError::new(
+            StatusCode::NOT_FOUND,
+            ErrorKind::NotFound,
+            format!(
+                "unknown {} {id} (closed, expired or never created)",
+                flavor.id_key()
+            ),
+        )
+        .into_response(),
         _ => error_200(format!("The id {id} is not valid.")),
     }
+}
+
+/// The answer to a SearchQA item id past the data: the request's mistake
+/// (AgentGym's server fails with an uncaught IndexError, 500).
+fn item_out_of_range(OutOfRange { len }: OutOfRange, item: u64) -> Response {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        ErrorKind::InvalidSpec,
+        format!(
+            "item id {item} is past the data: the items are 0..={}",
+            len.saturating_sub(1)
+        ),
+    )
+    .into_response()
 }
 
 fn finished(id: SessionId) -> Response {
@@ -231,37 +385,52 @@ impl FromRequest<Shared> for EnvPost {
     }
 }
 
-/// The request body as JSON; `Null` when there is none.
-fn body_json(bytes: &Bytes) -> Result<Value, ApiError> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Value::Null);
-    }
-    serde_json::from_slice(bytes).map_err(|e| body_error(&e))
-}
-
 /// An answer given before the request reached a session (a 422, an unknown
 /// id), boxed: a `Response` is large for the `Err` of a `Result`.
 type Early = Box<Response>;
 
-/// A required integer field of the body, or FastAPI's 422.
+/// The request body as JSON; `Null` when there is none. Not JSON: FastAPI's
+/// 422 `json_invalid` (agentrl's own routes answer 400).
+fn body_json(bytes: &Bytes) -> Result<Value, Early> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(bytes).map_err(|e| Box::new(json_invalid(bytes, &e)))
+}
+
+/// FastAPI's 422 for a body that is neither absent nor an object, where the
+/// route reads fields from it.
+fn object_body(body: &Value) -> Result<(), Early> {
+    match body {
+        Value::Null | Value::Object(_) => Ok(()),
+        _ => Err(Box::new(unprocessable(vec![detail(
+            "model_attributes_type",
+            &loc(&["body"]),
+            "Input should be a valid dictionary or object to extract fields from",
+            body,
+        )]))),
+    }
+}
+
+/// A required integer field of the body (read as [`lax_index`] reads it),
+/// or FastAPI's 422.
 fn int_field(body: &Value, key: &str) -> Result<u64, Early> {
+    object_body(body)?;
     match body.get(key) {
         None | Some(Value::Null) if body.is_null() => Err(Box::new(missing(&["body"], body))),
         None | Some(Value::Null) => Err(Box::new(missing(&["body", key], body))),
-        Some(v) => v
-            .as_u64()
-            .ok_or_else(|| Box::new(not_an_int(&["body", key], v))),
+        Some(v) => lax_index(v).map_err(|e| Box::new(e.answer(&["body", key], v))),
     }
 }
 
 /// An optional integer field of the body.
 fn opt_int_field(body: &Value, key: &str) -> Result<Option<u64>, Early> {
+    object_body(body)?;
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
+        Some(v) => lax_index(v)
             .map(Some)
-            .ok_or_else(|| Box::new(not_an_int(&["body", key], v))),
+            .map_err(|e| Box::new(e.answer(&["body", key], v))),
     }
 }
 
@@ -289,49 +458,29 @@ fn typed_session(st: &AppState, env: &str, body: &Value) -> Option<Arc<Session>>
     find_session(st, env, id).filter(|s| s.dialect == Dialect::Agentrl)
 }
 
-/// What a session request resolves to.
-enum Target {
-    /// A typed session: answer as the top-level route does.
-    Typed(Value),
-    AgentGym(Arc<Session>, SessionId),
-    /// Answered already (422, unknown id).
-    Done(Response),
-}
-
-fn target(st: &AppState, flavor: Flavor, env: &str, body: Value) -> Target {
-    if typed_session(st, env, &body).is_some() {
-        return Target::Typed(body);
-    }
-    let id = match int_field(&body, flavor.id_key()) {
-        Ok(id) => id,
-        Err(r) => return Target::Done(*r),
-    };
-    match find_session(st, env, id) {
-        None => Target::Done(unknown_session(flavor, id)),
-        Some(s) if s.dialect == Dialect::Agentrl => Target::Typed(body),
-        Some(s) => Target::AgentGym(s, id),
-    }
-}
-
-/// A session request routed to an AgentGym session.
-struct Call {
+/// A reset or step for an AgentGym client's id, with what the route read
+/// from its body (`Input`).
+struct Call<Input> {
     desc: agentrl_env_core::EnvDescriptor,
     flavor: Flavor,
     body: Value,
     session: Arc<Session>,
     id: SessionId,
+    input: Input,
 }
 
 /// What `reset` and `step` share: route the env, read the body, and hand a
-/// typed session's request to `typed_route` (answered as the top-level
-/// route answers it), an AgentGym session's to `agentgym_route`; a 422 or an
-/// unknown id is answered here.
-async fn session_call<Req, Answer>(
+/// typed client's request to `typed_route` (answered as the top-level
+/// route answers it), an AgentGym client's to `agentgym_route` with what
+/// `validate` read from the body. As FastAPI validates the body before its
+/// handler looks the id up, a 422 comes before an unknown id.
+async fn session_call<Req, Answer, Input>(
     st: &AppState,
     path: Option<&str>,
     bytes: &Bytes,
     typed_route: impl AsyncFnOnce(&AppState, Option<&str>, Req) -> Result<Answer, ApiError>,
-    agentgym_route: impl AsyncFnOnce(&AppState, Call) -> Result<Response, ApiError>,
+    validate: impl FnOnce(Flavor, &Value) -> Result<Input, Early>,
+    agentgym_route: impl AsyncFnOnce(&AppState, Call<Input>) -> Result<Response, ApiError>,
 ) -> Result<Response, ApiError>
 where
     Req: serde::de::DeserializeOwned,
@@ -339,17 +488,32 @@ where
 {
     let desc = route_env(st, path)?;
     let flavor = Flavor::of(desc.name);
-    let body = body_json(bytes)?;
-    match target(st, flavor, desc.name, body.clone()) {
-        Target::Done(r) => Ok(r),
-        Target::Typed(body) => Ok(Json(typed_route(st, path, typed(body)?).await?).into_response()),
-        Target::AgentGym(session, id) => {
+    let body = match body_json(bytes) {
+        Ok(b) => b,
+        Err(r) => return Ok(*r),
+    };
+    if typed_session(st, desc.name, &body).is_some() {
+        return Ok(Json(typed_route(st, path, typed(body)?).await?).into_response());
+    }
+    let checked =
+        int_field(&body, flavor.id_key()).and_then(|id| Ok((id, validate(flavor, &body)?)));
+    let (id, input) = match checked {
+        Ok(c) => c,
+        Err(r) => return Ok(*r),
+    };
+    match find_session(st, desc.name, id) {
+        None => Ok(unknown_session(flavor, id)),
+        Some(s) if s.dialect == Dialect::Agentrl => {
+            Ok(Json(typed_route(st, path, typed(body)?).await?).into_response())
+        }
+        Some(session) => {
             let call = Call {
                 desc,
                 flavor,
                 body,
                 session,
                 id,
+                input,
             };
             agentgym_route(st, call).await
         }
@@ -367,9 +531,8 @@ fn query_target(
     let raw = query
         .get(key)
         .ok_or_else(|| Box::new(missing(&["query", key], &Value::Null)))?;
-    let id: SessionId = raw
-        .parse()
-        .map_err(|_| Box::new(not_an_int(&["query", key], &Value::from(raw.as_str()))))?;
+    let id: SessionId = lax_index_str(raw)
+        .map_err(|e| Box::new(e.answer(&["query", key], &Value::from(raw.as_str()))))?;
     find_session(st, env, id)
         .map(|s| (s, id))
         .ok_or_else(|| Box::new(unknown_session(flavor, id)))
@@ -380,7 +543,10 @@ fn query_target(
 /// `POST /{env}/create`.
 pub(crate) async fn create(EnvPost { st, path, bytes }: EnvPost) -> Result<Response, ApiError> {
     let desc = route_env(&st, path.as_deref())?;
-    let body = body_json(&bytes)?;
+    let body = match body_json(&bytes) {
+        Ok(b) => b,
+        Err(r) => return Ok(*r),
+    };
     let speaks_agentrl = AGENTRL_CREATE_FIELDS.iter().any(|k| body.get(k).is_some());
     if speaks_agentrl {
         let req = typed(body)?;
@@ -410,13 +576,14 @@ pub(crate) async fn create(EnvPost { st, path, bytes }: EnvPost) -> Result<Respo
         _ => 0,
     };
     let default = st.operator_params.default_difficulty(&desc);
-    let Ok(task) = task_for(
+    let task = match task_for(
         flavor,
         index,
         &default,
         st.operator_params.difficulty(desc.name),
-    ) else {
-        return Ok(internal("list index out of range"));
+    ) {
+        Ok(t) => t,
+        Err(e) => return Ok(item_out_of_range(e, index)),
     };
     let mut params = st.operator_params.merge(&desc, Default::default())?;
     if flavor == Flavor::SearchQa && !params.contains_key("retry_wrong_answer") {
@@ -449,71 +616,51 @@ pub(crate) async fn create(EnvPost { st, path, bytes }: EnvPost) -> Result<Respo
 
 /// `POST /{env}/reset`.
 pub(crate) async fn reset(EnvPost { st, path, bytes }: EnvPost) -> Result<Response, ApiError> {
-    session_call(&st, path.as_deref(), &bytes, reset_typed, agentgym_reset).await
+    session_call(
+        &st,
+        path.as_deref(),
+        &bytes,
+        reset_typed,
+        reset_index,
+        agentgym_reset,
+    )
+    .await
+}
+
+/// The task index a reset body names in `flavor`'s field (`None`: the
+/// current task again).
+fn reset_index(flavor: Flavor, body: &Value) -> Result<Option<u64>, Early> {
+    match flavor {
+        Flavor::BabyAi => int_field(body, "data_idx").map(Some),
+        Flavor::TextCraft => Ok(Some(opt_int_field(body, "data_idx")?.unwrap_or(0))),
+        Flavor::AlfWorld => alfworld_game(body).map(Some),
+        Flavor::WebShop => Ok(Some(opt_int_field(body, "session_id")?.unwrap_or(0))),
+        // AgentGym's model has `id` optional and its server fails on None
+        // (500): the field is required.
+        Flavor::SearchQa => int_field(body, "id").map(Some),
+        Flavor::Generic => opt_int_field(body, "data_idx"),
+    }
 }
 
 /// `reset` of an AgentGym session.
-async fn agentgym_reset(st: &AppState, call: Call) -> Result<Response, ApiError> {
+async fn agentgym_reset(st: &AppState, call: Call<Option<u64>>) -> Result<Response, ApiError> {
     let Call {
         desc,
         flavor,
         body,
         session,
         id,
+        input: index,
     } = call;
-    // The task index each client sends, and whether the task changes.
-    let index = match flavor {
-        Flavor::BabyAi => match int_field(&body, "data_idx") {
-            Ok(i) => Some(i),
-            Err(r) => return Ok(*r),
-        },
-        Flavor::TextCraft => match opt_int_field(&body, "data_idx") {
-            Ok(i) => Some(i.unwrap_or(0)),
-            Err(r) => return Ok(*r),
-        },
-        Flavor::AlfWorld => {
-            let absent: Vec<&str> = ["game", "world_type"]
-                .into_iter()
-                .filter(|k| body.get(k).is_none_or(Value::is_null))
-                .collect();
-            if !absent.is_empty() {
-                let detail: Vec<Value> = absent
-                    .iter()
-                    .map(|k| {
-                        json!({"type": "missing", "loc": ["body", k], "msg": "Field required", "input": body})
-                    })
-                    .collect();
-                return Ok((
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    Json(json!({ "detail": detail })),
-                )
-                    .into_response());
-            }
-            let world_type = body.get("world_type").and_then(Value::as_str).unwrap_or("");
-            if !ALFWORLD_WORLD_TYPES.contains(&world_type) {
-                return Ok(error_200(
-                    "world_type must be one of \"Text\", \"Embody\" and \"Hybrid\"",
-                ));
-            }
-            match int_field(&body, "game") {
-                Ok(i) => Some(i),
-                Err(r) => return Ok(*r),
-            }
+    if flavor == Flavor::AlfWorld {
+        // Checked once the id is known, as AgentGym's wrapper checks it.
+        let world_type = body.get("world_type").and_then(Value::as_str);
+        if world_type.is_some_and(|w| !ALFWORLD_WORLD_TYPES.contains(&w)) {
+            return Ok(error_200(
+                "world_type must be one of \"Text\", \"Embody\" and \"Hybrid\"",
+            ));
         }
-        Flavor::WebShop => match opt_int_field(&body, "session_id") {
-            Ok(i) => Some(i.unwrap_or(0)),
-            Err(r) => return Ok(*r),
-        },
-        Flavor::SearchQa => match opt_int_field(&body, "id") {
-            Ok(Some(i)) => Some(i),
-            Ok(None) => return Ok(internal("reset needs the item id 'id'")),
-            Err(r) => return Ok(*r),
-        },
-        Flavor::Generic => match opt_int_field(&body, "data_idx") {
-            Ok(i) => i,
-            Err(r) => return Ok(*r),
-        },
-    };
+    }
     let default = st.operator_params.default_difficulty(&desc);
     let task: Option<Task> = match index {
         None => None,
@@ -524,10 +671,9 @@ async fn agentgym_reset(st: &AppState, call: Call) -> Result<Response, ApiError>
             st.operator_params.difficulty(desc.name),
         ) {
             Ok(t) => Some(t),
-            Err(OutOfRange) if flavor == Flavor::SearchQa => {
-                return Ok(internal("list index out of range"))
-            }
-            Err(OutOfRange) => return Ok(error_200("list index out of range")),
+            Err(e) if flavor == Flavor::SearchQa => return Ok(item_out_of_range(e, i)),
+            // ALFWorld's wrapper catches its IndexError.
+            Err(_) => return Ok(error_200("list index out of range")),
         },
     };
     let reset = reset_to(st, &session, |spec| {
@@ -540,8 +686,15 @@ async fn agentgym_reset(st: &AppState, call: Call) -> Result<Response, ApiError>
     .await;
     let reset = match reset {
         Ok(r) => r,
-        Err(e) if flavor == Flavor::SearchQa || flavor == Flavor::WebShop => {
-            return Ok(internal(&e.body.error))
+        // Their wrappers catch nothing: a failure is an uncaught 500, unless
+        // the request asked for a task no env can build (a seed past the
+        // split), which is its mistake and answers agentrl's 4xx.
+        Err(e) if matches!(flavor, Flavor::SearchQa | Flavor::WebShop) => {
+            return Ok(if e.status.is_client_error() {
+                e.into_response()
+            } else {
+                internal(&e.body.error)
+            })
         }
         Err(e) => return Ok(error_200(e.body.error)),
     };
@@ -570,31 +723,70 @@ async fn agentgym_reset(st: &AppState, call: Call) -> Result<Response, ApiError>
     })
 }
 
+/// ALFWorld's game from a reset body: `game`, or `data_idx` as every other
+/// AgentGym client names its task (both: they must agree); `world_type`,
+/// when given, a string (its value is checked once the id is known, and
+/// agentrl's ALFWorld is text whatever it says).
+fn alfworld_game(body: &Value) -> Result<u64, Early> {
+    let game = opt_int_field(body, "game")?;
+    let data_idx = opt_int_field(body, "data_idx")?;
+    if let Some(v) = body
+        .get("world_type")
+        .filter(|v| !v.is_null() && !v.is_string())
+    {
+        return Err(Box::new(unprocessable(vec![detail(
+            "string_type",
+            &loc(&["body", "world_type"]),
+            "Input should be a valid string",
+            v,
+        )])));
+    }
+    match (game, data_idx) {
+        (Some(g), Some(d)) if g != d => Err(Box::new(unprocessable(vec![detail(
+            "value_error",
+            &loc(&["body", "data_idx"]),
+            format!("game {g} and data_idx {d} differ; data_idx is another name for game"),
+            &body["data_idx"],
+        )]))),
+        (Some(g), _) | (None, Some(g)) => Ok(g),
+        (None, None) => Err(Box::new(missing(&["body", "game"], body))),
+    }
+}
+
 // ---------------------------------------------------------------- step
 
 /// `POST /{env}/step`.
 pub(crate) async fn step(EnvPost { st, path, bytes }: EnvPost) -> Result<Response, ApiError> {
-    session_call(&st, path.as_deref(), &bytes, step_one, agentgym_step).await
+    session_call(
+        &st,
+        path.as_deref(),
+        &bytes,
+        step_one,
+        step_action,
+        agentgym_step,
+    )
+    .await
+}
+
+/// The action of a step body.
+fn step_action(_: Flavor, body: &Value) -> Result<String, Early> {
+    match body.get("action") {
+        Some(Value::String(a)) => Ok(a.clone()),
+        None | Some(Value::Null) => Err(Box::new(missing(&["body", "action"], body))),
+        Some(v) => Err(Box::new(unprocessable(vec![detail(
+            "string_type",
+            &loc(&["body", "action"]),
+            "Input should be a valid string",
+            v,
+        )]))),
+    }
 }
 
 /// `step` of an AgentGym session.
-async fn agentgym_step(st: &AppState, call: Call) -> Result<Response, ApiError> {
-    let (flavor, body, session, id) = (call.flavor, call.body, call.session, call.id);
-    let Some(action) = body.get("action").and_then(Value::as_str) else {
-        return Ok(match body.get("action") {
-            None | Some(Value::Null) => missing(&["body", "action"], &body),
-            Some(v) => {
-                let detail = json!([{"type": "string_type", "loc": ["body", "action"], "msg": "Input should be a valid string", "input": v}]);
-                (
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    Json(json!({ "detail": detail })),
-                )
-                    .into_response()
-            }
-        });
-    };
+async fn agentgym_step(st: &AppState, call: Call<String>) -> Result<Response, ApiError> {
+    let (flavor, session, id, action) = (call.flavor, call.session, call.id, call.input);
     let mut guard = session.state.lock().await;
-    let answer = step_session(flavor, id, action, &mut guard);
+    let answer = step_session(flavor, id, &action, &mut guard);
     drop(guard);
     st.sessions.touch(&session);
     Ok(answer)
@@ -732,7 +924,10 @@ fn after_done(flavor: Flavor, id: SessionId, state: &SessionState) -> Response {
 pub(crate) async fn close(EnvPost { st, path, bytes }: EnvPost) -> Result<Response, ApiError> {
     let desc = route_env(&st, path.as_deref())?;
     let flavor = Flavor::of(desc.name);
-    let body = body_json(&bytes)?;
+    let body = match body_json(&bytes) {
+        Ok(b) => b,
+        Err(r) => return Ok(*r),
+    };
     if typed_session(&st, desc.name, &body).is_some() {
         return Ok(Json(close_typed(&st, path.as_deref(), typed(body)?)?).into_response());
     }
@@ -847,6 +1042,55 @@ mod tests {
             Some("search[b]")
         );
         assert_eq!(searchqa_action("I do not know."), None);
+    }
+
+    #[test]
+    fn indices_are_read_as_pydantic_lax_mode_reads_ints() {
+        for (v, want) in [
+            (json!(7), 7),
+            (json!("7"), 7),
+            (json!(" +7\n"), 7),
+            (json!("007"), 7),
+            (json!(7.0), 7),
+            (json!("-0"), 0),
+            (json!(u64::MAX), u64::MAX),
+            (json!(u64::MAX.to_string()), u64::MAX),
+        ] {
+            assert_eq!(lax_index(&v), Ok(want), "{v}");
+        }
+        for (v, why) in [
+            (json!("7a"), NotAnIndex::NOT_DIGITS),
+            (json!(""), NotAnIndex::NOT_DIGITS),
+            (json!("+"), NotAnIndex::NOT_DIGITS),
+            (json!("7.0"), NotAnIndex::NOT_DIGITS),
+            (json!("1 2"), NotAnIndex::NOT_DIGITS),
+            (json!(-3), NotAnIndex::NEGATIVE),
+            (json!("-3"), NotAnIndex::NEGATIVE),
+            (json!(-3.0), NotAnIndex::NEGATIVE),
+            (json!(2.5), NotAnIndex::FRACTION),
+            (json!(1e30), NotAnIndex::TOO_BIG),
+            (json!("18446744073709551616"), NotAnIndex::TOO_BIG),
+            (json!(true), NotAnIndex::WRONG_TYPE),
+            (json!([1]), NotAnIndex::WRONG_TYPE),
+            (json!({"id": 1}), NotAnIndex::WRONG_TYPE),
+        ] {
+            assert_eq!(lax_index(&v), Err(why), "{v}");
+        }
+    }
+
+    #[test]
+    fn a_json_error_is_located_as_pythons_json_module_locates_it() {
+        // Python: json.loads(text) raises with .pos = the offset here.
+        for (text, pos) in [
+            ("{\"id\": ", 7),
+            ("{\"id\": x}", 7),
+            ("{\"id\": 1,\n \"action\": x}", 21),
+            ("[1,2", 4),
+            ("{\"é\": x}", 6),
+        ] {
+            let e = serde_json::from_str::<Value>(text).unwrap_err();
+            assert_eq!(error_offset(text.as_bytes(), &e), pos, "{text:?}: {e}");
+        }
     }
 
     #[test]

@@ -47,9 +47,12 @@ pub(crate) struct Task {
     pub seed: u64,
 }
 
-/// AgentGym's answer to an index past its data: `list index out of range`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct OutOfRange;
+/// An index past the env's data (AgentGym: `list index out of range`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OutOfRange {
+    /// How many indices there are.
+    pub len: u64,
+}
 
 /// TextCraft: AgentGym's 544 goals sorted by recipe depth
 /// (`sorted(item_recipes_min_depth(1), key=depth)[data_idx % 544]`): the
@@ -153,7 +156,9 @@ pub(crate) fn task_for(
                 difficulty: default.to_string(),
                 seed: i - ALFWORLD_TRAIN_GAMES,
             }),
-            _ => Err(OutOfRange),
+            _ => Err(OutOfRange {
+                len: ALFWORLD_GAMES,
+            }),
         },
         Flavor::SearchQa => match index {
             i if i < SEARCHQA_TEST_ITEMS => Ok(Task {
@@ -162,7 +167,9 @@ pub(crate) fn task_for(
                 seed: i,
             }),
             i if i < SEARCHQA_ITEMS => Ok(train(default, i - SEARCHQA_TEST_ITEMS)),
-            _ => Err(OutOfRange),
+            _ => Err(OutOfRange {
+                len: SEARCHQA_ITEMS,
+            }),
         },
         Flavor::WebShop | Flavor::Generic => Ok(train(default, index)),
     }
@@ -219,11 +226,14 @@ mod tests {
     fn alfworld_games_and_searchqa_items_map_to_splits_and_end() {
         assert_eq!(task(Flavor::AlfWorld, 2419).unwrap().split, Split::Train);
         assert_eq!(task(Flavor::AlfWorld, 2619).unwrap().seed, 199);
-        assert_eq!(task(Flavor::AlfWorld, 2620), Err(OutOfRange));
+        assert_eq!(task(Flavor::AlfWorld, 2620), Err(OutOfRange { len: 2620 }));
         assert_eq!(task(Flavor::SearchQa, 51712).unwrap().split, Split::Test);
         let t = task(Flavor::SearchQa, 51713).unwrap();
         assert_eq!((t.split, t.seed), (Split::Train, 0));
-        assert_eq!(task(Flavor::SearchQa, 221328), Err(OutOfRange));
+        assert_eq!(
+            task(Flavor::SearchQa, 221328),
+            Err(OutOfRange { len: 221328 })
+        );
         assert_eq!(task(Flavor::WebShop, 9).unwrap().seed, 9);
         assert_eq!(task(Flavor::Generic, 9).unwrap().split, Split::Train);
     }

@@ -18,17 +18,29 @@ use serde_json::{json, Value};
 /// The envs `agentrl serve` speaks AgentGym's dialect for (sciworld: no env).
 const ENVS: [&str; 5] = ["textcraft", "babyai", "alfworld", "webshop", "searchqa"];
 
-/// Where we answer otherwise than AgentGym, on purpose (docs/src/agentgym.md, GAP.md §6).
-fn deliberate(env: &str, phase: &str, recorded: u16) -> Option<&'static str> {
+/// Where we answer otherwise than AgentGym, on purpose (docs/src/agentgym.md,
+/// GAP.md §6): the status we answer and why.
+fn deliberate(env: &str, phase: &str, recorded: u16) -> Option<(u16, &'static str)> {
     match (env, phase, recorded) {
         // AgentGym's ALFWorld and WebShop servers have no close route (404,
         // their own client asserts on it); we close and answer true/false.
         ("alfworld" | "webshop", p, 404) if p.ends_with("close") || p.ends_with("close.again") => {
-            Some("close answers a bool")
+            Some((200, "close answers a bool"))
         }
         // Our ALFWorld env has its task at create: an observation, not
         // AgentGym's `{"error": "'observation'"}`.
-        ("alfworld", "probe.observation.before_reset", _) => Some("observation before reset"),
+        ("alfworld", "probe.observation.before_reset", _) => {
+            Some((200, "observation before reset"))
+        }
+        // `data_idx` names the game as every other AgentGym client names its
+        // task, and `world_type` defaults to "Text".
+        ("alfworld", "probe.reset.data_idx_instead_of_game", _) => {
+            Some((200, "data_idx is game's alias"))
+        }
+        // Client errors AgentGym's SearchQA answers with an uncaught 500.
+        ("searchqa", "probe.step.unknown_env_idx", 500) => Some((404, "unknown env_idx")),
+        ("searchqa", "probe.create.item_out_of_range", 500) => Some((400, "item past the data")),
+        ("searchqa", "probe.reset.no_item_id", 500) => Some((422, "reset needs the item id")),
         _ => None,
     }
 }
@@ -216,8 +228,8 @@ async fn replay(api: &Api, env: &str) {
         let (status, ours) = api.send(method, &path, body.as_ref()).await;
         let what = format!("{env} {phase} {method} {route} {}", json!(request));
         replayed += 1;
-        if let Some(why) = deliberate(env, phase, recorded_status) {
-            assert_eq!(status, 200, "{what} ({why}): {ours}");
+        if let Some((expected, why)) = deliberate(env, phase, recorded_status) {
+            assert_eq!(status.as_u16(), expected, "{what} ({why}): {ours}");
             continue;
         }
         assert_eq!(status.as_u16(), recorded_status, "{what}: {ours}");
@@ -390,5 +402,289 @@ async fn typed_sessions_under_env_keep_the_typed_api_and_agentgym_ones_count_inv
         );
     }
     assert_eq!(server.live_sessions(), 0);
+    server.shutdown().await.unwrap();
+}
+
+/// POST `body` as it is (malformed JSON included) to `path`: the status
+/// and the JSON answer.
+async fn post_raw(api: &Api, path: &str, body: &str) -> (u16, Value) {
+    let r = api
+        .client
+        .post(api.url(path))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+/// The first entry of a FastAPI 422 answer, checked to be one.
+fn first_detail(status: u16, v: &Value, what: &str) -> Value {
+    assert_eq!(status, 422, "{what}: {v}");
+    let detail = v["detail"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: {v}"));
+    for d in detail {
+        assert!(
+            d["type"].is_string() && d["loc"].is_array() && d["msg"].is_string(),
+            "{what}: {d}"
+        );
+    }
+    detail[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_env_idx_is_a_404_naming_it_and_searchqa_item_mistakes_are_4xx() {
+    let (server, api) = serve().await;
+    for env in ["webshop", "searchqa"] {
+        let requests = [
+            (
+                "POST",
+                format!("/{env}/step"),
+                Some(json!({"env_idx": 999, "action": "search[x]"})),
+            ),
+            (
+                "POST",
+                format!("/{env}/reset"),
+                Some(json!({"env_idx": 999, "id": 0, "session_id": 0})),
+            ),
+            ("GET", format!("/{env}/observation?env_idx=999"), None),
+            ("GET", format!("/{env}/available_actions?env_idx=999"), None),
+        ];
+        for (method, path, body) in requests {
+            let (s, v) = api.send(method, &path, body.as_ref()).await;
+            assert_eq!(s, 404, "{method} {path}: {v}");
+            assert_eq!(v["kind"], "not_found", "{method} {path}: {v}");
+            let msg = v["error"].as_str().unwrap_or_default();
+            assert!(msg.contains("env_idx 999"), "{method} {path}: {v}");
+        }
+    }
+    // An item past SearchQA's data is the request's mistake (400, naming
+    // it), at create and at reset; a reset without the item is a missing field.
+    let body = json!({"id": 221_328});
+    let (s, v) = api.send("POST", "/searchqa/create", Some(&body)).await;
+    assert_eq!(
+        (s.as_u16(), &v["kind"]),
+        (400, &json!("invalid_spec")),
+        "{v}"
+    );
+    assert!(v["error"].as_str().unwrap().contains("221328"), "{v}");
+    let body = json!({"id": 3});
+    let (s, v) = api.send("POST", "/searchqa/create", Some(&body)).await;
+    assert_eq!(s, 200, "{v}");
+    let id = v.as_u64().unwrap();
+    let body = json!({"env_idx": id, "id": 221_328});
+    let (s, v) = api.send("POST", "/searchqa/reset", Some(&body)).await;
+    assert_eq!(
+        (s.as_u16(), &v["kind"]),
+        (400, &json!("invalid_spec")),
+        "{v}"
+    );
+    let body = json!({"env_idx": id});
+    let (s, v) = api.send("POST", "/searchqa/reset", Some(&body)).await;
+    let d = first_detail(s.as_u16(), &v, "reset without id");
+    assert_eq!(
+        (&d["type"], &d["loc"]),
+        (&json!("missing"), &json!(["body", "id"]))
+    );
+    let (s, v) = api
+        .send("POST", "/searchqa/close", Some(&json!({"env_idx": id})))
+        .await;
+    assert_eq!((s.as_u16(), v), (200, json!(true)));
+    // A WebShop goal past the seeds an env can build: 400 with the reason.
+    let (_, v) = api.send("POST", "/webshop/create", None).await;
+    let id = v.as_u64().unwrap();
+    let body = json!({"env_idx": id, "session_id": 1u64 << 40});
+    let (s, v) = api.send("POST", "/webshop/reset", Some(&body)).await;
+    assert_eq!(
+        (s.as_u16(), &v["kind"]),
+        (400, &json!("invalid_spec")),
+        "{v}"
+    );
+    assert!(
+        v["error"].as_str().unwrap().contains("1099511627776"),
+        "{v}"
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_or_invalid_bodies_on_agentgym_routes_are_fastapis_422() {
+    let (server, api) = serve().await;
+    for route in [
+        "/babyai/create",
+        "/babyai/reset",
+        "/babyai/step",
+        "/babyai/close",
+        "/webshop/step",
+        "/alfworld/reset",
+    ] {
+        let (s, v) = post_raw(&api, route, "{\"id\": ").await;
+        let d = first_detail(s, &v, route);
+        assert_eq!(d["type"], "json_invalid", "{route}: {v}");
+        // Where the text ends, as Python's json module reports it.
+        assert_eq!(d["loc"], json!(["body", 7]), "{route}: {v}");
+        let msg = d["msg"].as_str().unwrap();
+        assert!(
+            msg.starts_with("JSON decode error") && msg.contains("EOF"),
+            "{route}: {v}"
+        );
+    }
+    // A bad character: its offset, on the line it is on.
+    let (s, v) = post_raw(&api, "/babyai/step", "{\"id\": 1,\n \"action\": x}").await;
+    let d = first_detail(s, &v, "bad character");
+    assert_eq!(d["loc"], json!(["body", 21]), "{v}");
+    // JSON that is not an object where the route reads fields.
+    let (s, v) = post_raw(&api, "/babyai/step", "[1, 2]").await;
+    let d = first_detail(s, &v, "a list");
+    assert_eq!(
+        (&d["type"], &d["loc"]),
+        (&json!("model_attributes_type"), &json!(["body"])),
+        "{v}"
+    );
+    // A missing field, a field of the wrong type.
+    let (s, v) = post_raw(&api, "/babyai/step", "{\"id\": 1}").await;
+    let d = first_detail(s, &v, "no action");
+    assert_eq!(
+        (&d["type"], &d["loc"]),
+        (&json!("missing"), &json!(["body", "action"]))
+    );
+    let (s, v) = post_raw(&api, "/babyai/step", "{\"id\": true, \"action\": \"x\"}").await;
+    let d = first_detail(s, &v, "a bool id");
+    assert_eq!(
+        (&d["type"], &d["loc"]),
+        (&json!("int_type"), &json!(["body", "id"]))
+    );
+    // agentrl's own routes keep their answer: 400 for malformed JSON.
+    let (s, v) = post_raw(&api, "/step", "{\"id\": ").await;
+    assert_eq!((s, &v["kind"]), (400, &json!("bad_request")), "{v}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_and_indices_given_as_decimal_strings_are_read_as_pydantic_reads_them() {
+    let (server, api) = serve().await;
+    let (_, v) = api.send("POST", "/babyai/create", None).await;
+    let id = v["id"].as_u64().unwrap();
+    let sid = id.to_string();
+    let reset = |body: Value| {
+        let api = api.clone();
+        async move { api.send("POST", "/babyai/reset", Some(&body)).await }
+    };
+    let (s, by_int) = reset(json!({"id": id, "data_idx": 18})).await;
+    assert_eq!(s, 200, "{by_int}");
+    for data_idx in [json!("18"), json!(" 18 "), json!("+18"), json!(18.0)] {
+        let (s, v) = reset(json!({"id": sid, "data_idx": data_idx})).await;
+        assert_eq!((s.as_u16(), &v), (200, &by_int), "data_idx {data_idx}");
+    }
+    let body = json!({"id": sid, "action": "turn left"});
+    let (s, v) = api.send("POST", "/babyai/step", Some(&body)).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["observation"].is_string(), "{v}");
+    // What pydantic refuses: 422 naming the field and the value.
+    for (body, field, kind) in [
+        (json!({"id": "abc", "data_idx": 0}), "id", "int_parsing"),
+        (
+            json!({"id": sid, "data_idx": "1x"}),
+            "data_idx",
+            "int_parsing",
+        ),
+        (
+            json!({"id": sid, "data_idx": ""}),
+            "data_idx",
+            "int_parsing",
+        ),
+        (
+            json!({"id": sid, "data_idx": 1.5}),
+            "data_idx",
+            "int_from_float",
+        ),
+        (
+            json!({"id": sid, "data_idx": -1}),
+            "data_idx",
+            "greater_than_equal",
+        ),
+        (
+            json!({"id": sid, "data_idx": "-1"}),
+            "data_idx",
+            "greater_than_equal",
+        ),
+        (json!({"id": sid, "data_idx": [1]}), "data_idx", "int_type"),
+    ] {
+        let (s, v) = reset(body.clone()).await;
+        let d = first_detail(s.as_u16(), &v, &body.to_string());
+        assert_eq!(
+            (&d["type"], &d["loc"], &d["input"]),
+            (&json!(kind), &json!(["body", field]), &body[field]),
+            "{body}: {v}"
+        );
+    }
+    let (s, v) = api.send("GET", "/babyai/observation?id=abc", None).await;
+    let d = first_detail(s.as_u16(), &v, "?id=abc");
+    assert_eq!(
+        (&d["type"], &d["loc"]),
+        (&json!("int_parsing"), &json!(["query", "id"]))
+    );
+    let (s, v) = api
+        .send("GET", &format!("/babyai/observation?id=%2B{id}"), None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // WebShop's env_idx and session_id.
+    let (_, v) = api.send("POST", "/webshop/create", None).await;
+    let ws = v.as_u64().unwrap();
+    let body = json!({"env_idx": ws, "session_id": 2});
+    let (s, by_int) = api.send("POST", "/webshop/reset", Some(&body)).await;
+    assert_eq!(s, 200, "{by_int}");
+    let body = json!({"env_idx": ws.to_string(), "session_id": "2"});
+    let (s, v) = api.send("POST", "/webshop/reset", Some(&body)).await;
+    assert_eq!((s.as_u16(), &v), (200, &by_int));
+    for (env, body) in [
+        ("babyai", json!({"id": sid})),
+        ("webshop", json!({"env_idx": ws.to_string()})),
+    ] {
+        let path = format!("/{env}/close");
+        let (s, v) = api.send("POST", &path, Some(&body)).await;
+        assert_eq!((s.as_u16(), v), (200, json!(true)), "{env}");
+    }
+    assert_eq!(server.live_sessions(), 0);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alfworld_reset_takes_data_idx_for_game() {
+    let (server, api) = serve().await;
+    let (_, v) = api.send("POST", "/alfworld/create", None).await;
+    let id = v["id"].as_u64().unwrap();
+    let reset = |body: Value| {
+        let api = api.clone();
+        async move { api.send("POST", "/alfworld/reset", Some(&body)).await }
+    };
+    for game in [7u64, 2420] {
+        let (s, by_game) = reset(json!({"id": id, "game": game, "world_type": "Text"})).await;
+        assert_eq!(s, 200, "{by_game}");
+        assert!(by_game["observation"].is_string(), "{by_game}");
+        // The alias; world_type defaults to "Text".
+        let (s, v) = reset(json!({"id": id, "data_idx": game})).await;
+        assert_eq!((s.as_u16(), &v), (200, &by_game), "data_idx {game}");
+        let (s, v) = reset(json!({"id": id, "data_idx": game, "game": game})).await;
+        assert_eq!((s.as_u16(), &v), (200, &by_game), "both {game}");
+    }
+    let (s, v) = reset(json!({"id": id, "game": 1, "data_idx": 2})).await;
+    let d = first_detail(s.as_u16(), &v, "game and data_idx differ");
+    assert_eq!(d["loc"], json!(["body", "data_idx"]), "{v}");
+    assert!(d["msg"].as_str().unwrap().contains("differ"), "{v}");
+    let (s, v) = reset(json!({"id": id})).await;
+    let d = first_detail(s.as_u16(), &v, "neither");
+    assert_eq!(
+        (&d["type"], &d["loc"]),
+        (&json!("missing"), &json!(["body", "game"]))
+    );
+    let (s, v) = reset(json!({"id": id, "data_idx": 2620})).await;
+    assert_eq!(
+        (s.as_u16(), v),
+        (200, json!({"error": "list index out of range"}))
+    );
     server.shutdown().await.unwrap();
 }
