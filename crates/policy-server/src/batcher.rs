@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -191,6 +191,34 @@ enum Message {
 pub struct Generator {
     jobs: SyncSender<Message>,
     max_queued: usize,
+    stats: GenerationStats,
+}
+
+/// What the model thread is doing and has done, readable from any thread
+/// while it works; clones share the counts.
+#[derive(Debug, Clone, Default)]
+pub struct GenerationStats(Arc<Counts>);
+
+/// The counters behind [`GenerationStats`], written by the model thread.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Sequences of the model calls under way.
+    running: AtomicUsize,
+    /// Tokens chosen, every sequence's.
+    generated: AtomicU64,
+}
+
+impl GenerationStats {
+    /// Sequences in the model calls under way: back to 0 once every
+    /// sequence has ended, by its own end or because its client left.
+    pub fn running_sequences(&self) -> usize {
+        self.0.running.load(Ordering::Acquire)
+    }
+
+    /// Tokens generated since the model thread started, every request's.
+    pub fn generated_tokens(&self) -> u64 {
+        self.0.generated.load(Ordering::Acquire)
+    }
 }
 
 impl Generator {
@@ -200,6 +228,8 @@ impl Generator {
         limits: BatchLimits,
     ) -> std::io::Result<(Self, JoinHandle<()>)> {
         let (jobs, queue) = mpsc::sync_channel(limits.max_queued.max(1));
+        let stats = GenerationStats::default();
+        let counts = Arc::clone(&stats.0);
         let thread = std::thread::Builder::new()
             .name("agentrl-policy-model".into())
             .spawn(move || {
@@ -207,15 +237,21 @@ impl Generator {
                     base: model,
                     adapters: HashMap::new(),
                 };
-                model_loop(&mut models, &queue, limits)
+                model_loop(&mut models, &queue, limits, &counts)
             })?;
         Ok((
             Self {
                 jobs,
                 max_queued: limits.max_queued,
+                stats,
             },
             thread,
         ))
+    }
+
+    /// The model thread's counts (a handle that reads them as they change).
+    pub fn stats(&self) -> GenerationStats {
+        self.stats.clone()
     }
 
     /// Generate a continuation of each prompt, prompt `i` sampling from
@@ -341,7 +377,12 @@ impl Models {
 /// size), generate them, answer; until the queue closes.
 /// An adapter load is done when it arrives: the client waits for its answer
 /// before it sends requests naming the adapter.
-fn model_loop(models: &mut Models, queue: &Receiver<Message>, limits: BatchLimits) {
+fn model_loop(
+    models: &mut Models,
+    queue: &Receiver<Message>,
+    limits: BatchLimits,
+    counts: &Counts,
+) {
     let take = |models: &mut Models, message: Message| match message {
         Message::Generate(job) => Some(job),
         Message::LoadAdapter { name, path, reply } => {
@@ -380,14 +421,14 @@ fn model_loop(models: &mut Models, queue: &Receiver<Message>, limits: BatchLimit
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        run_jobs(models, jobs, limits.max_batch_sequences);
+        run_jobs(models, jobs, limits.max_batch_sequences, counts);
     }
 }
 
 /// Generate `jobs`: one model call per adapter and set of sampling
 /// parameters (split at `max_batch` sequences), each job answered with its
 /// own sequences. A job whose client has gone is dropped unstarted.
-fn run_jobs(models: &Models, jobs: Vec<Job>, max_batch: usize) {
+fn run_jobs(models: &Models, jobs: Vec<Job>, max_batch: usize, counts: &Counts) {
     type Key = (SamplingParams, Option<String>);
     let mut groups: Vec<(Key, Vec<Job>)> = Vec::new();
     for job in jobs {
@@ -404,7 +445,14 @@ fn run_jobs(models: &Models, jobs: Vec<Job>, max_batch: usize) {
         }
     }
     for ((params, adapter), group) in groups {
-        run_group(models, &params, adapter.as_deref(), group, max_batch);
+        run_group(
+            models,
+            &params,
+            adapter.as_deref(),
+            group,
+            max_batch,
+            counts,
+        );
     }
 }
 
@@ -425,6 +473,7 @@ fn run_group(
     adapter: Option<&str>,
     group: Vec<Job>,
     max_batch: usize,
+    counts: &Counts,
 ) {
     // (job, sequence) of every sequence, in order.
     let mut owners: Vec<(usize, usize)> = Vec::new();
@@ -465,11 +514,13 @@ fn run_group(
     let chunk = max_batch.max(1);
     for start in (0..prompts.len()).step_by(chunk) {
         let end = (start + chunk).min(prompts.len());
+        counts.running.fetch_add(end - start, Ordering::AcqRel);
         let result = model.clone().and_then(|model| {
             let mut steering = BatchSteering {
                 jobs: &running,
                 owners: &owners[start..end],
                 tops: vec![Vec::new(); end - start],
+                counts,
             };
             let gens = generate_guarded(
                 model,
@@ -480,6 +531,9 @@ fn run_group(
             )?;
             Ok((gens, steering.tops))
         });
+        // The call is over (a panic inside it was caught): its sequences
+        // have all ended.
+        counts.running.fetch_sub(end - start, Ordering::AcqRel);
         tracing::debug!(sequences = end - start, "generated a batch");
         match result {
             Ok((gens, tops)) => {
@@ -517,6 +571,7 @@ struct BatchSteering<'a> {
     owners: &'a [(usize, usize)],
     /// Per row, the top alternatives of each step.
     tops: Vec<Vec<Vec<(u32, f32)>>>,
+    counts: &'a Counts,
 }
 
 impl Steering for BatchSteering<'_> {
@@ -534,6 +589,7 @@ impl Steering for BatchSteering<'_> {
     fn chosen(&mut self, seq: usize, token: u32, logprob: f32, logits: &[f32]) -> bool {
         let (j, s) = self.owners[seq];
         let job = &self.jobs[j];
+        self.counts.generated.fetch_add(1, Ordering::AcqRel);
         let k = job.options.top_logprobs;
         let top = if k > 0 {
             top_logprobs(logits, k)

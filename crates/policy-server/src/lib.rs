@@ -32,8 +32,8 @@ mod server;
 mod stream;
 
 pub use batcher::{
-    BatchLimits, GenerateError, GenerateOutput, GenerateRequest, Generator, SequenceOptions,
-    SequenceOutput, StreamEvent,
+    BatchLimits, GenerateError, GenerateOutput, GenerateRequest, GenerationStats, Generator,
+    SequenceOptions, SequenceOutput, StreamEvent,
 };
 pub use error::{ApiError, ServerError};
 pub use server::{

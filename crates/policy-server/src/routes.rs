@@ -41,7 +41,8 @@ use crate::stream::{self, Kind};
 pub(crate) struct AppState {
     /// The name the model is served under.
     pub name: String,
-    pub tokenizer: ChatTokenizer,
+    /// Shared with the streams that decode as tokens come.
+    pub tokenizer: Arc<ChatTokenizer>,
     pub limits: ModelLimits,
     pub generator: Generator,
     /// When the server started (the model card's `created`).
@@ -74,8 +75,9 @@ pub(crate) type Shared = Arc<AppState>;
 
 /// The application: routes inside the shared auth, request timeout, body
 /// limit, panic and JSON-error layers ([`agentrl_connections::harden`]).
-/// A timed-out request's sequences already queued are still generated (and
-/// their answer dropped).
+/// A timed-out request drops its answer's receiver: its sequences are
+/// skipped if they have not started and leave the batch at their next token
+/// if they have ([`crate::batcher`]).
 pub(crate) fn router(state: Shared, hardening: Hardening) -> Router {
     let routes = Router::new()
         .route("/health", get(health))

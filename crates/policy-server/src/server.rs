@@ -12,7 +12,7 @@ use agentrl_tokenizer::ChatTokenizer;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::batcher::{BatchLimits, Generator};
+use crate::batcher::{BatchLimits, GenerationStats, Generator};
 use crate::error::ServerError;
 use crate::plan::ModelLimits;
 use crate::routes::{router, AppState};
@@ -119,6 +119,7 @@ pub struct PolicyServerHandle {
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
     drain_timeout: Duration,
+    stats: GenerationStats,
 }
 
 impl PolicyServerHandle {
@@ -130,6 +131,11 @@ impl PolicyServerHandle {
     /// `http://ip:port`, the root URL for clients.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The model thread's counts: sequences under way, tokens generated.
+    pub fn stats(&self) -> GenerationStats {
+        self.stats.clone()
     }
 
     /// Stop accepting, let in-flight requests finish (up to the drain timeout).
@@ -154,7 +160,7 @@ pub async fn spawn(
     served: ServedModel,
 ) -> Result<PolicyServerHandle, ServerError> {
     let (tx, rx) = oneshot::channel::<()>();
-    let (addr, task) = start(config.clone(), served, async move {
+    let (addr, task, stats) = start(config.clone(), served, async move {
         // A dropped sender also means stop.
         let _ = rx.await;
     })
@@ -164,6 +170,7 @@ pub async fn spawn(
         shutdown: Some(tx),
         task,
         drain_timeout: config.drain_timeout,
+        stats,
     })
 }
 
@@ -174,7 +181,7 @@ pub async fn serve_until(
     signal: impl Future<Output = ()> + Send + 'static,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServerError> {
-    let (addr, task) = start(config, served, signal).await?;
+    let (addr, task, _) = start(config, served, signal).await?;
     on_ready(addr);
     task.await
         .map_err(|e| ServerError::Io(std::io::Error::other(e.to_string())))
@@ -184,7 +191,7 @@ async fn start(
     config: PolicyServerConfig,
     served: ServedModel,
     signal: impl Future<Output = ()> + Send + 'static,
-) -> Result<(SocketAddr, JoinHandle<()>), ServerError> {
+) -> Result<(SocketAddr, JoinHandle<()>, GenerationStats), ServerError> {
     config.validate()?;
     if !config.addr.ip().is_loopback() && config.api_key.is_none() {
         tracing::warn!(addr = %config.addr, "serving a policy on a non-loopback address without an API key");
@@ -195,9 +202,10 @@ async fn start(
     let ServedModel { model, tokenizer } = served;
     // The thread ends when the state (the queue's sender) is dropped.
     let (generator, _model_thread) = Generator::start(model, config.batch)?;
+    let stats = generator.stats();
     let state = Arc::new(AppState {
         name: config.served_model_name.clone(),
-        tokenizer,
+        tokenizer: Arc::new(tokenizer),
         limits,
         generator,
         created: std::time::SystemTime::now()
@@ -223,7 +231,7 @@ async fn start(
         conn_limits,
         signal,
     ));
-    Ok((addr, task))
+    Ok((addr, task, stats))
 }
 
 /// A server on its own tokio runtime, for synchronous code (tests, a
@@ -257,6 +265,11 @@ impl BackgroundPolicyServer {
     /// The bound address.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.server.handle().map(PolicyServerHandle::local_addr)
+    }
+
+    /// The model thread's counts (see [`PolicyServerHandle::stats`]).
+    pub fn stats(&self) -> Option<GenerationStats> {
+        self.server.handle().map(PolicyServerHandle::stats)
     }
 }
 

@@ -66,7 +66,7 @@ struct ChoiceState {
 
 /// A streamed request's state between events.
 struct Streamer {
-    st: Shared,
+    tokenizer: Arc<ChatTokenizer>,
     plan: Plan,
     kind: Kind,
     model: String,
@@ -93,53 +93,72 @@ pub(crate) fn respond(
     let stop_flags: Arc<[AtomicBool]> = (0..sequences).map(|_| AtomicBool::new(false)).collect();
     let rx = st.start_stream(&plan, adapter.clone(), Arc::clone(&stop_flags))?;
     let model = adapter.unwrap_or_else(|| st.name.clone());
-    let choices = (0..sequences)
-        .map(|i| ChoiceState {
-            prompt: i / plan.best_of,
-            offset: 0,
-            ..ChoiceState::default()
-        })
-        .collect();
-    let mut s = Streamer {
-        st,
-        kind,
-        model,
-        id: answer::request_id(match kind {
-            Kind::Completion => "cmpl",
-            Kind::Chat => "chatcmpl",
-        }),
-        created: answer::now(),
-        rx,
-        stop_flags,
-        choices,
-        scores: Vec::new(),
-        out: VecDeque::new(),
-        done: false,
-        plan,
-    };
-    // The prompts' scores come first when asked for; otherwise the choices
-    // open now.
-    if s.plan.prompt_scoring().is_none() {
-        s.open_all();
-    }
-    let events = futures_util::stream::unfold(s, |mut s| async move {
-        loop {
-            if let Some(e) = s.out.pop_front() {
-                return Some((Ok::<Event, Infallible>(e), s));
-            }
-            if s.done {
-                return None;
-            }
-            let event = s.rx.recv().await;
-            s.on(event);
-        }
-    });
-    Ok(Sse::new(events).into_response())
+    let s = Streamer::new(Arc::clone(&st.tokenizer), plan, kind, model, rx, stop_flags);
+    Ok(s.into_sse())
 }
 
 impl Streamer {
+    /// The stream of `plan`'s choices, fed by `rx`; `stop_flags` (one per
+    /// sequence) tell the model thread which choices a stop string ended.
+    fn new(
+        tokenizer: Arc<ChatTokenizer>,
+        plan: Plan,
+        kind: Kind,
+        model: String,
+        rx: UnboundedReceiver<StreamEvent>,
+        stop_flags: Arc<[AtomicBool]>,
+    ) -> Self {
+        let choices = (0..plan.prompts.len() * plan.best_of)
+            .map(|i| ChoiceState {
+                prompt: i / plan.best_of,
+                offset: 0,
+                ..ChoiceState::default()
+            })
+            .collect();
+        let mut s = Streamer {
+            tokenizer,
+            kind,
+            model,
+            id: answer::request_id(match kind {
+                Kind::Completion => "cmpl",
+                Kind::Chat => "chatcmpl",
+            }),
+            created: answer::now(),
+            rx,
+            stop_flags,
+            choices,
+            scores: Vec::new(),
+            out: VecDeque::new(),
+            done: false,
+            plan,
+        };
+        // The prompts' scores come first when asked for; otherwise the choices
+        // open now.
+        if s.plan.prompt_scoring().is_none() {
+            s.open_all();
+        }
+        s
+    }
+
+    /// The SSE answer: each event as it is ready, until `[DONE]`.
+    fn into_sse(self) -> Response {
+        let events = futures_util::stream::unfold(self, |mut s| async move {
+            loop {
+                if let Some(e) = s.out.pop_front() {
+                    return Some((Ok::<Event, Infallible>(e), s));
+                }
+                if s.done {
+                    return None;
+                }
+                let event = s.rx.recv().await;
+                s.on(event);
+            }
+        });
+        Sse::new(events).into_response()
+    }
+
     fn tokenizer(&self) -> &ChatTokenizer {
-        &self.st.tokenizer
+        &self.tokenizer
     }
 
     /// Handle one event from the model thread (`None`: it hung up).
@@ -348,7 +367,7 @@ impl Streamer {
     /// Decode `token` after sequence `seq`'s tokens: the text it adds (empty
     /// while it ends in an incomplete character).
     fn decode_next(&mut self, seq: usize, token: u32) -> Result<String, TokenizerError> {
-        let tokenizer = &self.st.tokenizer;
+        let tokenizer = &self.tokenizer;
         let c = &mut self.choices[seq];
         c.tokens.push(token);
         let before = tokenizer.decode(&c.tokens[c.prefix..c.read], true)?;
@@ -672,6 +691,150 @@ fn held_back(text: &str, stops: &[String]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batcher::{GenerateOutput, SequenceOutput};
+    use crate::options::{StreamPlan, ToolPlan};
+    use agentrl_model::{Generation, LogitAdjustment, SamplingParams};
+    use serde_json::{json, Value};
+
+    fn fixture_tokenizer() -> ChatTokenizer {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny");
+        ChatTokenizer::load(dir).expect("the qwen2-tiny fixture's tokenizer")
+    }
+
+    /// A streamed chat plan with `tools` (or none), ending at `<|im_end|>`.
+    fn chat_plan(tools: Option<ToolPlan>, im_end: u32) -> Plan {
+        Plan {
+            prompts: vec![vec![1, 2, 3]],
+            n: 1,
+            params: SamplingParams {
+                max_new_tokens: 200,
+                stop_tokens: vec![im_end],
+                ..SamplingParams::default()
+            },
+            seed: 0,
+            stop_strings: Vec::new(),
+            logprobs: false,
+            return_token_ids: false,
+            best_of: 1,
+            top_logprobs: 0,
+            adjust: LogitAdjustment::default(),
+            echo: Vec::new(),
+            prompt_logprobs: None,
+            stream: Some(StreamPlan::default()),
+            request_stop_ids: Vec::new(),
+            tools,
+        }
+    }
+
+    /// The chunks streamed for `plan` when the model thread sends `reply`'s
+    /// tokens one by one, then the end of turn, then the whole result.
+    async fn streamed_chat(tok: &Arc<ChatTokenizer>, plan: Plan, reply: &str) -> Vec<Value> {
+        let im_end = tok.token_id("<|im_end|>").expect("<|im_end|>");
+        let mut tokens = tok.encode(reply).expect("encode");
+        tokens.push(im_end);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for &token in &tokens {
+            let event = StreamEvent::Token {
+                seq: 0,
+                token,
+                logprob: -0.5,
+                top: Vec::new(),
+            };
+            tx.send(event).expect("the stream's receiver");
+        }
+        let output = GenerateOutput {
+            sequences: vec![SequenceOutput {
+                generation: Generation {
+                    logprobs: vec![-0.5; tokens.len()],
+                    tokens,
+                    stopped: true,
+                },
+                top: Vec::new(),
+            }],
+            prompt_scores: Vec::new(),
+        };
+        tx.send(StreamEvent::Done(Ok(output)))
+            .expect("the stream's receiver");
+        let flags: Arc<[AtomicBool]> = Arc::from(vec![AtomicBool::new(false)]);
+        let s = Streamer::new(Arc::clone(tok), plan, Kind::Chat, "tiny".into(), rx, flags);
+        let body = axum::body::to_bytes(s.into_sse().into_body(), usize::MAX)
+            .await
+            .expect("the streamed body");
+        let text = String::from_utf8(body.to_vec()).expect("UTF-8");
+        let events: Vec<&str> = text
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| e.strip_prefix("data: ").expect("a data event"))
+            .collect();
+        assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
+        events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).expect("a JSON chunk"))
+            .collect()
+    }
+
+    /// The content of a stream's deltas, joined.
+    fn content(chunks: &[Value]) -> String {
+        chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_streamed_tool_call_reply_ends_in_tool_calls_deltas() {
+        let tok = Arc::new(fixture_tokenizer());
+        let im_end = tok.token_id("<|im_end|>").expect("<|im_end|>");
+        let reply = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let tools = ToolPlan {
+            tools: vec![json!({"type": "function", "function": {"name": "get_weather"}})],
+            parallel: true,
+        };
+        let chunks = streamed_chat(&tok, chat_plan(Some(tools), im_end), reply).await;
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        // The content before the call streams as content; the call's text never does.
+        assert_eq!(content(&chunks), "Let me look.\n");
+        let calls: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+            .collect();
+        assert_eq!(calls.len(), 1, "{chunks:?}");
+        let call = &calls[0][0];
+        assert_eq!(calls[0].as_array().map(Vec::len), Some(1));
+        assert_eq!(
+            (&call["index"], &call["type"]),
+            (&json!(0), &json!("function"))
+        );
+        assert!(
+            call["id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("call_")),
+            "{call}"
+        );
+        assert_eq!(call["function"]["name"], "get_weather");
+        let args: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().expect("a string"))
+                .expect("JSON arguments");
+        assert_eq!(args, json!({"city": "Paris"}));
+        // The last chunk ends the turn in the calls, at the model's own end of sequence.
+        let last = &chunks[chunks.len() - 1]["choices"][0];
+        assert_eq!(last["finish_reason"], "tool_calls");
+        assert_eq!(last["stop_reason"], Value::Null);
+        assert!(chunks[..chunks.len() - 1]
+            .iter()
+            .all(|c| c["choices"][0]["finish_reason"].is_null()));
+        // Without tools the same reply streams as plain content.
+        let chunks = streamed_chat(&tok, chat_plan(None, im_end), reply).await;
+        assert_eq!(content(&chunks), reply);
+        assert!(chunks
+            .iter()
+            .all(|c| c["choices"][0]["delta"].get("tool_calls").is_none()));
+        assert_eq!(
+            chunks[chunks.len() - 1]["choices"][0]["finish_reason"],
+            "stop"
+        );
+    }
 
     #[test]
     fn text_that_could_begin_a_stop_string_is_held_back() {

@@ -8,6 +8,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 use agentrl_model::{LogitAdjustment, SamplingParams, Steering};
 use agentrl_policy_server::{BackgroundPolicyServer, PolicyServerConfig};
@@ -633,6 +634,26 @@ fn tools_are_rendered_into_the_prompt_and_the_history() {
     );
     let prompt = tok.decode(&ids(&a["prompt_token_ids"]), false).unwrap();
     assert!(!prompt.contains("# Tools"), "{prompt}");
+    // Streamed with tools: the same reply as content, in chunks (the calls a
+    // model writes come back as `tool_calls` deltas: stream.rs's unit test).
+    let body = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                      "tools": tools, "max_tokens": 12, "temperature": 0, "ignore_eos": true});
+    let whole = ok(&server, "/v1/chat/completions", body.clone());
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let chunks = chunks(&sse(&server, "/v1/chat/completions", &streamed));
+    let content: String = chunks
+        .iter()
+        .filter_map(|k| k["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(json!(content), whole["choices"][0]["message"]["content"]);
+    assert!(chunks
+        .iter()
+        .all(|k| k["choices"][0]["delta"].get("tool_calls").is_none()));
+    assert_eq!(
+        chunks[chunks.len() - 1]["choices"][0]["finish_reason"],
+        whole["choices"][0]["finish_reason"]
+    );
     let (s, v) = post(
         &server,
         "/v1/chat/completions",
@@ -687,4 +708,55 @@ fn a_client_that_leaves_mid_stream_does_not_stop_the_server() {
         "/v1/completions",
         json!({"prompt": [5], "max_tokens": 2}),
     );
+}
+
+#[test]
+fn a_client_that_leaves_mid_stream_frees_its_sequences_at_their_next_token() {
+    let server = start();
+    let stats = server.stats().unwrap();
+    let addr = server.local_addr().unwrap();
+    // Many sequences of many tokens: a run to the end would take far longer
+    // than the server needs to see the client gone.
+    let (n, max_tokens) = (16u64, 500u64);
+    let body = json!({"prompt": [5, 6, 7], "max_tokens": max_tokens, "n": n,
+                      "ignore_eos": true, "stream": true})
+    .to_string();
+    let mut conn = TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+    }
+    // The first chunk is out: its sequences are in the model's batch.
+    assert!(stats.running_sequences() > 0);
+    drop(reader);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while stats.running_sequences() > 0 {
+        assert!(Instant::now() < deadline, "the sequences never ended");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let made = stats.generated_tokens();
+    assert!(
+        made < n * max_tokens / 2,
+        "{made} of {} tokens made for a client that had left",
+        n * max_tokens
+    );
+    // The next request is served, and counted alone.
+    ok(
+        &server,
+        "/v1/completions",
+        json!({"prompt": [5], "max_tokens": 3, "ignore_eos": true}),
+    );
+    assert_eq!(stats.generated_tokens(), made + 3);
+    assert_eq!(stats.running_sequences(), 0);
 }
