@@ -13,6 +13,7 @@ pub mod local_policy;
 pub mod lora_section;
 pub mod mixture;
 pub mod pass_at_k;
+mod perception;
 pub mod policy_dir;
 pub mod policy_section;
 pub mod ppo;

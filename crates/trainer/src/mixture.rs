@@ -75,6 +75,17 @@ pub fn task_sources(cfg: &TrainConfig) -> Vec<TaskSource> {
         .collect()
 }
 
+/// The mixture's entries, or the one env (a one-entry mixture too) at
+/// `difficulty`. The warm start and the perception examples use
+/// `env.difficulty`.
+pub fn sources_at(cfg: &TrainConfig, difficulty: &str) -> Vec<TaskSource> {
+    let mut sources = task_sources(cfg);
+    if let [one] = sources.as_mut_slice() {
+        one.difficulty = difficulty.to_string();
+    }
+    sources
+}
+
 /// How many of a step's `groups` tasks each source gets at RL step `step`
 /// (1-based): a smooth weighted round robin, each task going to the source
 /// furthest behind its share of all tasks dealt since step 1. Every step

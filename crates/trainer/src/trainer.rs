@@ -33,10 +33,11 @@ use crate::advantages;
 use crate::batch::{PpoBatch, Scoring};
 use crate::bootstrap::starting_policy;
 use crate::collapse::{CollapseSignal, CollapseWatch, StepSignals};
-use crate::config::{PerceptionStates, SftSection, TrainConfig};
+use crate::config::{SftSection, TrainConfig};
 use crate::evaluate::{evaluate, EnvMaker, EvalPlan, EvalStats};
 use crate::local_policy::LocalPolicy;
-use crate::mixture::{groups_per_source, task_sources, TaskSource};
+use crate::mixture::{groups_per_source, sources_at, task_sources, TaskSource};
+use crate::perception::{check_readings_exist, PerceptionTask, RunInputs};
 use crate::ppo::{ppo_update, split_value_head, Optimizers, StepLr, UpdateStats};
 use crate::remote_generation::{rollout_logprob_rows, RecordingPolicy, RemoteGeneration};
 use crate::run_dir::{BestCheckpoint, RunDir, TrainerState};
@@ -181,10 +182,9 @@ pub struct Trainer {
     /// With `policy.endpoint`: the server that generates every rollout
     /// (training and validation) with the current LoRA adapter.
     remote: Option<RemoteGeneration>,
-    /// The perception pre-training's examples, kept for the perception
-    /// updates between RL steps (`actor.perception_steps_per_update`);
-    /// built on first use, the same after a resume.
-    perception: Vec<sft::PerceptionExample>,
+    /// The perception auxiliary task of the tiny recipes (idle unless
+    /// configured).
+    perception: PerceptionTask,
 }
 
 fn uses_critic(cfg: &TrainConfig) -> bool {
@@ -201,11 +201,6 @@ fn kl_in_reward(cfg: &TrainConfig) -> bool {
 }
 
 /// The actor's AdamW state in a checkpoint directory.
-/// Train seeds of the perception pre-training's random walks: past the
-/// demonstrations' (which start at half the split).
-const PERCEPTION_FIRST_SEED: u64 = SPLIT_STRIDE / 2 + SPLIT_STRIDE / 4;
-/// Validation tasks whose states measure the perception's held-out loss.
-const PERCEPTION_HELD_OUT_TASKS: usize = 64;
 const ACTOR_OPTIMIZER_FILE: &str = "optimizer.safetensors";
 /// The value head's AdamW state (runs with a critic).
 const CRITIC_OPTIMIZER_FILE: &str = "critic_optimizer.safetensors";
@@ -232,27 +227,6 @@ fn remote_generation(
         true => Ok(None),
         false => Ok(Some(RemoteGeneration::connect(&cfg.policy, run_dir)?)),
     }
-}
-
-/// With `rollout.show_perception`, every task source's env must have a
-/// reading to show: an error naming the key and the env otherwise, rather
-/// than a run whose prompts silently lack what the config asked for.
-fn check_readings_exist(cfg: &TrainConfig, make: &EnvMaker<'_>) -> Result<(), TrainError> {
-    if !cfg.rollout.show_perception {
-        return Ok(());
-    }
-    for source in task_sources(cfg) {
-        let spec = TaskSpec::new(&source.env, Split::Train, &source.difficulty, 0);
-        let mut env = make(&spec, &source.params)?;
-        env.reset();
-        if env.perception().is_none() {
-            return Err(TrainError::Config(crate::config::ConfigError::Invalid(format!(
-                "rollout.show_perception: env {:?} has no reading of its state to show; set rollout.show_perception = false",
-                source.env
-            ))));
-        }
-    }
-    Ok(())
 }
 
 /// The learning rates at RL step `step` (1-based): `actor.lr` and
@@ -325,12 +299,16 @@ impl Trainer {
             device,
             make,
             remote,
-            perception: Vec::new(),
+            perception: PerceptionTask::default(),
         };
         let perceive = t.cfg.sft.perception_steps > 0;
         let warm_start = t.cfg.sft.demos > 0 && t.cfg.sft.epochs > 0;
         if perceive {
-            t.pretrain_perception(progress)?;
+            let run = RunInputs::of(&t.cfg, t.make.as_ref(), &t.tokenizer);
+            let metrics = t
+                .perception
+                .pretrain(&run, &t.model, &mut t.opts.actor, progress)?;
+            t.run.log_metrics(&metrics)?;
         }
         if warm_start {
             t.warm_start(progress)?;
@@ -434,7 +412,7 @@ impl Trainer {
             warnings,
             make: env_maker(&cfg_for_make)?,
             remote,
-            perception: Vec::new(),
+            perception: PerceptionTask::default(),
         })
     }
 
@@ -475,148 +453,6 @@ impl Trainer {
                 ids.len()
             )))),
         }
-    }
-
-    /// The perception examples of this run's tasks: train-seed states to
-    /// learn from and validation-seed states to measure on.
-    #[allow(clippy::type_complexity)]
-    fn perception_examples(
-        &self,
-    ) -> Result<(Vec<sft::PerceptionExample>, Vec<sft::PerceptionExample>), TrainError> {
-        let make = self.make.as_ref();
-        let sources = self.sources_at(&self.cfg.env.difficulty);
-        let weights: Vec<f64> = sources.iter().map(|s| s.weight).collect();
-        let (mut train, mut held_out) = (Vec::new(), Vec::new());
-        let train_counts = groups_per_source(&weights, self.cfg.sft.perception_tasks, 1);
-        let held_out_counts = groups_per_source(&weights, PERCEPTION_HELD_OUT_TASKS, 1);
-        for ((source, n_train), n_held_out) in sources.iter().zip(train_counts).zip(held_out_counts)
-        {
-            for (split, tasks, first_seed, into) in [
-                (Split::Train, n_train, PERCEPTION_FIRST_SEED, &mut train),
-                (Split::Val, n_held_out, 0, &mut held_out),
-            ] {
-                into.extend(sft::perception_examples(
-                    make,
-                    &self.tokenizer,
-                    &source.env,
-                    &source.difficulty,
-                    &source.params,
-                    &self.cfg.rollout,
-                    split,
-                    tasks,
-                    first_seed,
-                    self.cfg.trainer.seed,
-                )?);
-            }
-        }
-        Ok((train, held_out))
-    }
-
-    /// Perception pre-training (`sft.perception_steps`): the model learns to
-    /// read the state off short one-state prompts before it sees a
-    /// dialogue. Logs the held-out loss (validation tasks' states) before
-    /// and after.
-    fn pretrain_perception(&mut self, progress: &mut dyn Progress) -> Result<(), TrainError> {
-        let (train, held_out) = self.perception_examples()?;
-        let sft = &self.cfg.sft;
-        progress.message(&format!(
-            "perception pre-training: {} updates on {} states of {} tasks",
-            sft.perception_steps,
-            train.len(),
-            sft.perception_tasks
-        ));
-        let held_out_refs: Vec<&sft::PerceptionExample> = held_out.iter().collect();
-        let before = sft::perception_nll(&self.model, &held_out_refs)?.to_scalar::<f32>()?;
-        progress.phase("perception", sft.perception_steps);
-        let losses = sft::pretrain_perception(
-            &self.model,
-            &mut self.opts.actor,
-            &train,
-            sft,
-            self.cfg.actor.grad_clip,
-            self.cfg.trainer.seed,
-            // Thousands of quick updates: a line every hundred in a log.
-            |done, total, l| {
-                if done % 100 == 0 || done == total {
-                    progress.advance(done, &format!("loss {l:.3}"));
-                }
-            },
-        )?;
-        progress.finish_phase();
-        let after = sft::perception_nll(&self.model, &held_out_refs)?.to_scalar::<f32>()?;
-        progress.message(&format!(
-            "perception: held-out loss {before:.3} -> {after:.3} ({} states)",
-            held_out.len()
-        ));
-        self.run.log_metrics(&json!({
-            "kind": "perception", "step": 0, "states": train.len(),
-            "losses": losses, "held_out_loss_before": before, "held_out_loss_after": after,
-        }))?;
-        self.perception = train;
-        Ok(())
-    }
-
-    /// The perception examples of this step's rollouts, where the
-    /// perception updates take their states from them
-    /// (`actor.perception_states = "rollouts"`); `None` otherwise.
-    fn rollout_perception_states(
-        &self,
-        trajs: &[Trajectory],
-    ) -> Result<Option<Vec<sft::PerceptionExample>>, TrainError> {
-        let actor = &self.cfg.actor;
-        if actor.perception_steps_per_update == 0
-            || actor.perception_states != PerceptionStates::Rollouts
-        {
-            return Ok(None);
-        }
-        let examples = sft::rollout_perception_examples(&self.tokenizer, &self.cfg.rollout, trajs)
-            .map_err(agentrl_rollout::RolloutError::from)?;
-        if examples.is_empty() {
-            return Err(TrainError::Config(crate::config::ConfigError::Invalid(
-                "actor.perception_states = \"rollouts\": this step's rollouts have no perception (the env defines none); use \"walks\" or actor.perception_steps_per_update = 0".into(),
-            )));
-        }
-        Ok(Some(examples))
-    }
-
-    /// `actor.perception_steps_per_update` perception updates after RL
-    /// step `step`'s update, on `rollout_states` where the config takes
-    /// them from the rollouts and on the pre-training's random walks
-    /// otherwise; returns their mean loss.
-    fn perception_refresh(
-        &mut self,
-        step: usize,
-        rollout_states: Option<Vec<sft::PerceptionExample>>,
-    ) -> Result<Option<f32>, TrainError> {
-        let steps = self.cfg.actor.perception_steps_per_update;
-        if steps == 0 {
-            return Ok(None);
-        }
-        if rollout_states.is_none() && self.perception.is_empty() {
-            self.perception = self.perception_examples()?.0;
-        }
-        let examples = rollout_states.as_deref().unwrap_or(&self.perception);
-        let sft = SftSection {
-            perception_steps: steps,
-            ..self.cfg.sft.clone()
-        };
-        let seed = stable_hash(&[
-            &self.cfg.trainer.seed.to_le_bytes(),
-            &(step as u64).to_le_bytes(),
-            b"perception",
-        ]);
-        let losses = sft::pretrain_perception(
-            &self.model,
-            &mut self.opts.actor,
-            examples,
-            &sft,
-            self.cfg.actor.grad_clip,
-            seed,
-            |_, _, _| {},
-        )?;
-        Ok(Some(
-            losses.iter().sum::<f32>() / losses.len().max(1) as f32,
-        ))
     }
 
     fn warm_start(&mut self, progress: &mut dyn Progress) -> Result<(), TrainError> {
@@ -982,11 +818,7 @@ impl Trainer {
     /// `difficulty`. The warm start and the perception examples use
     /// `env.difficulty`.
     fn sources_at(&self, difficulty: &str) -> Vec<TaskSource> {
-        let mut sources = task_sources(&self.cfg);
-        if let [one] = sources.as_mut_slice() {
-            one.difficulty = difficulty.to_string();
-        }
-        sources
+        sources_at(&self.cfg, difficulty)
     }
 
     /// This step's tasks: B train seeds, dealt among the sources by weight
@@ -1170,7 +1002,7 @@ impl Trainer {
         m.rollout_seconds = rollout_seconds;
         m.lr = lr.actor;
         m.policy_model = policy_model;
-        let rollout_states = self.rollout_perception_states(&trajs)?;
+        let rollout_states = PerceptionTask::rollout_states(&self.cfg, &self.tokenizer, &trajs)?;
         let kept: Vec<Trajectory> = trajs
             .into_iter()
             .zip(&filter.kept_mask)
@@ -1185,7 +1017,14 @@ impl Trainer {
         let t1 = Instant::now();
         (m.update, m.rollout_is) =
             self.update_with_rollout_logprobs(kept, kept_logprobs, step, lr)?;
-        m.perception_loss = self.perception_refresh(step, rollout_states)?;
+        let run = RunInputs::of(&self.cfg, self.make.as_ref(), &self.tokenizer);
+        m.perception_loss = self.perception.refresh(
+            &run,
+            &self.model,
+            &mut self.opts.actor,
+            step,
+            rollout_states,
+        )?;
         m.update_seconds = t1.elapsed().as_secs_f64();
         Ok(m)
     }
