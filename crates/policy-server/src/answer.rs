@@ -542,19 +542,19 @@ pub fn chat_response(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::options::ToolPlan;
     use agentrl_model::{Generation, LogitAdjustment, SamplingParams};
 
-    fn fixture_tokenizer() -> ChatTokenizer {
+    pub(crate) fn fixture_tokenizer() -> ChatTokenizer {
         let dir =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny");
         ChatTokenizer::load(dir).expect("the qwen2-tiny fixture's tokenizer")
     }
 
     /// A chat plan with `tools` (or none), ending at `<|im_end|>`.
-    fn plan(tools: Option<ToolPlan>, im_end: u32) -> Plan {
+    pub(crate) fn plan(tools: Option<ToolPlan>, im_end: u32) -> Plan {
         Plan {
             prompts: vec![vec![1, 2, 3]],
             n: 1,

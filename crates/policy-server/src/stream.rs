@@ -691,39 +691,17 @@ fn held_back(text: &str, stops: &[String]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::answer::tests::{self as answer_tests, fixture_tokenizer};
     use crate::batcher::{GenerateOutput, SequenceOutput};
     use crate::options::{StreamPlan, ToolPlan};
-    use agentrl_model::{Generation, LogitAdjustment, SamplingParams};
+    use agentrl_model::Generation;
     use serde_json::{json, Value};
-
-    fn fixture_tokenizer() -> ChatTokenizer {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/qwen2-tiny");
-        ChatTokenizer::load(dir).expect("the qwen2-tiny fixture's tokenizer")
-    }
 
     /// A streamed chat plan with `tools` (or none), ending at `<|im_end|>`.
     fn chat_plan(tools: Option<ToolPlan>, im_end: u32) -> Plan {
         Plan {
-            prompts: vec![vec![1, 2, 3]],
-            n: 1,
-            params: SamplingParams {
-                max_new_tokens: 200,
-                stop_tokens: vec![im_end],
-                ..SamplingParams::default()
-            },
-            seed: 0,
-            stop_strings: Vec::new(),
-            logprobs: false,
-            return_token_ids: false,
-            best_of: 1,
-            top_logprobs: 0,
-            adjust: LogitAdjustment::default(),
-            echo: Vec::new(),
-            prompt_logprobs: None,
             stream: Some(StreamPlan::default()),
-            request_stop_ids: Vec::new(),
-            tools,
+            ..answer_tests::plan(tools, im_end)
         }
     }
 
