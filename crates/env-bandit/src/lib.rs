@@ -12,10 +12,10 @@ mod parser;
 mod solver;
 
 use agentrl_env_core::{
-    param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, Step, StepError, TaskConfig, TaskSpec,
+    chance_rng, param_error, param_in_range, parse_params, stable_hash, task_rng, Env,
+    EnvDescriptor, EnvError, EnvParams, Episode, Outcome, Step, StepError, TaskConfig, TaskSpec,
 };
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
 
@@ -40,6 +40,9 @@ pub fn descriptor() -> EnvDescriptor {
         factory: |spec, params| Ok(Box::new(Bandit::new(spec, params)?)),
     }
 }
+
+/// Label of the payout draws' RNG stream.
+const PAYOUT_STREAM: &[u8] = b"bandit-payout";
 
 /// The largest payout magnitude the params accept (RAGEN's are 0.1 and 1).
 pub const REWARD_BOUND: f64 = 1000.0;
@@ -139,13 +142,7 @@ impl Bandit {
         );
         // Payouts come from their own stream so that the task itself does not
         // depend on how often the arm is pulled across resets.
-        let abs = spec.absolute_seed()?;
-        let payout_rng = ChaCha8Rng::seed_from_u64(stable_hash(&[
-            b"bandit-payout",
-            spec.env.as_bytes(),
-            spec.difficulty.as_bytes(),
-            &abs.to_le_bytes(),
-        ]));
+        let payout_rng = chance_rng(PAYOUT_STREAM, spec, 0)?;
         let task_hash = stable_hash(&[
             task.names[0].as_bytes(),
             task.names[1].as_bytes(),
@@ -208,6 +205,14 @@ impl Env for Bandit {
             a = self.task.names[0],
             b = self.task.names[1]
         )
+    }
+
+    fn set_chance_stream(&mut self, stream: u64) {
+        // The spec was checked when the env was built, so this cannot fail.
+        if let Ok(rng) = chance_rng(PAYOUT_STREAM, &self.spec, stream) {
+            self.payout_rng_start = rng.clone();
+            self.payout_rng = rng;
+        }
     }
 
     fn reset(&mut self) -> String {

@@ -42,6 +42,46 @@ fn reset_replays_the_same_payout() {
     }
 }
 
+/// The risky arm's payouts over 400 tasks, pulled with chance stream `stream`.
+fn risky_payouts(stream: u64) -> Vec<f64> {
+    (0..400)
+        .map(|seed| {
+            let mut e = env(Split::Train, "easy", seed);
+            e.set_chance_stream(stream);
+            e.reset();
+            let high = e.task().names[e.task().high].clone();
+            e.step(&high).unwrap().reward
+        })
+        .collect()
+}
+
+#[test]
+fn chance_streams_share_the_task_but_not_the_payout() {
+    let own: Vec<f64> = (0..400)
+        .map(|seed| {
+            let mut e = env(Split::Train, "easy", seed);
+            let high = e.task().names[e.task().high].clone();
+            e.step(&high).unwrap().reward
+        })
+        .collect();
+    // Stream 0 is the task's own luck; another stream replays itself.
+    assert_eq!(risky_payouts(0), own);
+    assert_eq!(risky_payouts(3), risky_payouts(3));
+    let other = risky_payouts(3);
+    let differ = own.iter().zip(&other).filter(|(a, b)| a != b).count();
+    // Independent Bernoulli(0.25) draws differ with probability 0.375.
+    assert!(
+        (100..200).contains(&differ),
+        "{differ} of 400 payouts differ"
+    );
+    let wins = other.iter().filter(|&&r| r == 1.0).count();
+    assert!((70..130).contains(&wins), "stream 3 paid {wins} of 400");
+    // The task is the same on every stream.
+    let mut a = env(Split::Train, "easy", 7);
+    a.set_chance_stream(5);
+    assert_eq!(a.reset(), env(Split::Train, "easy", 7).observation());
+}
+
 #[test]
 fn low_arm_pays_a_fixed_amount_and_high_arm_pays_one_a_quarter_of_the_time() {
     let (mut high_total, mut high_wins) = (0.0, 0);

@@ -92,6 +92,13 @@ pub trait Env: Send {
         self.available_actions()
     }
 
+    /// Draw this task's chance events (a bandit's payout, a slip on the ice)
+    /// from stream `stream` from the next reset on; stream 0 is the task's
+    /// own luck. Members of a GRPO group given different streams meet the
+    /// same task with independent luck, so the group compares choices, not
+    /// one shared draw. Envs without chance, and remote envs, ignore it.
+    fn set_chance_stream(&mut self, _stream: u64) {}
+
     /// The episode's bookkeeping, for an env that keeps it in an [`Episode`].
     /// An env that keeps it elsewhere (a remote client mirroring a server's
     /// counters) answers `None` and overrides the five methods below, which

@@ -30,5 +30,5 @@ pub use env::{safe_or_valid, Env, Step, StepInfo};
 pub use episode::{Episode, Outcome};
 pub use error::{ActionError, EnvError, StepError};
 pub use params::{param_error, param_in_range, parse_params, TaskConfig, MAX_STEPS_PARAM};
-pub use seed::{stable_hash, stable_hash_words, task_rng, TaskRng};
+pub use seed::{chance_rng, stable_hash, stable_hash_words, task_rng, TaskRng};
 pub use spec::{Split, TaskSpec, SPLIT_STRIDE};

@@ -49,6 +49,27 @@ pub fn task_rng(spec: &TaskSpec) -> Result<TaskRng, EnvError> {
     Ok(ChaCha8Rng::seed_from_u64(h))
 }
 
+/// The RNG of a task's chance events (a bandit's payout, a slip on the
+/// ice), kept apart from [`task_rng`] so the task itself never depends on
+/// them. `label` names the env's stream. Stream 0 is the task's own luck;
+/// another stream meets the same task with independent luck (see
+/// [`crate::Env::set_chance_stream`]).
+pub fn chance_rng(label: &[u8], spec: &TaskSpec, stream: u64) -> Result<TaskRng, EnvError> {
+    let seed = spec.absolute_seed()?;
+    let (env, difficulty, seed) = (
+        spec.env.as_bytes(),
+        spec.difficulty.as_bytes(),
+        seed.to_le_bytes(),
+    );
+    let stream_bytes = stream.to_le_bytes();
+    // Stream 0 hashes as the envs always did, so existing tasks keep their draws.
+    let h = match stream {
+        0 => stable_hash(&[label, env, difficulty, &seed]),
+        _ => stable_hash(&[label, env, difficulty, &seed, &stream_bytes]),
+    };
+    Ok(ChaCha8Rng::seed_from_u64(h))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,11 +11,11 @@ mod parser;
 mod solver;
 
 use agentrl_env_core::{
-    direction_names, param_error, param_in_range, parse_params, safe_or_valid, stable_hash,
-    stable_hash_words, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome, Step,
-    StepError, TaskConfig, TaskSpec, MAX_STEPS_PARAM,
+    chance_rng, direction_names, param_error, param_in_range, parse_params, safe_or_valid,
+    stable_hash, stable_hash_words, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode,
+    Outcome, Step, StepError, TaskConfig, TaskSpec, MAX_STEPS_PARAM,
 };
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::Deserialize;
 
@@ -27,6 +27,9 @@ pub use solver::{outcomes, solve, Policy};
 pub const NAME: &str = "frozenlake";
 /// Difficulty levels; the first is the default.
 pub const DIFFICULTIES: &[&str] = &["easy", "hard"];
+/// Label of the slip draws' RNG stream.
+const SLIP_STREAM: &[u8] = b"frozenlake-slip";
+
 /// RAGEN's slip: the intended move and each perpendicular move 1/3 each.
 pub const DEFAULT_SLIP: f64 = 2.0 / 3.0;
 
@@ -163,14 +166,7 @@ impl FrozenLake {
         }
         // The slip stream is separate from the map stream so that changing
         // the slip parameter does not change the map.
-        let abs = spec.absolute_seed()?;
-        let slip_seed = stable_hash(&[
-            b"frozenlake-slip",
-            spec.env.as_bytes(),
-            spec.difficulty.as_bytes(),
-            &abs.to_le_bytes(),
-        ]);
-        let slip_rng = ChaCha8Rng::seed_from_u64(slip_seed);
+        let slip_rng = chance_rng(SLIP_STREAM, spec, 0)?;
         let map_hash = stable_hash(&[&map.to_bytes(), &config.slip.to_le_bytes()]);
         Ok(Self {
             spec: spec.clone(),
@@ -284,6 +280,14 @@ impl Env for FrozenLake {
             n = self.map.size,
             max = self.config.max_steps
         )
+    }
+
+    fn set_chance_stream(&mut self, stream: u64) {
+        // The spec was checked when the env was built, so this cannot fail.
+        if let Ok(rng) = chance_rng(SLIP_STREAM, &self.spec, stream) {
+            self.slip_rng_start = rng.clone();
+            self.slip_rng = rng;
+        }
     }
 
     fn reset(&mut self) -> String {

@@ -65,6 +65,29 @@ fn reset_replays_the_slips_identically() {
 }
 
 #[test]
+fn a_chance_stream_slips_differently_on_the_same_map() {
+    let actions: Vec<Action> = (0..40).map(|i| ACTIONS[(i * 3) % 4]).collect();
+    let mut own = env("hard", 5);
+    let mut other = env("hard", 5);
+    other.set_chance_stream(1);
+    assert_eq!(own.map(), other.map());
+    let first = play(&mut own, &actions);
+    let second = play(&mut other, &actions);
+    assert_ne!(first, second, "stream 1 slipped exactly as stream 0");
+    assert_eq!(
+        second,
+        play(&mut other, &actions),
+        "a reset replays the stream"
+    );
+    own.set_chance_stream(0);
+    assert_eq!(
+        first,
+        play(&mut own, &actions),
+        "stream 0 is the task's own luck"
+    );
+}
+
+#[test]
 fn different_seeds_give_different_maps() {
     let maps: std::collections::BTreeSet<Vec<u8>> =
         (0..50).map(|s| env("easy", s).map().to_bytes()).collect();

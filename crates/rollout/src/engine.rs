@@ -54,6 +54,11 @@ pub enum AgentStrategy {
 pub struct RolloutConfig {
     /// Samples per task (group size G).
     pub n: usize,
+    /// Each member of a group meets the task with its own luck (a bandit's
+    /// payout, a slip on the ice: [`agentrl_env_core::Env::set_chance_stream`]),
+    /// so the group compares choices rather than one shared draw. Off, as in
+    /// RAGEN, every member replays the task's one draw. In-process envs only.
+    pub independent_chance: bool,
     /// Tasks per step (B).
     pub env_groups: usize,
     /// Sampling temperature of the training rollouts (0 = greedy).
@@ -137,6 +142,7 @@ impl Default for RolloutConfig {
     fn default() -> Self {
         Self {
             n: 8,
+            independent_chance: false,
             env_groups: 8,
             temperature: 1.0,
             top_p: 1.0,

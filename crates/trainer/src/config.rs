@@ -1058,6 +1058,12 @@ impl TrainConfig {
                 p.add(&format!("env.{field}"), why);
             }
         }
+        if self.rollout.independent_chance && !e.endpoint.is_empty() {
+            p.add(
+                "rollout.independent_chance",
+                "needs in-process envs: an env server replays each task's own draws, so drop env.endpoint or set it false".to_string(),
+            );
+        }
         for url in e.endpoint.urls() {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 p.add(
@@ -1425,6 +1431,24 @@ mod tests {
         assert!(e.to_string().contains("prefil"), "{e}");
         let e = override_rollout(&base, &["temperature=-1".to_string()]).unwrap_err();
         assert!(e.to_string().contains("rollout.temperature"), "{e}");
+    }
+
+    #[test]
+    fn independent_chance_is_refused_with_an_env_server() {
+        let local =
+            TrainConfig::from_toml(SMOKE_CONFIG, &["rollout.independent_chance=true".into()])
+                .unwrap();
+        assert!(local.rollout.independent_chance);
+        assert!(local.problems().is_empty(), "{:?}", local.problems());
+        let e = TrainConfig::from_toml(
+            SMOKE_CONFIG,
+            &[
+                "rollout.independent_chance=true".into(),
+                "env.endpoint=http://a:1".into(),
+            ],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("rollout.independent_chance"), "{e}");
     }
 
     #[test]

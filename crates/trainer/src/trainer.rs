@@ -840,8 +840,12 @@ impl Trainer {
             for _ in 0..count {
                 let seed = rng.random_range(0..pool);
                 let spec = TaskSpec::new(&source.env, Split::Train, &source.difficulty, seed);
-                for _ in 0..c.rollout.n {
-                    envs.push(make(&spec, &source.params)?);
+                for member in 0..c.rollout.n {
+                    let mut env = make(&spec, &source.params)?;
+                    if c.rollout.independent_chance {
+                        env.set_chance_stream(member as u64);
+                    }
+                    envs.push(env);
                     groups.push(g);
                 }
                 g += 1;
