@@ -134,6 +134,13 @@ pub struct HealthResponse {
     pub status: String,
     pub sessions: usize,
     pub max_sessions: usize,
+    /// Task builds (and expert searches) running now, at most the server's
+    /// `--max-builds`.
+    #[serde(default)]
+    pub builds_running: usize,
+    /// Requests waiting for a build slot.
+    #[serde(default)]
+    pub builds_waiting: usize,
 }
 
 /// One entry of `GET /envs`.
@@ -163,6 +170,9 @@ pub enum ErrorKind {
     PayloadTooLarge,
     /// The server holds its maximum number of sessions.
     Full,
+    /// The server has no room for this task right now (its shared-data
+    /// memory budget is held by open sessions); retry after `Retry-After`.
+    Busy,
     /// The action text was rejected; the session is still usable and counted it.
     InvalidAction,
     /// The episode is over; reset first.

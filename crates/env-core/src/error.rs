@@ -87,9 +87,25 @@ pub enum EnvError {
     /// connection): another server may still serve the episode.
     #[error("env server {endpoint} unreachable: {reason}")]
     Unreachable { endpoint: String, reason: String },
+    /// The build was cancelled before it finished ([`crate::BuildCancel`]):
+    /// whoever asked for the task went away or ran out of time.
+    #[error("building the {env} task was cancelled (the request was abandoned or timed out)")]
+    Cancelled { env: String },
+    /// The process has no room for this task right now (the shared data
+    /// budget, see [`crate::MemoryBudget`]); the same request may succeed
+    /// once other sessions close.
+    #[error("{env}: {reason}")]
+    Busy { env: String, reason: String },
 }
 
 impl EnvError {
+    /// `env`'s build stopped because its [`crate::BuildCancel`] was cancelled.
+    pub fn cancelled(env: &str) -> Self {
+        EnvError::Cancelled {
+            env: env.to_string(),
+        }
+    }
+
     /// `env`'s generator gave up; `reason` says on what and how to fix it.
     pub fn generation(env: &str, reason: impl Into<String>) -> Self {
         EnvError::Generation {

@@ -6,11 +6,13 @@
 //!
 //! Besides the contract, the pieces every environment shares: the episode
 //! bookkeeping ([`Episode`]), the action-text checks ([`action`]), typed
-//! `[env]` params ([`parse_params`]) and the process-wide data cache
-//! ([`SharedCache`]).
+//! `[env]` params ([`parse_params`]), the process-wide data cache
+//! ([`SharedCache`]) under one memory budget ([`SHARED_DATA`]), and the
+//! cooperative cancellation of long builds ([`BuildCancel`]).
 
 pub mod action;
 mod cache;
+mod cancel;
 mod debug_fields;
 mod descriptor;
 pub mod direction;
@@ -23,7 +25,8 @@ mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use cache::SharedCache;
+pub use cache::{MemoryBudget, Reservation, SharedCache, SHARED_DATA};
+pub use cancel::{build_cancelled, BuildCancel};
 pub use descriptor::{EnvDescriptor, EnvFactory, EnvParams};
 pub use direction::{direction_names, parse_direction, Direction};
 pub use env::{safe_or_valid, Env, Step, StepInfo};

@@ -28,7 +28,8 @@ use std::sync::Arc;
 
 use agentrl_env_core::{
     param_error, param_in_range, parse_params, stable_hash, task_rng, Env, EnvDescriptor, EnvError,
-    EnvParams, Episode, Outcome, SharedCache, Step, StepError, TaskSpec, MAX_STEPS_PARAM,
+    EnvParams, Episode, Outcome, Reservation, SharedCache, Step, StepError, TaskSpec,
+    MAX_STEPS_PARAM, SHARED_DATA,
 };
 use agentrl_search_index::{data_hash, shared_index, IndexError, IndexLocation, SearchIndex};
 use rand::seq::IndexedRandom;
@@ -68,6 +69,8 @@ pub struct Corpus {
     pub passages: Vec<Passage>,
     index: Arc<SearchIndex>,
     source: Source,
+    /// Its share of the process's shared-data budget, held while it lives.
+    _charge: Reservation,
 }
 
 impl Corpus {
@@ -130,9 +133,27 @@ impl Params {
     }
 }
 
+/// Memory one passage of a generated corpus holds, with its share of the
+/// search index and the knowledge base: measured as the RSS growth of
+/// `agentrl serve` per passage created.
+const CORPUS_BYTES_PER_PASSAGE: usize = 3_000;
+
+/// What the corpus of `p` holds in memory, for the shared-data budget: a
+/// generated one by its size, one from files by the files' size.
+fn corpus_bytes(p: &Params, size: usize) -> usize {
+    match (&p.corpus, &p.qa_file) {
+        (Some(c), Some(q)) => [c, q]
+            .iter()
+            .filter_map(|f| std::fs::metadata(f).ok())
+            .map(|m| m.len() as usize)
+            .sum(),
+        _ => size.saturating_mul(CORPUS_BYTES_PER_PASSAGE),
+    }
+}
+
 /// The shared corpus and index for the parameters. Corpora are cached by
 /// source: every task of a run builds an env, and none may regenerate or
-/// reload the corpus.
+/// reload the corpus. Every corpus alive counts against [`SHARED_DATA`].
 fn corpus_for(p: &Params) -> Result<Arc<Corpus>, EnvError> {
     // A few corpus sizes; a client cycling through sizes evicts the oldest
     // instead of growing memory.
@@ -142,25 +163,37 @@ fn corpus_for(p: &Params) -> Result<Arc<Corpus>, EnvError> {
         (Some(c), Some(q)) => format!("files:{}:{}", c.display(), q.display()),
         _ => format!("gen:{size}"),
     };
-    CORPORA.get_or_try_build(key, || {
-        let (passages, source) = match (&p.corpus, &p.qa_file) {
-            (Some(c), Some(q)) => (loader::load_corpus(c)?, Source::Files(loader::load_qa(q)?)),
-            _ => {
-                let kb = Kb::generate(size).ok_or_else(|| {
-                    EnvError::generation(NAME, "the name tables ran out of fresh names")
-                })?;
-                (kb.passages.clone(), Source::Generated(kb))
-            }
-        };
-        let docs = kb::search_docs(&passages);
-        let index = shared_index(&docs, data_hash(&docs), &p.cache_dir)
-            .map_err(|e| e.into_env_error(NAME))?;
-        Ok(Corpus {
-            passages,
-            index,
-            source,
-        })
-    })
+    let bytes = corpus_bytes(p, size);
+    let over_budget = |over| EnvError::Busy {
+        env: NAME.to_string(),
+        reason: format!("no room for a corpus of {size} passages: {over}"),
+    };
+    CORPORA.get_or_try_build_charged(
+        key,
+        bytes,
+        &SHARED_DATA,
+        |charge| {
+            let (passages, source) = match (&p.corpus, &p.qa_file) {
+                (Some(c), Some(q)) => (loader::load_corpus(c)?, Source::Files(loader::load_qa(q)?)),
+                _ => {
+                    let kb = Kb::generate(size).ok_or_else(|| {
+                        EnvError::generation(NAME, "the name tables ran out of fresh names")
+                    })?;
+                    (kb.passages.clone(), Source::Generated(kb))
+                }
+            };
+            let docs = kb::search_docs(&passages);
+            let index = shared_index(&docs, data_hash(&docs), &p.cache_dir)
+                .map_err(|e| e.into_env_error(NAME))?;
+            Ok(Corpus {
+                passages,
+                index,
+                source,
+                _charge: charge,
+            })
+        },
+        over_budget,
+    )
 }
 
 /// One SearchQA task.

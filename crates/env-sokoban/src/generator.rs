@@ -4,6 +4,7 @@
 //! their targets. Every move is reversible, so the room is solvable; the
 //! solver then bounds the optimal solution length.
 
+use agentrl_env_core::build_cancelled;
 use rand::seq::IndexedRandom;
 use rand::Rng;
 
@@ -328,7 +329,9 @@ pub const WORK_BUDGET: usize = 4_000_000;
 /// Draw rooms until one is unsolved at the start and its optimal solution
 /// length lies in `[min_solution_len, max_solution_len]`; gives up (None)
 /// after `max_attempts` draws or `max_work` units of work (reverse moves
-/// plus solver states), which only happens with extreme configs.
+/// plus solver states), which only happens with extreme configs, or as
+/// soon as the build is cancelled ([`build_cancelled`], checked before each
+/// draw and inside the solver), e.g. for a client that hung up.
 pub fn generate<R: Rng>(
     rng: &mut R,
     cfg: &GenConfig,
@@ -339,7 +342,7 @@ pub fn generate<R: Rng>(
     for attempt in 1..=max_attempts {
         // Reverse play costs its steps even when it fails early.
         work += cfg.reverse_steps.max(1);
-        if work > max_work {
+        if work > max_work || build_cancelled() {
             return None;
         }
         let mut room = topology(rng, cfg.size);

@@ -11,9 +11,9 @@ mod parser;
 mod solver;
 
 use agentrl_env_core::{
-    direction_names, param_error, param_in_range, parse_params, safe_or_valid, stable_hash,
-    stable_hash_words, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode, Outcome, Step,
-    StepError, TaskConfig, TaskSpec, MAX_STEPS_PARAM,
+    build_cancelled, direction_names, param_error, param_in_range, parse_params, safe_or_valid,
+    stable_hash, stable_hash_words, task_rng, Env, EnvDescriptor, EnvError, EnvParams, Episode,
+    Outcome, Step, StepError, TaskConfig, TaskSpec, MAX_STEPS_PARAM,
 };
 use serde::Deserialize;
 
@@ -174,17 +174,20 @@ impl Sokoban {
     pub fn new(spec: &TaskSpec, params: &EnvParams) -> Result<Self, EnvError> {
         let config = Config::for_task(spec, params)?;
         let mut rng = task_rng(spec)?;
-        let g =
-            generate(&mut rng, &config.generation, MAX_ATTEMPTS, WORK_BUDGET).ok_or_else(|| {
-                EnvError::generation(
-                    NAME,
-                    format!(
-                        "no room matching {:?} found in {MAX_ATTEMPTS} draws or {WORK_BUDGET} \
+        let generated = generate(&mut rng, &config.generation, MAX_ATTEMPTS, WORK_BUDGET);
+        if generated.is_none() && build_cancelled() {
+            return Err(EnvError::cancelled(NAME));
+        }
+        let g = generated.ok_or_else(|| {
+            EnvError::generation(
+                NAME,
+                format!(
+                    "no room matching {:?} found in {MAX_ATTEMPTS} draws or {WORK_BUDGET} \
                      units of search; lower min_solution_len, boxes or size",
-                        config.generation
-                    ),
-                )
-            })?;
+                    config.generation
+                ),
+            )
+        })?;
         let mut env = Self::from_room(spec, config, g.room, g.start)?;
         env.set_plan(g.solution);
         Ok(env)

@@ -3,6 +3,8 @@
 
 use std::collections::HashSet;
 
+use agentrl_env_core::build_cancelled;
+
 use crate::generator::{Room, State};
 use crate::parser::{Action, ACTIONS};
 
@@ -16,8 +18,14 @@ pub fn solve(room: &Room, start: &State, max_len: usize) -> Option<Vec<Action>> 
     solve_within(room, start, max_len, MAX_NODES).0
 }
 
+/// States expanded between two looks at [`build_cancelled`]: a look costs
+/// a thread-local read, a few thousand states well under a millisecond.
+const CANCEL_CHECK_EVERY: usize = 4096;
+
 /// [`solve`] exploring at most `max_nodes` states; also returns how many it
 /// explored, so that a caller drawing many rooms can bound its total work.
+/// A cancelled build ([`build_cancelled`]) stops the search early, without
+/// a solution.
 pub fn solve_within(
     room: &Room,
     start: &State,
@@ -35,6 +43,9 @@ pub fn solve_within(
     for _depth in 0..max_len {
         let end = nodes.len();
         for i in layer.clone() {
+            if i % CANCEL_CHECK_EVERY == 0 && build_cancelled() {
+                return (None, nodes.len());
+            }
             let state = nodes[i].0;
             for a in ACTIONS {
                 let Some((next, _)) = state.apply(room, a) else {

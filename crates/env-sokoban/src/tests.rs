@@ -305,6 +305,36 @@ fn extreme_params_give_up_once_the_work_budget_is_spent() {
 }
 
 #[test]
+fn a_cancelled_build_stops_at_once_with_its_own_error() {
+    // The issue's params: alone, a build spends the whole work budget
+    // (seconds) before it fails; cancelled, it stops before the first room.
+    let p: EnvParams = serde_json::from_str(
+        r#"{"size": 16, "boxes": 4, "reverse_steps": 100000, "min_solution_len": 1000,
+            "max_solution_len": 1000, "max_steps": 1000}"#,
+    )
+    .unwrap();
+    let cancel = agentrl_env_core::BuildCancel::new();
+    cancel.cancel();
+    let err = cancel
+        .run(|| Sokoban::new(&spec("hard", 0), &p))
+        .unwrap_err();
+    assert!(matches!(err, EnvError::Cancelled { .. }), "{err}");
+    // The solver looks too: a search that would explore many states stops
+    // at its first look, having explored only the start.
+    let cfg = Config::for_difficulty("hard")
+        .unwrap()
+        .with_params(&p)
+        .unwrap();
+    let mut rng = agentrl_env_core::task_rng(&spec("hard", 0)).unwrap();
+    let mut room = topology(&mut rng, cfg.generation.size);
+    let start = reverse_play(&mut rng, &mut room, 4, 100_000).unwrap();
+    let (plan, explored) = cancel.run(|| solver::solve_within(&room, &start, 1000, MAX_NODES));
+    assert_eq!((plan, explored), (None, 1));
+    let (_, uncancelled) = solver::solve_within(&room, &start, 1000, 100_000);
+    assert!(uncancelled > 1000, "{uncancelled}");
+}
+
+#[test]
 fn generation_failure_is_an_error_naming_the_knobs() {
     let p: EnvParams = serde_json::from_str(
         r#"{"size": 5, "boxes": 1, "reverse_steps": 1, "min_solution_len": 90, "max_solution_len": 100}"#,

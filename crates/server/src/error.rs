@@ -114,6 +114,19 @@ impl From<EnvError> for ApiError {
             EnvError::UnknownEnv { .. } => {
                 Self::new(StatusCode::NOT_FOUND, ErrorKind::NotFound, e.to_string())
             }
+            // Not the request's fault: the same request may succeed later.
+            EnvError::Busy { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorKind::Busy,
+                e.to_string(),
+            ),
+            // Only answered when nobody waits for the answer any more (the
+            // client left or the request timed out): what a timeout says.
+            EnvError::Cancelled { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorKind::Timeout,
+                e.to_string(),
+            ),
             // Params, data and generation failures all come from what the
             // request asked for.
             _ => Self::new(

@@ -20,9 +20,13 @@
 //! Limits: a request's `params` may hold only its env's `request_params`
 //! (file paths and cache locations come from the operator's `env_params`);
 //! connections are capped and must send a request head within the header
-//! timeout; each request has a timeout; session ids are random.
+//! timeout; each request has a timeout; session ids are random. Task builds
+//! run at most `max_builds` at a time and stop when their client hangs up
+//! (`builds`); the data envs share (catalogs, corpora) stays within one
+//! memory budget ([`agentrl_env_core::SHARED_DATA`]).
 
 mod agentgym;
+mod builds;
 mod error;
 mod openapi;
 mod params;
@@ -32,6 +36,6 @@ mod sessions;
 
 pub use error::{ApiError, ServerError};
 pub use server::{
-    registry_descriptors, select, serve_until, spawn, BackgroundServer, ServerConfig, ServerHandle,
-    DEFAULT_PORT,
+    default_max_builds, registry_descriptors, select, serve_until, spawn, BackgroundServer,
+    ServerConfig, ServerHandle, DEFAULT_PORT,
 };

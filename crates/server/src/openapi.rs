@@ -158,7 +158,8 @@ pub(crate) fn document(envs: &[&str]) -> Value {
             "BatchStepResult": { "type": "object", "properties": {
                 "code": { "type": "integer" }, "ok": reference("StepResponse"), "err": reference("Error") } },
             "Health": { "type": "object", "properties": {
-                "status": { "type": "string" }, "sessions": { "type": "integer" }, "max_sessions": { "type": "integer" } } },
+                "status": { "type": "string" }, "sessions": { "type": "integer" }, "max_sessions": { "type": "integer" },
+                "builds_running": { "type": "integer" }, "builds_waiting": { "type": "integer" } } },
             "EnvEntry": { "type": "object", "properties": {
                 "name": { "type": "string" }, "summary": { "type": "string" },
                 "difficulties": { "type": "array", "items": { "type": "string" } }, "default_max_turns": { "type": "integer" },
@@ -166,7 +167,7 @@ pub(crate) fn document(envs: &[&str]) -> Value {
             "Error": { "type": "object", "required": ["error", "kind"], "properties": {
                 "error": { "type": "string" },
                 "kind": { "type": "string", "enum": ["bad_request", "unauthorized", "not_found", "method_not_allowed",
-                    "payload_too_large", "full", "invalid_action", "episode_over", "invalid_spec", "forbidden_param",
+                    "payload_too_large", "full", "busy", "invalid_action", "episode_over", "invalid_spec", "forbidden_param",
                     "timeout", "internal"] },
                 "action_error": { "type": "object" }, "status": { "type": "object" } } }
         } }

@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::agentgym;
+use crate::builds::Builds;
 use crate::error::ApiError;
 use crate::openapi;
 use crate::params::OperatorParams;
@@ -36,14 +37,16 @@ pub(crate) struct AppState {
     pub envs: BTreeMap<&'static str, EnvDescriptor>,
     pub sessions: SessionStore,
     pub operator_params: OperatorParams,
+    /// Slots for task builds and expert searches (`ServerConfig::max_builds`).
+    pub builds: Builds,
 }
 
 pub(crate) type Shared = Arc<AppState>;
 
 /// The full application: routes inside the shared auth, request timeout,
 /// body limit, panic and JSON-error layers ([`agentrl_connections::harden`]).
-/// Work a timed-out request already handed to spawn_blocking runs to its
-/// end, which the generators' attempt budgets bound.
+/// Work of a request that timed out or whose client hung up is cancelled
+/// (see [`crate::builds`]).
 pub(crate) fn router(state: Shared, hardening: Hardening) -> Router {
     let routes = Router::new()
         .route("/", get(root))
@@ -271,17 +274,6 @@ impl AppState {
     }
 }
 
-/// Runs environment work that may take milliseconds (generating a level,
-/// loading data, a solver) off the async workers.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| {
-        tracing::error!(error = %e, "environment task failed");
-        ApiError::internal(format!("internal error (an environment panicked): {e}"))
-    })
-}
-
 fn pick_seed(seed: Option<u64>, data_idx: Option<u64>) -> Result<Option<u64>, ApiError> {
     match (seed, data_idx) {
         (Some(a), Some(b)) if a != b => Err(ApiError::bad_request(format!(
@@ -316,6 +308,8 @@ async fn health(State(st): State<Shared>) -> Json<HealthResponse> {
         status: "ok".into(),
         sessions: st.sessions.len(),
         max_sessions: st.sessions.max_sessions,
+        builds_running: st.builds.running(),
+        builds_waiting: st.builds.waiting(),
     })
 }
 
@@ -400,7 +394,7 @@ impl NewSession {
     }
 }
 
-/// Build `spec`'s env off the async workers and store it as a new session.
+/// Build `spec`'s env in a build slot ([`Builds`]) and store it as a new session.
 pub(crate) async fn new_session(
     st: &AppState,
     desc: EnvDescriptor,
@@ -414,13 +408,15 @@ pub(crate) async fn new_session(
     }
     let build_params = params.clone();
     let build_spec = spec.clone();
-    let (env, observation, instructions) = blocking(move || {
-        let env = desc.create(&build_spec, &build_params)?;
-        let observation = env.observation();
-        let instructions = env.instructions();
-        Ok::<_, ApiError>((env, observation, instructions))
-    })
-    .await??;
+    let (env, observation, instructions) = st
+        .builds
+        .run(move || {
+            let env = desc.create(&build_spec, &build_params)?;
+            let observation = env.observation();
+            let instructions = env.instructions();
+            Ok::<_, ApiError>((env, observation, instructions))
+        })
+        .await??;
     let state = SessionState {
         env,
         score: 0.0,
@@ -521,15 +517,16 @@ pub(crate) async fn reset_to(
         let observation = guard.env.reset();
         (guard, observation)
     } else {
-        // Another task: build it like `create` does, off the async workers.
+        // Another task: build it like `create` does, in a build slot.
         let new_spec = spec.clone();
-        blocking(move || {
-            let env = desc.create(&new_spec, &params)?;
-            let observation = env.observation();
-            guard.env = env;
-            Ok::<_, ApiError>((guard, observation))
-        })
-        .await??
+        st.builds
+            .run(move || {
+                let env = desc.create(&new_spec, &params)?;
+                let observation = env.observation();
+                guard.env = env;
+                Ok::<_, ApiError>((guard, observation))
+            })
+            .await??
     };
     let mut guard = guard;
     guard.score = 0.0;
@@ -652,7 +649,7 @@ fn read_route<T: Serialize + Send + 'static>(read: fn(&dyn Env) -> T) -> MethodR
     )
 }
 
-/// The expert may search (BFS, value iteration): run it off the async workers.
+/// The expert may search (BFS, value iteration): run it in a build slot.
 async fn expert_action(
     State(st): State<Shared>,
     EnvSegment(path): EnvSegment,
@@ -660,7 +657,7 @@ async fn expert_action(
 ) -> Result<Json<ExpertActionResponse>, ApiError> {
     let session = st.session(id, path.as_deref(), None)?;
     let mut guard = Arc::clone(&session.state).lock_owned().await;
-    let action = blocking(move || guard.env.expert_action()).await?;
+    let action = st.builds.run(move || guard.env.expert_action()).await?;
     st.sessions.touch(&session);
     Ok(Json(ExpertActionResponse { action }))
 }

@@ -12,6 +12,7 @@ use agentrl_env_core::{EnvDescriptor, Split, TaskSpec};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::builds::Builds;
 use crate::error::ServerError;
 use crate::params::OperatorParams;
 use crate::routes::{router, AppState};
@@ -52,6 +53,22 @@ pub struct ServerConfig {
     pub env_params: Vec<String>,
     /// How long shutdown waits for in-flight requests before giving up on them.
     pub drain_timeout: Duration,
+    /// Task builds (create, a reset to another task) and expert searches
+    /// running at once; more wait in line. Each may hold up to ~100 MB
+    /// while it runs (Sokoban's solver at its work budget).
+    pub max_builds: usize,
+    /// When set, the process-wide budget of the data envs share
+    /// ([`agentrl_env_core::SHARED_DATA`]: catalogs, corpora, their
+    /// indexes), in bytes; a create that needs more answers 503 `busy`.
+    pub shared_data_limit: Option<usize>,
+}
+
+/// The default of [`ServerConfig::max_builds`]: one per core, at most 4
+/// (4 builds at their work budget stay near 400 MB).
+pub fn default_max_builds() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4)
 }
 
 impl Default for ServerConfig {
@@ -71,6 +88,8 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(30),
             env_params: Vec::new(),
             drain_timeout: Duration::from_secs(10),
+            max_builds: default_max_builds(),
+            shared_data_limit: None,
         }
     }
 }
@@ -105,6 +124,9 @@ impl ServerConfig {
             return Err(ServerError::Config(format!(
                 "max_connections must be between 1 and {MAX_CONNECTIONS_LIMIT}"
             )));
+        }
+        if self.max_builds == 0 {
+            return Err(ServerError::Config("max_builds must be at least 1".into()));
         }
         if self.header_timeout.is_zero() || self.request_timeout.is_zero() {
             return Err(ServerError::Config(
@@ -237,6 +259,9 @@ async fn start(
     if !config.addr.ip().is_loopback() && config.token.is_none() {
         tracing::warn!(addr = %config.addr, "serving on a non-loopback address without --token");
     }
+    if let Some(limit) = config.shared_data_limit {
+        agentrl_env_core::SHARED_DATA.set_limit(limit);
+    }
     let operator_params = OperatorParams::parse(&config.env_params, &descriptors)?;
     check_operator_params(&operator_params, &descriptors).await?;
     let envs: BTreeMap<&'static str, EnvDescriptor> =
@@ -245,6 +270,7 @@ async fn start(
         envs,
         sessions: SessionStore::new(config.max_sessions),
         operator_params,
+        builds: Builds::new(config.max_builds),
     });
     let listener = agentrl_connections::bind(config.addr).await?;
     let addr = listener.local_addr()?;

@@ -4,7 +4,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use agentrl_server::{registry_descriptors, serve_until, ServerConfig, DEFAULT_PORT};
+use agentrl_server::{
+    default_max_builds, registry_descriptors, serve_until, ServerConfig, DEFAULT_PORT,
+};
 use anyhow::Context;
 
 #[derive(clap::Args)]
@@ -53,6 +55,18 @@ pub struct ServeArgs {
     /// Tokio worker threads (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
+    /// Task builds (create, reset to another task, the expert's search)
+    /// running at once; more requests wait in line, and a request whose
+    /// client hangs up leaves the line or stops its build (default: one per
+    /// core, at most 4).
+    #[arg(long)]
+    max_builds: Option<usize>,
+    /// MiB that the data envs share may hold at once: WebShop's catalogs,
+    /// SearchQA's corpora and their indexes, built once per size and shared
+    /// by every session over them. A create that needs more while open
+    /// sessions hold the rest answers 503 `busy` (with Retry-After).
+    #[arg(long, default_value_t = 512)]
+    shared_data_mib: usize,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -71,6 +85,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         header_timeout: Duration::from_secs(args.header_timeout_secs),
         request_timeout: Duration::from_secs(args.request_timeout_secs),
         env_params: args.env_params,
+        max_builds: args.max_builds.unwrap_or_else(default_max_builds),
+        shared_data_limit: Some(args.shared_data_mib.saturating_mul(1 << 20)),
         ..ServerConfig::default()
     };
     if !args.host.is_loopback() && config.token.is_none() {

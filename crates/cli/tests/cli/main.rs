@@ -15,6 +15,7 @@ mod lora_cli;
 mod policy_cli;
 mod remote_generation_cli;
 mod serve_cli;
+mod serve_hostile_cli;
 mod train_resume;
 
 /// The policy-client's loopback double (`policy_cli` and `remote_generation_cli`).

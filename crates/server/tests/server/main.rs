@@ -3,6 +3,7 @@
 //! test build short).
 
 mod agentgym_replay;
+mod builds;
 mod common;
 mod hardening;
 mod routes;
