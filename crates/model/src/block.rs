@@ -446,6 +446,9 @@ struct PackGrad<'a, T> {
     po: PackOffsets,
     pack: &'a [T],
     rows: usize,
+    /// Whether the weights' gradients are wanted: a frozen layer's are not,
+    /// and skipping them skips a third of its backward's products.
+    weights: bool,
 }
 
 impl<T: Real> PackGrad<'_, T> {
@@ -467,7 +470,9 @@ impl<T: Real> PackGrad<'_, T> {
         let rows = self.rows.max(1);
         let (n_in, n_out) = (x.len() / rows, dy.len() / rows);
         let span = self.po.range(first, last);
-        Mm::tn(n_out, n_in, rows).run(&mut self.dp[span.clone()], dy, x);
+        if self.weights {
+            Mm::tn(n_out, n_in, rows).run(&mut self.dp[span.clone()], dy, x);
+        }
         Mm::nn(rows, n_in, n_out).product(dy, &self.pack[span])
     }
 }
@@ -622,16 +627,31 @@ impl<T: Real> DecoderLayerOp<T> {
         (y, saved)
     }
 
-    fn backward(&self, x: &[T], pack: &[T], dy: &[T], s: &Saved<T>) -> (Vec<T>, Vec<T>) {
+    /// The gradients of the input and of the pack, each only when `wanted`
+    /// (candle asks for both, even of a frozen layer's pack or an input that
+    /// no parameter precedes).
+    fn backward(
+        &self,
+        x: &[T],
+        pack: &[T],
+        dy: &[T],
+        s: &Saved<T>,
+        wanted: Wanted,
+    ) -> (Option<Vec<T>>, Option<Vec<T>>) {
         let z = self.sizes();
         let (d, f, hd, n) = (z.d, z.f, z.hd, z.n);
         let (nh, nkv, q_dim, kv_dim) = (z.nh, z.nkv, z.q_dim, z.kv_dim);
         let (sh, po, pk) = (self.shape, self.shape.pack(), &self.packing);
         let mut grad = PackGrad {
-            dp: vec![T::ZERO; po.total()],
+            dp: if wanted.pack {
+                vec![T::ZERO; po.total()]
+            } else {
+                Vec::new()
+            },
             po,
             pack,
             rows: n,
+            weights: wanted.pack,
         };
         // MLP: y = y1 + act·Wdᵀ, act = silu(gate) ⊙ up.
         let act = swiglu(&s.gate_up, f);
@@ -643,7 +663,9 @@ impl<T: Real> DecoderLayerOp<T> {
         drop(d_gate_up);
         let mut dy1 = dy.to_vec();
         let dln2 = rms_norm_bwd(&mut dy1, &s.y1, &s.inv2, po.get(pack, P::Ln2), &dxn2, d);
-        grad.slot(P::Ln2).copy_from_slice(&dln2);
+        if wanted.pack {
+            grad.slot(P::Ln2).copy_from_slice(&dln2);
+        }
         drop(dxn2);
         // Attention: y1 = x + att·Woᵀ.
         let datt = grad.linear(P::O, &dy1, &s.att);
@@ -663,7 +685,7 @@ impl<T: Real> DecoderLayerOp<T> {
         let scale = T::from_f64(1.0 / (hd as f64).sqrt());
         let d_qkv = qkv_from_heads(&dq, &dk, &dv, (nh, nkv, hd), &pk.pos, &self.rope, scale);
         drop((dq, dk, dv));
-        if sh.bias {
+        if sh.bias && wanted.pack {
             // The q, k and v biases are adjacent in the pack, as their columns in d_qkv.
             column_sums(
                 &mut grad.dp[po.range(P::QB, P::VB)],
@@ -674,9 +696,22 @@ impl<T: Real> DecoderLayerOp<T> {
         let dxn1 = grad.linear_span((P::Q, P::V), &d_qkv, &s.xn1);
         let mut dx = dy1;
         let dln1 = rms_norm_bwd(&mut dx, x, &s.inv1, po.get(pack, P::Ln1), &dxn1, d);
-        grad.slot(P::Ln1).copy_from_slice(&dln1);
-        (dx, grad.dp)
+        if wanted.pack {
+            grad.slot(P::Ln1).copy_from_slice(&dln1);
+        }
+        // The input norm's weight gradient needs dxn1, so a first trainable
+        // layer (whose input has no gradient) computes dx anyway.
+        (wanted.input.then_some(dx), wanted.pack.then_some(grad.dp))
     }
+}
+
+/// Which gradients a layer's backward computes.
+#[derive(Debug, Clone, Copy)]
+struct Wanted {
+    /// The layer input's (none when no parameter precedes the layer).
+    input: bool,
+    /// The parameter pack's (none when the layer is frozen).
+    pack: bool,
 }
 
 /// `silu(gate) ⊙ up` per row of `gate_up: [N, 2f]` (gate then up), as `[N, f]`.
@@ -753,12 +788,16 @@ impl<T: Real> CustomOp2 for DecoderLayerOp<T> {
         let Some(saved) = guard.as_ref() else {
             candle_core::bail!("decoder layer: backward before forward")
         };
+        let wanted = Wanted {
+            input: x.track_op(),
+            pack: pack.track_op(),
+        };
         let (dx, dp) = with_slices::<T, _>(&[x, pack, dy], "decoder layer backward", |v| {
-            self.backward(v[0], v[1], v[2], saved)
+            self.backward(v[0], v[1], v[2], saved, wanted)
         })?;
         Ok((
-            Some(tensor_from(dx, x.shape().clone())),
-            Some(tensor_from(dp, pack.shape().clone())),
+            dx.map(|dx| tensor_from(dx, x.shape().clone())),
+            dp.map(|dp| tensor_from(dp, pack.shape().clone())),
         ))
     }
 }
@@ -825,6 +864,45 @@ mod tests {
         assert_eq!(p.offsets, vec![0, 52, 103, 154, 206, 257, 288, 339]);
         assert!(p.prefix.iter().all(Option::is_none));
         assert_eq!(ids, seqs.concat());
+    }
+
+    /// A backward asked for only one of its gradients gives exactly that
+    /// gradient of the full backward.
+    #[test]
+    fn a_backward_computes_only_the_wanted_gradients_and_those_exactly() {
+        let shape = LayerShape {
+            d: 8,
+            heads: Heads {
+                heads: 2,
+                kv_heads: 1,
+                head_dim: 4,
+            },
+            ffn: 12,
+            bias: true,
+            eps: 1e-6,
+        };
+        let packing = Arc::new(Packing::of_lengths([5, 3]));
+        let len = 5;
+        let rope = Arc::new(Rope {
+            cos: seq(len * 2, 0.7).iter().map(|v| v.cos()).collect(),
+            sin: seq(len * 2, 0.7).iter().map(|v| v.sin()).collect(),
+        });
+        let op = DecoderLayerOp::<f64>::new(shape, packing, rope);
+        let (x, pack) = (seq(8 * 8, 0.31), seq(shape.pack().total(), 0.53));
+        let dy = seq(8 * 8, 0.17);
+        let (_, saved) = op.forward(&x, &pack);
+        let run = |input, pack_too| {
+            let wanted = Wanted {
+                input,
+                pack: pack_too,
+            };
+            op.backward(&x, &pack, &dy, &saved, wanted)
+        };
+        let (dx, dp) = run(true, true);
+        let (dx, dp) = (dx.unwrap(), dp.unwrap());
+        assert!(dp.iter().all(|v| v.is_finite()) && dp.iter().any(|&v| v != 0.0));
+        assert_eq!(run(true, false), (Some(dx.clone()), None));
+        assert_eq!(run(false, true), (None, Some(dp)));
     }
 
     #[test]

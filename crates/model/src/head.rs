@@ -210,12 +210,15 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
             // no loss reads add nothing to it, and in an RL batch they are
             // most rows (a [V, d] × [d, N] product over them would cost more
             // than the rest of the head).
-            let dw = Mm::tn(vocab, d, m).product(&dz, &self.gather(hv, d));
+            // A frozen head (a tied embedding left out of training) wants none.
+            let dw = w
+                .track_op()
+                .then(|| Mm::tn(vocab, d, m).product(&dz, &self.gather(hv, d)));
             (dh, dw)
         })?;
         Ok((
             Some(tensor_from(dh, h.shape().clone())),
-            Some(tensor_from(dw, w.shape().clone())),
+            dw.map(|dw| tensor_from(dw, w.shape().clone())),
         ))
     }
 }

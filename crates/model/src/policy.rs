@@ -76,6 +76,9 @@ pub struct PolicyModel {
     /// The LoRA adapter, when one is attached: then only it (and a value
     /// head) is trained, and every forward sees `W + s·B·A`.
     lora: Option<LoraAdapter>,
+    /// The first trained decoder layer, when only the top layers are
+    /// trained (see [`PolicyModel::train_top_layers`]).
+    first_trained_layer: Option<usize>,
 }
 
 impl std::fmt::Debug for PolicyModel {
@@ -196,6 +199,7 @@ impl PolicyModel {
             share_prefixes: true,
             graph_decode: false,
             lora: None,
+            first_trained_layer: None,
         })
     }
 
@@ -334,10 +338,16 @@ impl PolicyModel {
             share_prefixes: self.share_prefixes,
             graph_decode: self.graph_decode,
             lora: Some(adapter),
+            first_trained_layer: self.first_trained_layer,
         })
     }
 
     fn attach(&mut self, adapter: LoraAdapter) -> Result<(), ModelError> {
+        if self.first_trained_layer.is_some() {
+            return Err(ModelError::InvalidInput(
+                "a LoRA adapter and training only the top layers do not combine".into(),
+            ));
+        }
         if self.lora.is_some() {
             return Err(ModelError::Adapter {
                 path: "<in memory>".into(),
@@ -353,12 +363,36 @@ impl PolicyModel {
         self.lora.as_ref()
     }
 
-    /// The transformer a training forward runs: the model itself, or with a
-    /// LoRA adapter its frozen base with `W + s·B·A` (differentiable in A, B).
+    /// From now on train only the top `layers` decoder layers, the final
+    /// norm, an untied LM head and a value head: the embeddings and the
+    /// layers below stay as they are, and a training backward stops at the
+    /// lowest trained layer. `layers` = the model's depth trains every layer
+    /// but leaves the embeddings frozen. Refused with a LoRA adapter (which
+    /// already freezes the base) and for 0 or more layers than the model has.
+    pub fn train_top_layers(&mut self, layers: usize) -> Result<(), ModelError> {
+        let depth = self.config.num_hidden_layers;
+        if layers == 0 || layers > depth {
+            return Err(ModelError::InvalidInput(format!(
+                "cannot train the top {layers} layers of a {depth}-layer model (1..={depth})"
+            )));
+        }
+        if self.lora.is_some() {
+            return Err(ModelError::InvalidInput(
+                "training only the top layers and a LoRA adapter do not combine: the adapter already freezes the base".into(),
+            ));
+        }
+        self.first_trained_layer = Some(depth - layers);
+        Ok(())
+    }
+
+    /// The transformer a training forward runs: the model itself (its lower
+    /// layers frozen when only the top ones train), or with a LoRA adapter
+    /// its frozen base with `W + s·B·A` (differentiable in A, B).
     fn training_model(&self) -> Result<Cow<'_, Model>, ModelError> {
-        Ok(match &self.lora {
-            None => Cow::Borrowed(&self.model),
-            Some(lora) => Cow::Owned(lora.apply(&self.model.frozen(), false)?),
+        Ok(match (&self.lora, self.first_trained_layer) {
+            (None, None) => Cow::Borrowed(&self.model),
+            (None, Some(first)) => Cow::Owned(self.model.frozen_below(first)),
+            (Some(lora), _) => Cow::Owned(lora.apply(&self.model.frozen(), false)?),
         })
     }
 
@@ -412,13 +446,20 @@ impl PolicyModel {
     }
 
     /// Every trainable parameter with its name, in name order: every
-    /// parameter, or with a LoRA adapter only its A and B (PEFT's names) and
-    /// the value head. Fails for an adapter with dropout, which cannot be
+    /// parameter, those of the top layers when only they train
+    /// ([`PolicyModel::train_top_layers`]), or with a LoRA adapter only its
+    /// A and B (PEFT's names) and the value head. Fails for an adapter with dropout, which cannot be
     /// trained here ([`LoraAdapter::check_trainable`]).
     pub fn trainable_named_vars(&self) -> Result<Vec<(String, Var)>, ModelError> {
         let all = self.named_vars()?;
         let Some(lora) = &self.lora else {
-            return Ok(all);
+            return Ok(match self.first_trained_layer {
+                None => all,
+                Some(first) => all
+                    .into_iter()
+                    .filter(|(n, _)| self.trains_top_layer_param(n, first))
+                    .collect(),
+            });
         };
         lora.check_trainable()?;
         let mut v = lora.named_vars();
@@ -427,6 +468,19 @@ impl PolicyModel {
                 .filter(|(n, _)| n == VALUE_HEAD_WEIGHT || n == VALUE_HEAD_BIAS),
         );
         Ok(v)
+    }
+
+    /// Whether parameter `name` trains when layers `first..` do: theirs,
+    /// the final norm's, an untied head's and the value head's.
+    fn trains_top_layer_param(&self, name: &str, first: usize) -> bool {
+        if let Some(rest) = name.strip_prefix("model.layers.") {
+            let layer = rest.split('.').next().and_then(|i| i.parse::<usize>().ok());
+            return layer.is_some_and(|l| l >= first);
+        }
+        name == "model.norm.weight"
+            || (name == "lm_head.weight" && !self.config.tie_word_embeddings)
+            || name == VALUE_HEAD_WEIGHT
+            || name == VALUE_HEAD_BIAS
     }
 
     /// Every trainable parameter (see [`PolicyModel::trainable_named_vars`]),

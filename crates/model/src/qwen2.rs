@@ -646,6 +646,35 @@ impl Model {
         }
     }
 
+    /// The same model with the embeddings and the layers below `first`
+    /// frozen (detached, still on the differentiable ops), and the head too
+    /// when it is the tied embedding: the gradient stops at layer `first`,
+    /// whose backward is the last to run.
+    pub(crate) fn frozen_below(&self, first: usize) -> Self {
+        let tied = self.lm_head.id() == self.embed.id();
+        Self {
+            embed: self.embed.detach(),
+            layers: self
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    if i < first {
+                        l.detached(false)
+                    } else {
+                        l.clone()
+                    }
+                })
+                .collect(),
+            lm_head: if tied {
+                self.lm_head.detach()
+            } else {
+                self.lm_head.clone()
+            },
+            ..self.clone()
+        }
+    }
+
     /// The weight of projection `target` of layer `layer`, to replace by an adapted one.
     pub(crate) fn projection_mut(
         &mut self,

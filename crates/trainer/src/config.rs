@@ -344,6 +344,12 @@ pub struct ActorSection {
     /// Where those updates take their states from: the pre-training's
     /// random walks, or the states this step's rollouts played from.
     pub perception_states: PerceptionStates,
+    /// Train only the top this-many decoder layers (with the final norm, an
+    /// untied LM head and a value head) in RL; the embeddings and the layers
+    /// below stay as the warm start left them (0 = train every weight).
+    /// The backward stops at the lowest trained layer, so an update costs
+    /// the forward plus that fraction of the backward.
+    pub train_top_layers: usize,
 }
 
 /// The states of the perception updates between RL steps
@@ -389,6 +395,7 @@ impl Default for ActorSection {
             train_thoughts: true,
             perception_steps_per_update: 0,
             perception_states: PerceptionStates::Walks,
+            train_top_layers: 0,
         }
     }
 }
@@ -1266,6 +1273,18 @@ impl TrainConfig {
                 "the warm start trains every weight and RL only the LoRA adapter attached after it: the SFT optimizer's state has nothing to carry over".into(),
             );
         }
+        if self.lora.enabled && self.actor.train_top_layers > 0 {
+            p.add(
+                "actor.train_top_layers",
+                "LoRA already freezes the base model: set actor.train_top_layers = 0 or lora.enabled = false".into(),
+            );
+        }
+        if self.actor.train_top_layers > 0 && warm_start && self.actor.keep_sft_optimizer {
+            p.add(
+                "actor.keep_sft_optimizer",
+                "the warm start trains every weight and RL only the top layers: the SFT optimizer's state does not fit RL's parameters".into(),
+            );
+        }
     }
 
     fn check_sft(&self, p: &mut Problems) {
@@ -1810,6 +1829,24 @@ mod tests {
         );
         // Switched off, the warm start's own settings are not checked.
         assert!(TrainConfig::load(None, &["sft.demos=0".into(), "sft.lr=0".into()]).is_ok());
+    }
+
+    #[test]
+    fn training_the_top_layers_refuses_lora_and_the_sft_optimizer() {
+        let top = "actor.train_top_layers=4";
+        assert_eq!(
+            problem_keys(&[top, "lora.enabled=true"]),
+            ["actor.train_top_layers"]
+        );
+        assert_eq!(
+            problem_keys(&[top, "sft.demos=8", "actor.keep_sft_optimizer=true"]),
+            ["actor.keep_sft_optimizer"]
+        );
+        let ok: Vec<String> = vec![top.into(), "sft.demos=8".into()];
+        assert_eq!(
+            TrainConfig::load(None, &ok).unwrap().actor.train_top_layers,
+            4
+        );
     }
 
     #[test]

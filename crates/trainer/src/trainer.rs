@@ -324,6 +324,14 @@ impl Trainer {
             t.model.attach_lora(lora, t.cfg.lora.init_seed)?;
             t.opts = Self::optimizers(&t.cfg, &t.model)?;
         }
+        if t.cfg.actor.train_top_layers > 0 {
+            t.model
+                .train_top_layers(t.cfg.actor.train_top_layers)
+                .map_err(|e| {
+                    crate::config::ConfigError::Invalid(format!("actor.train_top_layers: {e}"))
+                })?;
+            t.opts = Self::optimizers(&t.cfg, &t.model)?;
+        }
         progress.message("evaluating the starting policy on held-out validation seeds");
         let (before, before_per_env) =
             t.validate_sources(0, "before", t.cfg.trainer.val_temperature)?;
@@ -362,7 +370,7 @@ impl Trainer {
         let device = cfg.trainer.device.open()?;
         let tokenizer =
             ChatTokenizer::load(&ckpt).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        let model = PolicyModel::load(&ckpt, uses_critic(&cfg), &device)?;
+        let mut model = PolicyModel::load(&ckpt, uses_critic(&cfg), &device)?;
         if cfg.lora.enabled != model.lora().is_some() {
             return Err(TrainError::Checkpoint(format!(
                 "{}: lora.enabled is {} but the checkpoint {} a LoRA adapter",
@@ -370,6 +378,13 @@ impl Trainer {
                 cfg.lora.enabled,
                 if cfg.lora.enabled { "has no" } else { "has" }
             )));
+        }
+        if cfg.actor.train_top_layers > 0 {
+            model
+                .train_top_layers(cfg.actor.train_top_layers)
+                .map_err(|e| {
+                    crate::config::ConfigError::Invalid(format!("actor.train_top_layers: {e}"))
+                })?;
         }
         let mut opts = Self::optimizers(&cfg, &model)?;
         opts.actor.load_state(&ckpt.join(ACTOR_OPTIMIZER_FILE))?;

@@ -17,3 +17,4 @@ mod lora;
 mod norm_and_mlp;
 mod qwen2_tiny;
 mod token_loss;
+mod top_layers;
