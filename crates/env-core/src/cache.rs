@@ -118,8 +118,17 @@ impl<K: Hash + Eq + Clone, V> SharedCache<K, V> {
         key: K,
         build: impl FnOnce() -> Result<V, E>,
     ) -> Result<Arc<V>, E> {
-        // The lock is held while building: concurrent creators of the same
-        // data wait for one build instead of each building it.
+        self.get_or_build_locked(key, |_| build())
+    }
+
+    /// The value under `key`, or the one `build` makes, given the entries,
+    /// and caches. The lock is held while building: concurrent creators of
+    /// the same data wait for one build instead of each building it.
+    fn get_or_build_locked<E>(
+        &self,
+        key: K,
+        build: impl FnOnce(&mut Entries<K, V>) -> Result<V, E>,
+    ) -> Result<Arc<V>, E> {
         let mut guard = self.entries();
         let entries = guard.get_or_insert_with(|| Entries::new(self.capacity));
         if let Some((v, evicted)) = entries.get(&key) {
@@ -127,7 +136,7 @@ impl<K: Hash + Eq + Clone, V> SharedCache<K, V> {
             drop(evicted);
             return Ok(v);
         }
-        let value = Arc::new(build()?);
+        let value = Arc::new(build(entries)?);
         let evicted = entries.insert(key, &value);
         drop(guard);
         // Freeing a large catalog takes a while: not under the lock.
@@ -171,35 +180,26 @@ impl<K: Hash + Eq + Clone + Send + 'static, V: Send + Sync + 'static> SharedCach
         if !self.registered.swap(true, Ordering::AcqRel) {
             budget.register(self);
         }
-        let mut guard = self.entries();
-        let entries = guard.get_or_insert_with(|| Entries::new(self.capacity));
-        if let Some((v, evicted)) = entries.get(&key) {
-            drop(guard);
-            drop(evicted);
-            return Ok(v);
-        }
-        let reservation = loop {
-            if let Some(r) = budget.try_reserve(bytes) {
-                break r;
-            }
-            // This cache's own idle values first (its lock is ours), then
-            // the other caches' (each only if its lock is free: a cache
-            // that is building is skipped, so no two caches wait on each
-            // other).
-            if entries.evict_one_idle() || budget.evict_elsewhere() {
-                continue;
-            }
-            return Err(over_budget(OverBudget {
-                needed: bytes,
-                used: budget.used(),
-                limit: budget.limit(),
-            }));
-        };
-        let value = Arc::new(build(reservation)?);
-        let evicted = entries.insert(key, &value);
-        drop(guard);
-        drop(evicted);
-        Ok(value)
+        self.get_or_build_locked(key, |entries| {
+            let reservation = loop {
+                if let Some(r) = budget.try_reserve(bytes) {
+                    break r;
+                }
+                // This cache's own idle values first (its lock is ours), then
+                // the other caches' (each only if its lock is free: a cache
+                // that is building is skipped, so no two caches wait on each
+                // other).
+                if entries.evict_one_idle() || budget.evict_elsewhere() {
+                    continue;
+                }
+                return Err(over_budget(OverBudget {
+                    needed: bytes,
+                    used: budget.used(),
+                    limit: budget.limit(),
+                }));
+            };
+            build(reservation)
+        })
     }
 }
 

@@ -121,6 +121,11 @@ pub struct UpdateStats {
     pub pg_loss: f64,
     /// The value loss term (0 without a critic).
     pub value_loss: f64,
+    /// Seconds of the update spent scoring the batch without gradients
+    /// first: old log-probs (skipped when one optimizer step takes the
+    /// whole batch once), reference log-probs (KL) and old values (GAE).
+    #[serde(default)]
+    pub scoring_seconds: f64,
 }
 
 /// Running sums of [`UpdateStats`] over mini-batches.
@@ -161,6 +166,7 @@ impl UpdateTotals {
             spike_skipped: s.spike_skipped / n,
             pg_loss: s.pg_loss / n,
             value_loss: s.value_loss / n,
+            scoring_seconds: 0.0,
         }
     }
 }

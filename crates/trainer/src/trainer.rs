@@ -1090,7 +1090,9 @@ impl Trainer {
             reference: self.reference.as_ref(),
             chunk: c.actor.ppo_mini_batch_size.max(1),
         };
+        let scoring_started = Instant::now();
         let mut batch = PpoBatch::build(trajs, &self.model, &scoring)?;
+        let scoring_seconds = scoring_started.elapsed().as_secs_f64();
         if !c.actor.train_thoughts {
             let thought_end = self.thought_end_token()?;
             for (t, mask) in batch.trajs.iter().zip(batch.masks.iter_mut()) {
@@ -1134,7 +1136,11 @@ impl Trainer {
         let signal = targets.advantages.iter().flatten().any(|&a| a != 0.0);
         let other_loss = critic || (c.actor.use_kl_loss && c.actor.kl_loss_coef > 0.0);
         if !signal && !other_loss {
-            return Ok((UpdateStats::default(), is_stats));
+            let skipped = UpdateStats {
+                scoring_seconds,
+                ..UpdateStats::default()
+            };
+            return Ok((skipped, is_stats));
         }
         self.opts.set_lr(lr);
         let mut rng = step_rng(c.trainer.seed, step, "minibatch");
@@ -1149,7 +1155,13 @@ impl Trainer {
             &mut rng,
             &mut self.state.spike_guard,
         )?;
-        Ok((stats, is_stats))
+        Ok((
+            UpdateStats {
+                scoring_seconds,
+                ..stats
+            },
+            is_stats,
+        ))
     }
 }
 
