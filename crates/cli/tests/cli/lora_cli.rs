@@ -46,7 +46,7 @@ fn train_lines(run: &Path) -> Vec<String> {
         .map(|l| {
             // Wall-clock figures differ between runs; everything else must not.
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            for key in ["rollout_seconds", "update_seconds"] {
+            for key in ["rollout_seconds", "update_seconds", "scoring_seconds"] {
                 v.as_object_mut().unwrap().remove(key);
             }
             v.to_string()
