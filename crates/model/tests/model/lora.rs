@@ -7,14 +7,12 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use agentrl_model::lora::{ADAPTER_CONFIG_FILE, ADAPTER_DIR, ADAPTER_WEIGHTS_FILE};
-use agentrl_model::{
-    AdamW, AdamWConfig, LoraConfig, LoraTarget, ModelConfig, PolicyModel, SamplingParams,
-};
+use agentrl_model::{LoraConfig, LoraTarget, ModelConfig, PolicyModel, SamplingParams};
 use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::finite_difference::{assert_gradient_matches, values, var_names};
+use crate::finite_difference::{assert_gradient_matches, fit_two_sequences, values, var_names};
 
 fn small_config() -> ModelConfig {
     let mut c = ModelConfig::new_qwen2(13, 8, 2, 2, 1, 12);
@@ -142,28 +140,7 @@ fn adamw_trains_only_the_adapter_and_the_base_stays_bit_identical() {
         .iter()
         .map(|(_, v)| values(v.as_tensor()))
         .collect();
-    let adamw = AdamWConfig {
-        lr: 2e-2,
-        weight_decay: 0.0,
-        ..AdamWConfig::default()
-    };
-    let mut opt = AdamW::new(model.trainable_vars().unwrap(), adamw).unwrap();
-    let seqs = vec![vec![1u32, 2, 3, 4, 5, 6, 7, 8], vec![9, 8, 7, 6]];
-    let nll = |m: &PolicyModel| {
-        let out = m.sequence_logprobs(&seqs).unwrap();
-        (&out.logprobs * &out.mask)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .neg()
-            .unwrap()
-    };
-    let first = nll(&model).to_scalar::<f32>().unwrap();
-    for _ in 0..10 {
-        let grads = nll(&model).backward().unwrap();
-        opt.step(&grads).unwrap();
-    }
-    let last = nll(&model).to_scalar::<f32>().unwrap();
+    let (first, last) = fit_two_sequences(&model, 10);
     assert!(last < first, "the adapter did not learn: {first} -> {last}");
     for ((name, before), (_, var)) in base_before.iter().zip(model.named_vars().unwrap()) {
         assert_eq!(before, &values(var.as_tensor()), "{name} moved");

@@ -3,10 +3,10 @@
 //! the frozen ones none, AdamW leaves the frozen ones bit-identical, and bad
 //! requests are refused.
 
-use agentrl_model::{AdamW, AdamWConfig, LoraConfig, LoraTarget, ModelConfig, PolicyModel};
+use agentrl_model::{LoraConfig, LoraTarget, ModelConfig, PolicyModel};
 use candle_core::{DType, Device, Tensor};
 
-use crate::finite_difference::{values, var_names};
+use crate::finite_difference::{fit_two_sequences, values, var_names};
 
 fn config(tied: bool) -> ModelConfig {
     let mut c = ModelConfig::new_qwen2(13, 8, 3, 2, 1, 12);
@@ -114,28 +114,7 @@ fn adamw_moves_only_the_top_layers() {
         .into_iter()
         .map(|(n, v)| (n, values(v.as_tensor())))
         .collect();
-    let adamw = AdamWConfig {
-        lr: 2e-2,
-        weight_decay: 0.0,
-        ..AdamWConfig::default()
-    };
-    let mut opt = AdamW::new(m.trainable_vars().unwrap(), adamw).unwrap();
-    let seqs = vec![vec![1u32, 2, 3, 4, 5, 6, 7, 8], vec![9, 8, 7, 6]];
-    let nll = |m: &PolicyModel| {
-        let out = m.sequence_logprobs(&seqs).unwrap();
-        (&out.logprobs * &out.mask)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .neg()
-            .unwrap()
-    };
-    let first = nll(&m).to_scalar::<f32>().unwrap();
-    for _ in 0..10 {
-        let grads = nll(&m).backward().unwrap();
-        opt.step(&grads).unwrap();
-    }
-    let last = nll(&m).to_scalar::<f32>().unwrap();
+    let (first, last) = fit_two_sequences(&m, 10);
     assert!(
         last < first,
         "the top layers did not learn: {first} -> {last}"

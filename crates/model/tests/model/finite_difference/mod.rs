@@ -1,5 +1,5 @@
 //! The finite-difference check the gradient tests share (f64 parameters),
-//! and the parameter reads around it.
+//! the parameter reads around it, and a few-step AdamW fit.
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
@@ -60,4 +60,34 @@ pub fn assert_gradient_matches<I: IntoIterator<Item = usize>>(
         );
     }
     assert!(nonzero, "{what}: the scalar does not depend on it");
+}
+
+/// Trains `model`'s trainable parameters for `steps` AdamW steps (lr 2e-2,
+/// no weight decay) on the negative log-likelihood of two fixed sequences;
+/// the loss before and after.
+#[allow(dead_code)] // public for the test files that train a few steps
+pub fn fit_two_sequences(model: &agentrl_model::PolicyModel, steps: usize) -> (f32, f32) {
+    use agentrl_model::{AdamW, AdamWConfig};
+    let adamw = AdamWConfig {
+        lr: 2e-2,
+        weight_decay: 0.0,
+        ..AdamWConfig::default()
+    };
+    let mut opt = AdamW::new(model.trainable_vars().unwrap(), adamw).unwrap();
+    let seqs = vec![vec![1u32, 2, 3, 4, 5, 6, 7, 8], vec![9, 8, 7, 6]];
+    let nll = || {
+        let out = model.sequence_logprobs(&seqs).unwrap();
+        (&out.logprobs * &out.mask)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .neg()
+            .unwrap()
+    };
+    let first = nll().to_scalar::<f32>().unwrap();
+    for _ in 0..steps {
+        let grads = nll().backward().unwrap();
+        opt.step(&grads).unwrap();
+    }
+    (first, nll().to_scalar::<f32>().unwrap())
 }
