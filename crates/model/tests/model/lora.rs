@@ -12,7 +12,9 @@ use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::finite_difference::{assert_gradient_matches, fit_two_sequences, values, var_names};
+use crate::finite_difference::{
+    assert_gradient_matches, fit_two_sequences, logprob_entropy_objective, values, var_names,
+};
 
 fn small_config() -> ModelConfig {
     let mut c = ModelConfig::new_qwen2(13, 8, 2, 2, 1, 12);
@@ -49,19 +51,7 @@ fn seqs() -> Vec<Vec<u32>> {
 
 /// Weighted log-probs plus entropies: a scalar that depends on every weight.
 fn objective(model: &PolicyModel) -> Tensor {
-    let out = model.sequence_logprobs(&seqs()).unwrap();
-    let (b, t1) = out.logprobs.dims2().unwrap();
-    let w: Vec<f64> = (0..b * t1).map(|i| 0.2 + 0.15 * (i % 4) as f64).collect();
-    let w = Tensor::from_vec(w, (b, t1), &Device::Cpu)
-        .unwrap()
-        .to_dtype(out.logprobs.dtype())
-        .unwrap();
-    let lp = (&out.logprobs * &w).unwrap();
-    let ent = out.entropy.affine(0.5, 0.0).unwrap();
-    ((lp + ent).unwrap() * &out.mask)
-        .unwrap()
-        .sum_all()
-        .unwrap()
+    logprob_entropy_objective(model, &seqs())
 }
 
 /// Sets every B of the adapter to seeded values, so A's gradient is not zero.

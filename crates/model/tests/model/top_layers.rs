@@ -6,7 +6,7 @@
 use agentrl_model::{LoraConfig, LoraTarget, ModelConfig, PolicyModel};
 use candle_core::{DType, Device, Tensor};
 
-use crate::finite_difference::{fit_two_sequences, values, var_names};
+use crate::finite_difference::{fit_two_sequences, logprob_entropy_objective, values, var_names};
 
 fn config(tied: bool) -> ModelConfig {
     let mut c = ModelConfig::new_qwen2(13, 8, 3, 2, 1, 12);
@@ -16,23 +16,9 @@ fn config(tied: bool) -> ModelConfig {
     c
 }
 
-/// Weighted log-probs plus entropies of two sequences (one a prefix-sharing
-/// pair's worth of tokens shorter), so every weight matters.
+/// Weighted log-probs plus entropies of two sequences: every weight matters.
 fn objective(model: &PolicyModel) -> Tensor {
-    let seqs = vec![vec![1u32, 5, 7, 2, 11, 3], vec![4, 12, 0, 9]];
-    let out = model.sequence_logprobs(&seqs).unwrap();
-    let (b, t1) = out.logprobs.dims2().unwrap();
-    let w: Vec<f64> = (0..b * t1).map(|i| 0.3 + 0.1 * (i % 3) as f64).collect();
-    let w = Tensor::from_vec(w, (b, t1), &Device::Cpu)
-        .unwrap()
-        .to_dtype(out.logprobs.dtype())
-        .unwrap();
-    let lp = (&out.logprobs * &w).unwrap();
-    let ent = out.entropy.affine(0.5, 0.0).unwrap();
-    ((lp + ent).unwrap() * &out.mask)
-        .unwrap()
-        .sum_all()
-        .unwrap()
+    logprob_entropy_objective(model, &[vec![1, 5, 7, 2, 11, 3], vec![4, 12, 0, 9]])
 }
 
 fn model(tied: bool, fused: bool) -> PolicyModel {

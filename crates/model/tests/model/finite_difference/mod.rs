@@ -91,3 +91,22 @@ pub fn fit_two_sequences(model: &agentrl_model::PolicyModel, steps: usize) -> (f
     }
     (first, nll().to_scalar::<f32>().unwrap())
 }
+
+/// Weighted log-probs plus half the entropies of `seqs` under `model`,
+/// summed over real tokens: a scalar that depends on every weight.
+#[allow(dead_code)] // public for the test files that differentiate it
+pub fn logprob_entropy_objective(model: &agentrl_model::PolicyModel, seqs: &[Vec<u32>]) -> Tensor {
+    let out = model.sequence_logprobs(seqs).unwrap();
+    let (b, t1) = out.logprobs.dims2().unwrap();
+    let w: Vec<f64> = (0..b * t1).map(|i| 0.2 + 0.15 * (i % 4) as f64).collect();
+    let w = Tensor::from_vec(w, (b, t1), &Device::Cpu)
+        .unwrap()
+        .to_dtype(out.logprobs.dtype())
+        .unwrap();
+    let lp = (&out.logprobs * &w).unwrap();
+    let ent = out.entropy.affine(0.5, 0.0).unwrap();
+    ((lp + ent).unwrap() * &out.mask)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+}
