@@ -447,7 +447,7 @@ struct PackGrad<'a, T> {
     pack: &'a [T],
     rows: usize,
     /// Whether the weights' gradients are wanted: a frozen layer's are not,
-    /// and skipping them skips a third of its backward's products.
+    /// and skipping them halves the projection products of its backward.
     weights: bool,
 }
 
