@@ -452,9 +452,22 @@ struct PackGrad<'a, T> {
 }
 
 impl<T: Real> PackGrad<'_, T> {
-    /// The gradient slot of parameter `p`.
-    fn slot(&mut self, p: P) -> &mut [T] {
-        self.po.get_mut(&mut self.dp, p)
+    /// Writes the gradient of parameter `p`, when the weights' are wanted.
+    fn set(&mut self, p: P, values: &[T]) {
+        if self.weights {
+            self.po.get_mut(&mut self.dp, p).copy_from_slice(values);
+        }
+    }
+
+    /// Adds the column sums of `dy` (`[rows, width]`) to the gradient of the
+    /// adjacent biases `first..=last` (`width` values together), when the
+    /// weights' are wanted.
+    fn bias_span(&mut self, (first, last): (P, P), dy: &[T]) {
+        if self.weights {
+            let span = self.po.range(first, last);
+            let width = span.len();
+            column_sums(&mut self.dp[span], dy, width);
+        }
     }
 
     /// Backward of the projection `y = x·Wᵀ` by parameter `p` (`x: [rows, in]`);
@@ -640,7 +653,7 @@ impl<T: Real> DecoderLayerOp<T> {
     ) -> (Option<Vec<T>>, Option<Vec<T>>) {
         let z = self.sizes();
         let (d, f, hd, n) = (z.d, z.f, z.hd, z.n);
-        let (nh, nkv, q_dim, kv_dim) = (z.nh, z.nkv, z.q_dim, z.kv_dim);
+        let (nh, nkv, q_dim) = (z.nh, z.nkv, z.q_dim);
         let (sh, po, pk) = (self.shape, self.shape.pack(), &self.packing);
         let mut grad = PackGrad {
             dp: if wanted.pack {
@@ -663,9 +676,7 @@ impl<T: Real> DecoderLayerOp<T> {
         drop(d_gate_up);
         let mut dy1 = dy.to_vec();
         let dln2 = rms_norm_bwd(&mut dy1, &s.y1, &s.inv2, po.get(pack, P::Ln2), &dxn2, d);
-        if wanted.pack {
-            grad.slot(P::Ln2).copy_from_slice(&dln2);
-        }
+        grad.set(P::Ln2, &dln2);
         drop(dxn2);
         // Attention: y1 = x + att·Woᵀ.
         let datt = grad.linear(P::O, &dy1, &s.att);
@@ -685,20 +696,14 @@ impl<T: Real> DecoderLayerOp<T> {
         let scale = T::from_f64(1.0 / (hd as f64).sqrt());
         let d_qkv = qkv_from_heads(&dq, &dk, &dv, (nh, nkv, hd), &pk.pos, &self.rope, scale);
         drop((dq, dk, dv));
-        if sh.bias && wanted.pack {
+        if sh.bias {
             // The q, k and v biases are adjacent in the pack, as their columns in d_qkv.
-            column_sums(
-                &mut grad.dp[po.range(P::QB, P::VB)],
-                &d_qkv,
-                q_dim + 2 * kv_dim,
-            );
+            grad.bias_span((P::QB, P::VB), &d_qkv);
         }
         let dxn1 = grad.linear_span((P::Q, P::V), &d_qkv, &s.xn1);
         let mut dx = dy1;
         let dln1 = rms_norm_bwd(&mut dx, x, &s.inv1, po.get(pack, P::Ln1), &dxn1, d);
-        if wanted.pack {
-            grad.slot(P::Ln1).copy_from_slice(&dln1);
-        }
+        grad.set(P::Ln1, &dln1);
         // The input norm's weight gradient needs dxn1, so a first trainable
         // layer (whose input has no gradient) computes dx anyway.
         (wanted.input.then_some(dx), wanted.pack.then_some(grad.dp))

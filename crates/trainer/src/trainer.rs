@@ -191,6 +191,16 @@ fn uses_critic(cfg: &TrainConfig) -> bool {
     cfg.algorithm.adv_estimator.needs_critic()
 }
 
+/// Restricts RL to the top `actor.train_top_layers` layers of `model`; a
+/// count the model cannot take is an error naming the key.
+fn train_top_layers(cfg: &TrainConfig, model: &mut PolicyModel) -> Result<(), TrainError> {
+    model
+        .train_top_layers(cfg.actor.train_top_layers)
+        .map_err(|e| {
+            crate::config::ConfigError::Invalid(format!("actor.train_top_layers: {e}")).into()
+        })
+}
+
 fn needs_reference(cfg: &TrainConfig) -> bool {
     (cfg.actor.use_kl_loss && cfg.actor.kl_loss_coef > 0.0) || kl_in_reward(cfg)
 }
@@ -325,11 +335,7 @@ impl Trainer {
             t.opts = Self::optimizers(&t.cfg, &t.model)?;
         }
         if t.cfg.actor.train_top_layers > 0 {
-            t.model
-                .train_top_layers(t.cfg.actor.train_top_layers)
-                .map_err(|e| {
-                    crate::config::ConfigError::Invalid(format!("actor.train_top_layers: {e}"))
-                })?;
+            train_top_layers(&t.cfg, &mut t.model)?;
             t.opts = Self::optimizers(&t.cfg, &t.model)?;
         }
         progress.message("evaluating the starting policy on held-out validation seeds");
@@ -380,11 +386,7 @@ impl Trainer {
             )));
         }
         if cfg.actor.train_top_layers > 0 {
-            model
-                .train_top_layers(cfg.actor.train_top_layers)
-                .map_err(|e| {
-                    crate::config::ConfigError::Invalid(format!("actor.train_top_layers: {e}"))
-                })?;
+            train_top_layers(&cfg, &mut model)?;
         }
         let mut opts = Self::optimizers(&cfg, &model)?;
         opts.actor.load_state(&ckpt.join(ACTOR_OPTIMIZER_FILE))?;
