@@ -41,7 +41,7 @@ pub use decode::SequenceCache;
 pub use device::open_cuda;
 pub use error::ModelError;
 pub use lora::{LoraAdapter, LoraConfig, LoraTarget};
-pub use optim::{clip_grad_norm, AdamW, AdamWConfig};
+pub use optim::{add_grads, clip_grad_norm, AdamW, AdamWConfig};
 pub use policy::{PolicyModel, SequenceLogprobs};
 pub use sampling::{Generation, SamplingParams};
 pub use steer::PromptTokenLogprob;

@@ -343,6 +343,26 @@ impl AdamW {
     }
 }
 
+/// `sum` with `more`'s gradient of each of `vars` added: the gradients of
+/// a batch taken in several backward passes (micro-batches), each of whose
+/// losses was scaled by its share of the batch's.
+pub fn add_grads(
+    mut sum: GradStore,
+    more: &GradStore,
+    vars: &[Var],
+) -> Result<GradStore, ModelError> {
+    for var in vars {
+        if let Some(g) = more.get(var.as_tensor()) {
+            let total = match sum.get(var.as_tensor()) {
+                Some(s) => (s + g)?,
+                None => g.clone(),
+            };
+            sum.insert(var.as_tensor(), total);
+        }
+    }
+    Ok(sum)
+}
+
 /// Scales the gradients of `vars` in `grads` so that their global L2 norm is
 /// at most `max_norm` (PyTorch's `clip_grad_norm_`: factor
 /// `max_norm / (norm + 1e-6)` when that is below 1) and returns the norm

@@ -287,6 +287,13 @@ pub struct ActorSection {
     pub weight_decay: f64,
     /// Trajectories per optimizer step.
     pub ppo_mini_batch_size: usize,
+    /// Trajectories per forward and backward pass within a mini-batch
+    /// (verl's `ppo_micro_batch_size`; 0 = the whole mini-batch at once).
+    /// Their gradients add up to the mini-batch's: each part's loss is
+    /// scaled by its share under `loss_agg_mode`, so the optimizer step is
+    /// the same and only the activations held at once shrink. Lower it when
+    /// an update runs out of memory; it also sizes the scoring passes.
+    pub ppo_micro_batch_size: usize,
     /// Passes over each step's batch.
     pub ppo_epochs: usize,
     /// PPO's ε_low: the ratio is clipped below at 1 − ε_low.
@@ -369,12 +376,25 @@ pub enum PerceptionStates {
     Rollouts,
 }
 
+impl ActorSection {
+    /// Trajectories per forward and backward pass: `ppo_micro_batch_size`,
+    /// or the whole mini-batch when that is 0 or larger.
+    pub fn micro_batch(&self) -> usize {
+        let mini = self.ppo_mini_batch_size.max(1);
+        match self.ppo_micro_batch_size {
+            0 => mini,
+            micro => micro.min(mini),
+        }
+    }
+}
+
 impl Default for ActorSection {
     fn default() -> Self {
         Self {
             lr: 1e-4,
             weight_decay: 0.01,
             ppo_mini_batch_size: 32,
+            ppo_micro_batch_size: 0,
             ppo_epochs: 1,
             clip_ratio_low: 0.2,
             clip_ratio_high: 0.28,
@@ -666,6 +686,10 @@ pub struct SftSection {
     pub lr: f64,
     /// Demonstrations per update.
     pub batch_size: usize,
+    /// Demonstrations per forward and backward pass within an update (0 =
+    /// the whole batch at once); the parts' gradients add up to the
+    /// batch's, as with `actor.ppo_micro_batch_size`.
+    pub micro_batch_size: usize,
     /// Actions the expert writes per reply.
     pub actions_per_turn: usize,
     /// Probability that a demonstrated action is a uniformly random valid
@@ -704,6 +728,7 @@ impl Default for SftSection {
             epochs: 2,
             lr: 2e-3,
             batch_size: 16,
+            micro_batch_size: 0,
             actions_per_turn: 1,
             expert_noise: 0.0,
             random_moves: RandomMoves::Valid,

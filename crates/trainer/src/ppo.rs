@@ -3,7 +3,8 @@
 //! plus the entropy bonus, KL loss and value loss the config turns on.
 
 use agentrl_algos as algos;
-use agentrl_model::{clip_grad_norm, AdamW, PolicyModel};
+use agentrl_model::{add_grads, clip_grad_norm, AdamW, PolicyModel};
+use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -11,6 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::advantages::Targets;
 use crate::batch::{padded, ModelRows, PpoBatch};
+#[cfg(doc)]
+use crate::config::ActorSection;
 use crate::config::TrainConfig;
 use crate::TrainError;
 
@@ -30,7 +33,7 @@ impl Optimizers {
         }
     }
 
-    fn step(&mut self, grads: &candle_core::backprop::GradStore) -> Result<(), TrainError> {
+    fn step(&mut self, grads: &GradStore) -> Result<(), TrainError> {
         self.actor.step(grads)?;
         if let Some(c) = &mut self.critic {
             c.step(grads)?;
@@ -172,7 +175,8 @@ impl UpdateTotals {
 }
 
 /// Every PPO epoch over `batch` in mini-batches of `actor.ppo_mini_batch_size`,
-/// shuffled by `rng`; one optimizer step per mini-batch. `is_weights`: per
+/// shuffled by `rng`; one optimizer step per mini-batch, on the gradients
+/// of its micro-batches ([`ActorSection::micro_batch`]) added up. `is_weights`: per
 /// trajectory, the truncated importance weight of each token (shifted
 /// frame) multiplying its policy loss, for rollouts a server generated.
 /// `guard` skips gradient spikes (`actor.grad_spike_factor`).
@@ -194,8 +198,25 @@ pub fn ppo_update(
     for _ in 0..cfg.actor.ppo_epochs {
         order.shuffle(rng);
         for chunk in order.chunks(cfg.actor.ppo_mini_batch_size.max(1)) {
-            let (loss, mut stats) = minibatch_loss(model, batch, targets, is_weights, cfg, chunk)?;
-            let mut grads = loss.backward()?;
+            let parts: Vec<MicroBatch> = chunk
+                .chunks(cfg.actor.micro_batch())
+                .map(|rows| MicroBatch::new(batch, rows))
+                .collect();
+            let whole = Totals::of(&parts);
+            let mut stats = UpdateStats::default();
+            let mut grads: Option<GradStore> = None;
+            for part in &parts {
+                let share = whole.share(part, cfg.actor.loss_agg_mode);
+                let (loss, part_stats) =
+                    micro_batch_loss(model, batch, targets, is_weights, cfg, part)?;
+                stats.add_share(&part_stats, share);
+                let part_grads = (loss * share.loss)?.backward()?;
+                grads = Some(match grads {
+                    None => part_grads,
+                    Some(sum) => add_grads(sum, &part_grads, &vars)?,
+                });
+            }
+            let Some(mut grads) = grads else { continue };
             stats.grad_norm = clip_grad_norm(&mut grads, &vars, grad_clip)?;
             if guard.is_spike(stats.grad_norm, factor) {
                 stats.spike_skipped = 1.0;
@@ -210,29 +231,109 @@ pub fn ppo_update(
     Ok(totals.mean())
 }
 
-/// The loss of the mini-batch `rows` of `batch` (differentiable) and its
-/// figures (all but the gradient norm).
-fn minibatch_loss(
+/// The trajectories of one forward and backward pass: a mini-batch, or with
+/// `actor.ppo_micro_batch_size` a part of one.
+struct MicroBatch<'a> {
+    /// Their indices in the batch.
+    rows: &'a [usize],
+    model_rows: ModelRows,
+    /// The loss mask of each model row: every term of the loss reads the
+    /// policy's tokens alone, so the head skips the observations.
+    scored: Vec<Vec<f32>>,
+}
+
+impl<'a> MicroBatch<'a> {
+    fn new(batch: &PpoBatch, rows: &'a [usize]) -> Self {
+        let model_rows = ModelRows::of(rows.iter().map(|&i| &batch.trajs[i]));
+        let scored = model_rows.split(rows.iter().map(|&i| &batch.masks[i]));
+        Self {
+            rows,
+            model_rows,
+            scored,
+        }
+    }
+
+    /// Model rows (the sequences the `seq-mean-*` modes average over).
+    fn sequences(&self) -> f64 {
+        self.scored.len() as f64
+    }
+
+    /// Policy tokens (what `token-mean` and the ratio figures average over).
+    fn tokens(&self) -> f64 {
+        self.scored.iter().flatten().map(|&m| m as f64).sum()
+    }
+}
+
+/// A micro-batch's weight in its mini-batch: its loss (an average over its
+/// own sequences or tokens) times `loss` is its part of the mini-batch's
+/// loss, so the parts' gradients add up to the whole's; `tokens` weighs
+/// its token-mean figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Shares {
+    loss: f64,
+    tokens: f64,
+}
+
+/// The sequences and tokens of a whole mini-batch.
+struct Totals {
+    sequences: f64,
+    tokens: f64,
+}
+
+impl Totals {
+    fn of(parts: &[MicroBatch]) -> Self {
+        Totals {
+            sequences: parts.iter().map(MicroBatch::sequences).sum(),
+            tokens: parts.iter().map(MicroBatch::tokens).sum(),
+        }
+    }
+
+    /// The shares of `part`, one of the parts counted.
+    fn share(&self, part: &MicroBatch, agg: algos::LossAgg) -> Shares {
+        let ratio = |n: f64, total: f64| if total > 0.0 { n / total } else { 0.0 };
+        let tokens = ratio(part.tokens(), self.tokens);
+        let loss = match agg {
+            algos::LossAgg::TokenMean => tokens,
+            algos::LossAgg::SeqMeanTokenSum | algos::LossAgg::SeqMeanTokenMean => {
+                ratio(part.sequences(), self.sequences)
+            }
+        };
+        Shares { loss, tokens }
+    }
+}
+
+impl UpdateStats {
+    /// Add a micro-batch's figures at its share of the mini-batch.
+    fn add_share(&mut self, part: &UpdateStats, share: Shares) {
+        self.entropy += share.loss * part.entropy;
+        self.kl += share.loss * part.kl;
+        self.pg_loss += share.loss * part.pg_loss;
+        self.value_loss += share.loss * part.value_loss;
+        self.approx_kl += share.tokens * part.approx_kl;
+        self.clip_fraction += share.tokens * part.clip_fraction;
+    }
+}
+
+/// The loss of the micro-batch `part` of `batch` (differentiable, averaged
+/// over the part alone) and its figures (all but the gradient norm).
+fn micro_batch_loss(
     model: &PolicyModel,
     batch: &PpoBatch,
     targets: &Targets,
     is_weights: Option<&[Vec<f32>]>,
     cfg: &TrainConfig,
-    rows: &[usize],
+    part: &MicroBatch,
 ) -> Result<(Tensor, UpdateStats), TrainError> {
     let (actor, critic) = (&cfg.actor, &cfg.critic);
     let agg = actor.loss_agg_mode;
-    let model_rows = ModelRows::of(rows.iter().map(|&i| &batch.trajs[i]));
-    // Every term below reads the policy's tokens alone (the loss mask): the
-    // head skips the observations.
-    let scored = model_rows.split(rows.iter().map(|&i| &batch.masks[i]));
-    let out = model.scored_logprobs(&model_rows.seqs, &scored)?;
+    let (rows, model_rows, scored) = (part.rows, &part.model_rows, &part.scored);
+    let out = model.scored_logprobs(&model_rows.seqs, scored)?;
     let width = out.logprobs.dim(1)?;
     let tensor = |src: &[Vec<f32>]| -> candle_core::Result<Tensor> {
         let picked = model_rows.split(rows.iter().map(|&i| &src[i]));
         padded(&picked, width, &model.device)
     };
-    let mask = padded(&scored, width, &model.device)?;
+    let mask = padded(scored, width, &model.device)?;
     let old = match &batch.old_logprobs {
         Some(o) => tensor(o)?,
         None => out.logprobs.detach(),

@@ -3,8 +3,10 @@
 //! perception pre-training of the tiny recipes is in the `perception` module.
 
 use agentrl_env_core::{EnvParams, Split, TaskSpec};
-use agentrl_model::{clip_grad_norm, AdamW, PolicyModel};
+use agentrl_model::{add_grads, clip_grad_norm, AdamW, PolicyModel};
 use agentrl_rollout::{expert_demonstrations, ChatCodec, ExpertActor, RolloutConfig, Trajectory};
+use candle_core::backprop::GradStore;
+use candle_core::Var;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -54,12 +56,56 @@ pub fn demonstrations(
 
 /// Mean next-token NLL of the policy tokens of `trajs` (differentiable).
 pub fn nll(model: &PolicyModel, trajs: &[&Trajectory]) -> Result<candle_core::Tensor, TrainError> {
-    let rows = ModelRows::of(trajs.iter().copied());
-    let masks: Vec<Vec<f32>> = trajs.iter().map(|t| shifted_mask(t)).collect();
-    let masks = rows.split(masks.iter());
+    let (rows, masks) = scored_rows(trajs);
     // Only the policy's tokens are scored: the head skips the prompts.
     let out = model.scored_logprobs(&rows.seqs, &masks)?;
     masked_mean_nll(out.logprobs, &masks, model)
+}
+
+/// The model rows of `trajs` and each row's shifted loss mask.
+fn scored_rows(trajs: &[&Trajectory]) -> (ModelRows, Vec<Vec<f32>>) {
+    let rows = ModelRows::of(trajs.iter().copied());
+    let masks: Vec<Vec<f32>> = trajs.iter().map(|t| shifted_mask(t)).collect();
+    let masks = rows.split(masks.iter());
+    (rows, masks)
+}
+
+/// Policy tokens of `trajs` (what [`nll`] averages over).
+fn policy_tokens(trajs: &[&Trajectory]) -> f64 {
+    scored_rows(trajs)
+        .1
+        .iter()
+        .flatten()
+        .map(|&m| m as f64)
+        .sum()
+}
+
+/// [`nll`] of `batch` and its gradients (of `vars`; `None` for an empty
+/// batch), taken in backward passes of `micro` demonstrations whose losses
+/// are scaled by their share of the batch's policy tokens, so that they add
+/// up to the whole batch's (`sft.micro_batch_size`).
+pub fn batch_nll_grads(
+    model: &PolicyModel,
+    batch: &[&Trajectory],
+    micro: usize,
+    vars: &[Var],
+) -> Result<(f32, Option<GradStore>), TrainError> {
+    let parts: Vec<&[&Trajectory]> = batch.chunks(micro.max(1)).collect();
+    let tokens: Vec<f64> = parts.iter().map(|p| policy_tokens(p)).collect();
+    let total: f64 = tokens.iter().sum();
+    let mut loss = 0.0;
+    let mut grads: Option<GradStore> = None;
+    for (part, n) in parts.iter().zip(tokens) {
+        let share = if total > 0.0 { n / total } else { 0.0 };
+        let part_loss = (nll(model, part)? * share)?;
+        loss += part_loss.to_scalar::<f32>()?;
+        let part_grads = part_loss.backward()?;
+        grads = Some(match grads {
+            None => part_grads,
+            Some(sum) => add_grads(sum, &part_grads, vars)?,
+        });
+    }
+    Ok((loss, grads))
 }
 
 /// Minus the mean of `logprobs` ([rows, width], next-token log-probs) over
@@ -102,11 +148,15 @@ pub fn train(
         let mut sum = 0.0;
         for chunk in order.chunks(sft.batch_size.max(1)) {
             let batch: Vec<&Trajectory> = chunk.iter().map(|&i| &demos[i]).collect();
-            let loss = nll(model, &batch)?;
-            let mut grads = loss.backward()?;
-            clip_grad_norm(&mut grads, &vars, grad_clip)?;
-            opt.step(&grads)?;
-            let l = loss.to_scalar::<f32>()?;
+            let micro = match sft.micro_batch_size {
+                0 => batch.len(),
+                m => m,
+            };
+            let (l, grads) = batch_nll_grads(model, &batch, micro, &vars)?;
+            if let Some(mut grads) = grads {
+                clip_grad_norm(&mut grads, &vars, grad_clip)?;
+                opt.step(&grads)?;
+            }
             sum += l;
             done += 1;
             on_batch(done, total, l);

@@ -1090,7 +1090,7 @@ impl Trainer {
         let scoring = Scoring {
             old: !single_update || critic || kl_in_reward(c) || rollout_logprobs.is_some(),
             reference: self.reference.as_ref(),
-            chunk: c.actor.ppo_mini_batch_size.max(1),
+            chunk: c.actor.micro_batch(),
         };
         let scoring_started = Instant::now();
         let mut batch = PpoBatch::build(trajs, &self.model, &scoring)?;
