@@ -35,7 +35,7 @@ pub fn descriptor() -> EnvDescriptor {
         summary: "two named arms, one pull: a safe 0.1 or a 25% chance of 1.0 (RAGEN Bandit; test uses held-out names)",
         difficulties: DIFFICULTIES,
         default_max_turns: 1,
-        request_params: &["low_reward", "high_reward", "high_prob"],
+        request_params: &["low_reward", "high_reward", "high_prob", "numbered_arms"],
         operator_params: &[],
         factory: |spec, params| Ok(Box::new(Bandit::new(spec, params)?)),
     }
@@ -58,6 +58,11 @@ pub struct Config {
     pub high_prob: f64,
     /// Hard level: descriptions without numbers.
     pub symbolic: bool,
+    /// Actions are the arms' numbers (`1`, `2`): the valid actions, the
+    /// expert's and the instructions name an arm by its place, so the choice
+    /// is one answer shared by every task rather than a name the reply can
+    /// copy from the prompt. Names are still accepted.
+    pub numbered_arms: bool,
 }
 
 /// The `[env]` params; an absent key keeps the config's value.
@@ -67,6 +72,7 @@ struct Params {
     low_reward: Option<f64>,
     high_reward: Option<f64>,
     high_prob: Option<f64>,
+    numbered_arms: Option<bool>,
 }
 
 impl TaskConfig for Config {
@@ -82,11 +88,13 @@ impl TaskConfig for Config {
             high_reward: 1.0,
             high_prob: 0.25,
             symbolic,
+            numbered_arms: false,
         })
     }
 
     /// This config with `[env]` params applied: `low_reward`, `high_reward`,
-    /// `high_prob`; the risky arm must keep the higher expectation (the task).
+    /// `high_prob` (the risky arm must keep the higher expectation: the
+    /// task) and `numbered_arms`.
     fn with_params(mut self, params: &EnvParams) -> Result<Self, EnvError> {
         let p: Params = parse_params(NAME, params)?;
         // NaN fails every range check, so the ranges also refuse it.
@@ -99,6 +107,9 @@ impl TaskConfig for Config {
         }
         if let Some(v) = p.high_prob {
             self.high_prob = param_in_range(NAME, "high_prob", v, 0.0..=1.0)?;
+        }
+        if let Some(v) = p.numbered_arms {
+            self.numbered_arms = v;
         }
         let (low, high) = expected_payouts(self.low_reward, self.high_reward, self.high_prob);
         if high <= low {
@@ -173,6 +184,15 @@ impl Bandit {
         &self.config
     }
 
+    /// The action that pulls display index `arm`: its name, or with
+    /// `numbered_arms` its number.
+    fn action_of(&self, arm: usize) -> String {
+        match self.config.numbered_arms {
+            true => (arm + 1).to_string(),
+            false => self.task.names[arm].clone(),
+        }
+    }
+
     fn render(&self) -> String {
         let t = &self.task;
         match self.pulled {
@@ -196,11 +216,19 @@ impl Env for Bandit {
     }
 
     fn instructions(&self) -> String {
+        let action = match self.config.numbered_arms {
+            true => "the arm's number, 1 or 2".to_string(),
+            false => format!(
+                "the arm's name ({a} or {b}, any case) or its number (1 or 2)",
+                a = self.task.names[0],
+                b = self.task.names[1]
+            ),
+        };
         format!(
             "Bandit: there are two slot-machine arms, {a} and {b}. Each arm has its own reward \
              distribution, described next to its name; one arm is safe and pays a small amount every \
              time, the other is risky. Pull the arm you expect to pay more on average.\n\
-             You pull exactly once. Action: the arm's name ({a} or {b}, any case) or its number (1 or 2).\n\
+             You pull exactly once. Action: {action}.\n\
              Reward: whatever the pulled arm pays.",
             a = self.task.names[0],
             b = self.task.names[1]
@@ -256,7 +284,8 @@ impl Env for Bandit {
     }
 
     fn available_actions(&self) -> Vec<String> {
-        self.episode.offer(|| self.task.names.to_vec())
+        self.episode
+            .offer(|| (0..2).map(|arm| self.action_of(arm)).collect())
     }
 
     fn state_key(&self) -> u64 {
@@ -270,7 +299,7 @@ impl Env for Bandit {
         }
         let c = &self.config;
         let arm = best_arm(self.task.high, c.low_reward, c.high_reward, c.high_prob);
-        Some(self.task.names[arm].clone())
+        Some(self.action_of(arm))
     }
 
     fn episode(&self) -> Option<&Episode> {

@@ -127,6 +127,32 @@ fn index_actions_follow_the_display_order() {
 }
 
 #[test]
+fn numbered_arms_offer_and_demonstrate_numbers_and_still_take_names() {
+    let p: EnvParams = serde_json::from_str(r#"{"numbered_arms": true}"#).unwrap();
+    for seed in 0..50 {
+        let spec = TaskSpec::new(NAME, Split::Train, "easy", seed);
+        let mut e = Bandit::new(&spec, &p).unwrap();
+        e.reset();
+        assert_eq!(e.available_actions(), ["1", "2"]);
+        assert!(e
+            .instructions()
+            .contains("Action: the arm's number, 1 or 2."));
+        let best = e.expert_action().unwrap();
+        assert_eq!(best, (e.task().high + 1).to_string());
+        assert!(e.step(&best).unwrap().success);
+        // The name of the risky arm still pulls it.
+        e.reset();
+        let name = e.task().names[e.task().high].clone();
+        assert!(e.step(&name).unwrap().success);
+    }
+    // Off by default: the names are the actions.
+    let e = env(Split::Train, "easy", 0);
+    assert_eq!(e.available_actions(), e.task().names.to_vec());
+    let p: EnvParams = serde_json::from_str(r#"{"numbered_arms": 1}"#).unwrap();
+    assert!(Bandit::new(&TaskSpec::new(NAME, Split::Train, "easy", 0), &p).is_err());
+}
+
+#[test]
 fn observation_names_both_arms_and_hard_hides_the_numbers() {
     for seed in 0..50 {
         let e = env(Split::Train, "easy", seed);
