@@ -311,6 +311,11 @@ impl Trainer {
             remote,
             perception: PerceptionTask::default(),
         };
+        // What the tokenizer cannot serve fails now, not after the warm
+        // start's minutes.
+        if !t.cfg.actor.train_thoughts {
+            t.thought_end_token()?;
+        }
         let perceive = t.cfg.sft.perception_steps > 0;
         let warm_start = t.cfg.sft.demos > 0 && t.cfg.sft.epochs > 0;
         if perceive {

@@ -181,3 +181,35 @@ fn a_start_that_fails_removes_what_it_wrote_and_can_run_again() {
     assert!(existing.is_dir());
     assert_eq!(entries(&existing), 0);
 }
+
+#[test]
+fn a_tokenizer_that_cannot_find_where_thoughts_end_is_refused_before_the_warm_start() {
+    // Qwen2's tokenizer has no `</think>` token, so `actor.train_thoughts =
+    // false` cannot tell a thought from its answer: the start says so before
+    // the warm start, and leaves no run directory behind.
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../model/tests/data/qwen2-tiny"
+    );
+    let smoke = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/smoke.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = agentrl_with_backtraces(&[
+        "train",
+        smoke,
+        &format!("model.path={model}"),
+        "actor.train_thoughts=false",
+        "rollout.max_context_tokens=512",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert_contains_all(&stderr, &["actor.train_thoughts", "</think>"]);
+    assert!(
+        !stdout.contains("warm start") && !stderr.contains("warm start"),
+        "{stdout}{stderr}"
+    );
+    assert!(!run.exists(), "the refused run left {}", run.display());
+}
