@@ -343,14 +343,18 @@ impl AdamW {
     }
 }
 
-/// `sum` with `more`'s gradient of each of `vars` added: the gradients of
-/// a batch taken in several backward passes (micro-batches), each of whose
-/// losses was scaled by its share of the batch's.
+/// `sum` with `more`'s gradient of each of `vars` added (`more` itself when
+/// there is no sum yet): the gradients of a batch taken in several backward
+/// passes (micro-batches), each of whose losses was scaled by its share of
+/// the batch's.
 pub fn add_grads(
-    mut sum: GradStore,
-    more: &GradStore,
+    sum: Option<GradStore>,
+    more: GradStore,
     vars: &[Var],
 ) -> Result<GradStore, ModelError> {
+    let Some(mut sum) = sum else {
+        return Ok(more);
+    };
     for var in vars {
         if let Some(g) = more.get(var.as_tensor()) {
             let total = match sum.get(var.as_tensor()) {

@@ -721,6 +721,18 @@ pub struct SftSection {
     pub perception_tasks: usize,
 }
 
+impl SftSection {
+    /// Demonstrations per forward and backward pass: `micro_batch_size`, or
+    /// the whole batch when that is 0 or larger.
+    pub fn micro_batch(&self) -> usize {
+        let batch = self.batch_size.max(1);
+        match self.micro_batch_size {
+            0 => batch,
+            micro => micro.min(batch),
+        }
+    }
+}
+
 impl Default for SftSection {
     fn default() -> Self {
         Self {

@@ -211,10 +211,7 @@ pub fn ppo_update(
                     micro_batch_loss(model, batch, targets, is_weights, cfg, part)?;
                 stats.add_share(&part_stats, share);
                 let part_grads = (loss * share.loss)?.backward()?;
-                grads = Some(match grads {
-                    None => part_grads,
-                    Some(sum) => add_grads(sum, &part_grads, &vars)?,
-                });
+                grads = Some(add_grads(grads, part_grads, &vars)?);
             }
             let Some(mut grads) = grads else { continue };
             stats.grad_norm = clip_grad_norm(&mut grads, &vars, grad_clip)?;
@@ -240,27 +237,26 @@ struct MicroBatch<'a> {
     /// The loss mask of each model row: every term of the loss reads the
     /// policy's tokens alone, so the head skips the observations.
     scored: Vec<Vec<f32>>,
+    /// Policy tokens (what `token-mean` and the ratio figures average over).
+    tokens: f64,
 }
 
 impl<'a> MicroBatch<'a> {
     fn new(batch: &PpoBatch, rows: &'a [usize]) -> Self {
         let model_rows = ModelRows::of(rows.iter().map(|&i| &batch.trajs[i]));
         let scored = model_rows.split(rows.iter().map(|&i| &batch.masks[i]));
+        let tokens = scored.iter().flatten().map(|&m| m as f64).sum();
         Self {
             rows,
             model_rows,
             scored,
+            tokens,
         }
     }
 
     /// Model rows (the sequences the `seq-mean-*` modes average over).
     fn sequences(&self) -> f64 {
         self.scored.len() as f64
-    }
-
-    /// Policy tokens (what `token-mean` and the ratio figures average over).
-    fn tokens(&self) -> f64 {
-        self.scored.iter().flatten().map(|&m| m as f64).sum()
     }
 }
 
@@ -284,14 +280,14 @@ impl Totals {
     fn of(parts: &[MicroBatch]) -> Self {
         Totals {
             sequences: parts.iter().map(MicroBatch::sequences).sum(),
-            tokens: parts.iter().map(MicroBatch::tokens).sum(),
+            tokens: parts.iter().map(|p| p.tokens).sum(),
         }
     }
 
     /// The shares of `part`, one of the parts counted.
     fn share(&self, part: &MicroBatch, agg: algos::LossAgg) -> Shares {
         let ratio = |n: f64, total: f64| if total > 0.0 { n / total } else { 0.0 };
-        let tokens = ratio(part.tokens(), self.tokens);
+        let tokens = ratio(part.tokens, self.tokens);
         let loss = match agg {
             algos::LossAgg::TokenMean => tokens,
             algos::LossAgg::SeqMeanTokenSum | algos::LossAgg::SeqMeanTokenMean => {

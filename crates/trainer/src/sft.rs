@@ -57,9 +57,18 @@ pub fn demonstrations(
 /// Mean next-token NLL of the policy tokens of `trajs` (differentiable).
 pub fn nll(model: &PolicyModel, trajs: &[&Trajectory]) -> Result<candle_core::Tensor, TrainError> {
     let (rows, masks) = scored_rows(trajs);
+    rows_nll(model, &rows, &masks)
+}
+
+/// [`nll`] of model rows and their shifted loss masks.
+fn rows_nll(
+    model: &PolicyModel,
+    rows: &ModelRows,
+    masks: &[Vec<f32>],
+) -> Result<candle_core::Tensor, TrainError> {
     // Only the policy's tokens are scored: the head skips the prompts.
-    let out = model.scored_logprobs(&rows.seqs, &masks)?;
-    masked_mean_nll(out.logprobs, &masks, model)
+    let out = model.scored_logprobs(&rows.seqs, masks)?;
+    masked_mean_nll(out.logprobs, masks, model)
 }
 
 /// The model rows of `trajs` and each row's shifted loss mask.
@@ -68,16 +77,6 @@ fn scored_rows(trajs: &[&Trajectory]) -> (ModelRows, Vec<Vec<f32>>) {
     let masks: Vec<Vec<f32>> = trajs.iter().map(|t| shifted_mask(t)).collect();
     let masks = rows.split(masks.iter());
     (rows, masks)
-}
-
-/// Policy tokens of `trajs` (what [`nll`] averages over).
-fn policy_tokens(trajs: &[&Trajectory]) -> f64 {
-    scored_rows(trajs)
-        .1
-        .iter()
-        .flatten()
-        .map(|&m| m as f64)
-        .sum()
 }
 
 /// [`nll`] of `batch` and its gradients (of `vars`; `None` for an empty
@@ -90,20 +89,21 @@ pub fn batch_nll_grads(
     micro: usize,
     vars: &[Var],
 ) -> Result<(f32, Option<GradStore>), TrainError> {
-    let parts: Vec<&[&Trajectory]> = batch.chunks(micro.max(1)).collect();
-    let tokens: Vec<f64> = parts.iter().map(|p| policy_tokens(p)).collect();
-    let total: f64 = tokens.iter().sum();
+    let parts: Vec<(ModelRows, Vec<Vec<f32>>)> =
+        batch.chunks(micro.max(1)).map(scored_rows).collect();
+    let tokens = |masks: &[Vec<f32>]| -> f64 { masks.iter().flatten().map(|&m| m as f64).sum() };
+    let total: f64 = parts.iter().map(|(_, masks)| tokens(masks)).sum();
     let mut loss = 0.0;
     let mut grads: Option<GradStore> = None;
-    for (part, n) in parts.iter().zip(tokens) {
-        let share = if total > 0.0 { n / total } else { 0.0 };
-        let part_loss = (nll(model, part)? * share)?;
+    for (rows, masks) in &parts {
+        let share = if total > 0.0 {
+            tokens(masks) / total
+        } else {
+            0.0
+        };
+        let part_loss = (rows_nll(model, rows, masks)? * share)?;
         loss += part_loss.to_scalar::<f32>()?;
-        let part_grads = part_loss.backward()?;
-        grads = Some(match grads {
-            None => part_grads,
-            Some(sum) => add_grads(sum, &part_grads, vars)?,
-        });
+        grads = Some(add_grads(grads, part_loss.backward()?, vars)?);
     }
     Ok((loss, grads))
 }
@@ -148,11 +148,7 @@ pub fn train(
         let mut sum = 0.0;
         for chunk in order.chunks(sft.batch_size.max(1)) {
             let batch: Vec<&Trajectory> = chunk.iter().map(|&i| &demos[i]).collect();
-            let micro = match sft.micro_batch_size {
-                0 => batch.len(),
-                m => m,
-            };
-            let (l, grads) = batch_nll_grads(model, &batch, micro, &vars)?;
+            let (l, grads) = batch_nll_grads(model, &batch, sft.micro_batch(), &vars)?;
             if let Some(mut grads) = grads {
                 clip_grad_norm(&mut grads, &vars, grad_clip)?;
                 opt.step(&grads)?;
