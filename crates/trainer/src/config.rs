@@ -306,6 +306,15 @@ pub struct ActorSection {
     pub use_kl_loss: bool,
     /// Weight of that KL loss.
     pub kl_loss_coef: f32,
+    /// The KL loss's weight by stage, replacing `kl_loss_coef` when not
+    /// empty: with n = `kl_loss_coef_stage_steps`, steps 1…n take the first
+    /// weight, n+1…2n the second, and the last holds once reached. A fixed weight holds the policy at an
+    /// equilibrium with the reward (π ∝ π_ref·exp(A/β)); a strong pull while
+    /// the reward has not yet shown what pays and a weaker one after lets
+    /// the learnt choice sharpen past it.
+    pub kl_loss_coef_schedule: Vec<f32>,
+    /// RL steps per stage of `kl_loss_coef_schedule`.
+    pub kl_loss_coef_stage_steps: usize,
     /// The KL estimator of the KL loss.
     pub kl_loss_type: KlKind,
     /// Weight of the entropy bonus (0 = off).
@@ -377,6 +386,40 @@ pub enum PerceptionStates {
 }
 
 impl ActorSection {
+    /// The KL loss's weight at RL step `step` (1-based):
+    /// `kl_loss_coef_schedule` at the step's stage, or `kl_loss_coef`; 0
+    /// without `use_kl_loss`.
+    pub fn kl_loss_coef_at(&self, step: usize) -> f32 {
+        if !self.use_kl_loss {
+            return 0.0;
+        }
+        let schedule = &self.kl_loss_coef_schedule;
+        match schedule.is_empty() {
+            true => self.kl_loss_coef,
+            false => {
+                let stage = (step.max(1) - 1) / self.kl_loss_coef_stage_steps.max(1);
+                schedule[stage.min(schedule.len() - 1)]
+            }
+        }
+    }
+
+    /// This section as RL step `step` uses it: the KL loss's weight of the
+    /// step's stage in `kl_loss_coef`, and no schedule.
+    pub fn at_step(&self, step: usize) -> ActorSection {
+        ActorSection {
+            kl_loss_coef: self.kl_loss_coef_at(step),
+            kl_loss_coef_schedule: Vec::new(),
+            kl_loss_coef_stage_steps: 0,
+            ..self.clone()
+        }
+    }
+
+    /// Whether any RL step has a KL loss (and so needs the reference policy).
+    pub fn has_kl_loss(&self) -> bool {
+        self.use_kl_loss
+            && (self.kl_loss_coef > 0.0 || self.kl_loss_coef_schedule.iter().any(|&c| c > 0.0))
+    }
+
     /// Trajectories per forward and backward pass: `ppo_micro_batch_size`,
     /// or the whole mini-batch when that is 0 or larger.
     pub fn micro_batch(&self) -> usize {
@@ -401,6 +444,8 @@ impl Default for ActorSection {
             clip_ratio_c: 3.0,
             use_kl_loss: false,
             kl_loss_coef: 0.0,
+            kl_loss_coef_schedule: Vec::new(),
+            kl_loss_coef_stage_steps: 0,
             kl_loss_type: KlKind::LowVarKl,
             // verl's default. With Adam even a tiny bonus moves weights at full
             // speed when the policy loss carries no signal, driving the policy to
@@ -1007,6 +1052,38 @@ impl TrainConfig {
             );
         }
         p.non_negative("actor.kl_loss_coef", a.kl_loss_coef as f64);
+        if a.kl_loss_coef_schedule
+            .iter()
+            .any(|c| !(c.is_finite() && *c >= 0.0))
+        {
+            p.add(
+                "actor.kl_loss_coef_schedule",
+                format!(
+                    "{:?}: every weight must be 0 or more",
+                    a.kl_loss_coef_schedule
+                ),
+            );
+        }
+        match (
+            a.kl_loss_coef_schedule.is_empty(),
+            a.kl_loss_coef_stage_steps,
+        ) {
+            (false, 0) => p.add(
+                "actor.kl_loss_coef_stage_steps",
+                "must be at least 1 with an actor.kl_loss_coef_schedule (steps per stage)".into(),
+            ),
+            (true, n) if n > 0 => p.add(
+                "actor.kl_loss_coef_stage_steps",
+                "applies to actor.kl_loss_coef_schedule, which is empty".into(),
+            ),
+            _ => {}
+        }
+        if !a.kl_loss_coef_schedule.is_empty() && !a.use_kl_loss {
+            p.add(
+                "actor.kl_loss_coef_schedule",
+                "applies only with actor.use_kl_loss = true".into(),
+            );
+        }
         p.non_negative("actor.entropy_coeff", a.entropy_coeff as f64);
         p.positive("actor.grad_clip", a.grad_clip);
         p.positive("actor.adam_eps", a.adam_eps);
@@ -1758,6 +1835,77 @@ mod tests {
     }
 
     /// The keys of every problem `overrides` give, in order.
+    #[test]
+    fn the_kl_loss_weight_follows_its_schedule() {
+        let load = |o: &[&str]| {
+            let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
+            TrainConfig::load(None, &o).unwrap().actor
+        };
+        let staged = load(&[
+            "actor.use_kl_loss=true",
+            "actor.kl_loss_coef=0.3",
+            "actor.kl_loss_coef_schedule=[0.2, 0.05, 0.01]",
+            "actor.kl_loss_coef_stage_steps=60",
+        ]);
+        let weights: Vec<f32> = [1, 59, 60, 61, 120, 121, 500]
+            .iter()
+            .map(|&s| staged.kl_loss_coef_at(s))
+            .collect();
+        assert_eq!(weights, [0.2, 0.2, 0.2, 0.05, 0.05, 0.01, 0.01]);
+        let step = staged.at_step(61);
+        assert_eq!(step.kl_loss_coef, 0.05);
+        assert!(step.kl_loss_coef_schedule.is_empty());
+        assert_eq!(step.kl_loss_coef_at(1), 0.05);
+        let fixed = load(&["actor.use_kl_loss=true", "actor.kl_loss_coef=0.3"]);
+        assert_eq!(fixed.kl_loss_coef_at(100), 0.3);
+        assert!(fixed.has_kl_loss());
+        let off = load(&["actor.kl_loss_coef=0.3"]);
+        assert_eq!(off.kl_loss_coef_at(1), 0.0);
+        assert!(!off.has_kl_loss());
+        let zeros = load(&[
+            "actor.use_kl_loss=true",
+            "actor.kl_loss_coef_schedule=[0.0, 0.0]",
+            "actor.kl_loss_coef_stage_steps=5",
+        ]);
+        assert!(!zeros.has_kl_loss());
+        let late = load(&[
+            "actor.use_kl_loss=true",
+            "actor.kl_loss_coef_schedule=[0.0, 0.1]",
+            "actor.kl_loss_coef_stage_steps=5",
+        ]);
+        assert!(late.has_kl_loss());
+        for (o, key) in [
+            (
+                &[
+                    "actor.use_kl_loss=true",
+                    "actor.kl_loss_coef_schedule=[0.2]",
+                ][..],
+                "actor.kl_loss_coef_stage_steps",
+            ),
+            (
+                &["actor.use_kl_loss=true", "actor.kl_loss_coef_stage_steps=5"][..],
+                "actor.kl_loss_coef_stage_steps",
+            ),
+            (
+                &[
+                    "actor.use_kl_loss=true",
+                    "actor.kl_loss_coef_schedule=[0.2, -0.1]",
+                    "actor.kl_loss_coef_stage_steps=5",
+                ][..],
+                "actor.kl_loss_coef_schedule",
+            ),
+            (
+                &[
+                    "actor.kl_loss_coef_schedule=[0.2, 0.1]",
+                    "actor.kl_loss_coef_stage_steps=5",
+                ][..],
+                "actor.kl_loss_coef_schedule",
+            ),
+        ] {
+            assert_eq!(problem_keys(o), [key], "{o:?}");
+        }
+    }
+
     fn problem_keys(overrides: &[&str]) -> Vec<String> {
         let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
         match TrainConfig::load(None, &o) {

@@ -202,7 +202,7 @@ fn train_top_layers(cfg: &TrainConfig, model: &mut PolicyModel) -> Result<(), Tr
 }
 
 fn needs_reference(cfg: &TrainConfig) -> bool {
-    (cfg.actor.use_kl_loss && cfg.actor.kl_loss_coef > 0.0) || kl_in_reward(cfg)
+    cfg.actor.has_kl_loss() || kl_in_reward(cfg)
 }
 
 /// KL to the reference is taken off the reward.
@@ -894,6 +894,12 @@ impl Trainer {
                 progress.message(&format!("step {step}: ScalingInter-RL turn budget {turns}"));
             }
         }
+        if !c.actor.kl_loss_coef_schedule.is_empty() {
+            let weight = c.actor.kl_loss_coef_at(step);
+            if step == 1 || weight != c.actor.kl_loss_coef_at(step - 1) {
+                progress.message(&format!("step {step}: KL loss weight {weight}"));
+            }
+        }
         if c.curriculum.is_on() && !c.curriculum.by_threshold() {
             let stage = &self.step_sources(step)[0].difficulty;
             let before = (step > 1).then(|| self.step_sources(step - 1)[0].difficulty.clone());
@@ -1084,7 +1090,12 @@ impl Trainer {
         if trajs.is_empty() {
             return Ok((UpdateStats::default(), None));
         }
-        let c = &self.cfg;
+        // The actor settings of this step (its stage's KL weight).
+        let step_cfg = TrainConfig {
+            actor: self.cfg.actor.at_step(step),
+            ..self.cfg.clone()
+        };
+        let c = &step_cfg;
         let critic = uses_critic(c);
         // With one update on fresh samples the current policy *is* the
         // sampling policy, so its detached log-probs serve as the old ones;
@@ -1094,7 +1105,8 @@ impl Trainer {
             c.actor.ppo_epochs == 1 && trajs.len() <= c.actor.ppo_mini_batch_size.max(1);
         let scoring = Scoring {
             old: !single_update || critic || kl_in_reward(c) || rollout_logprobs.is_some(),
-            reference: self.reference.as_ref(),
+            // A stage of the KL schedule at weight 0 needs no reference pass.
+            reference: self.reference.as_ref().filter(|_| needs_reference(c)),
             chunk: c.actor.micro_batch(),
         };
         let scoring_started = Instant::now();

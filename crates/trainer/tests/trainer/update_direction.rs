@@ -230,6 +230,45 @@ fn kl_loss_is_zero_against_the_reference_itself_then_grows() {
 }
 
 #[test]
+fn a_kl_schedule_sets_each_steps_weight() {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * a.abs().max(b.abs()).max(1e-9);
+    let (_, fixed) = two_updates(&["actor.use_kl_loss=true", "actor.kl_loss_coef=0.1"]);
+    let (_, plain) = two_updates(&[]);
+    // Weight 0 on step 1, 0.1 from step 2: step 1 scores no reference and
+    // (the policy being the reference, its KL gradient is 0 anyway) leaves
+    // the weights as the fixed weight's step 1 does.
+    let (a, b) = two_updates(&[
+        "actor.use_kl_loss=true",
+        "actor.kl_loss_coef_schedule=[0.0, 0.1]",
+        "actor.kl_loss_coef_stage_steps=1",
+    ]);
+    assert_eq!(a.kl, 0.0, "{a:?}");
+    assert!(
+        b.kl > 0.0 && close(b.kl, fixed.kl),
+        "{b:?} against {fixed:?}"
+    );
+    assert!(
+        close(b.grad_norm, fixed.grad_norm),
+        "{b:?} against {fixed:?}"
+    );
+    // 0.1 on step 1, 0 from step 2: step 2 is the update without a KL term.
+    let (_, b) = two_updates(&[
+        "actor.use_kl_loss=true",
+        "actor.kl_loss_coef_schedule=[0.1, 0.0]",
+        "actor.kl_loss_coef_stage_steps=1",
+    ]);
+    assert_eq!(b.kl, 0.0, "{b:?}");
+    assert!(
+        close(b.grad_norm, plain.grad_norm),
+        "{b:?} against {plain:?}"
+    );
+    assert!(
+        !close(plain.grad_norm, fixed.grad_norm),
+        "{plain:?} {fixed:?}"
+    );
+}
+
+#[test]
 fn kl_in_the_reward_changes_the_update_once_the_policy_moved() {
     let (plain_a, plain_b) = two_updates(&[]);
     let (kl_a, kl_b) = two_updates(&["algorithm.use_kl_in_reward=true", "algorithm.kl_coef=0.5"]);
