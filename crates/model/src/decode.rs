@@ -300,28 +300,44 @@ fn rope_row(x: &mut [f32], cos: &[f32], sin: &[f32], pos: usize, hd: usize, scal
 /// Keys per block of the online softmax (scores live on the stack).
 const KEY_BLOCK: usize = 128;
 
-/// Σ a·b (AVX2 when the CPU has it).
-#[inline]
-fn dot32(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
+/// `scores[j] = q · k[j·stride ..][..n]`: one query against a block of
+/// cached keys (AVX2 when the CPU has it).
+fn dot_rows(scores: &mut [f32], q: &[f32], k: &[f32], stride: usize, n: usize) {
+    let len = scores.len();
+    if len == 0 {
+        return;
+    }
+    let (q, k) = (&q[..n], &k[..(len - 1) * stride + n]);
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: AVX2/FMA detected; both slices hold at least n elements.
-        return unsafe { simd::dot_ptr(a.as_ptr(), b.as_ptr(), n) };
+        // SAFETY: AVX2/FMA detected; the slices above hold what it reads.
+        return unsafe {
+            simd::dot_rows_ptr(scores.as_mut_ptr(), q.as_ptr(), k.as_ptr(), stride, len, n)
+        };
     }
-    dot(&a[..n], &b[..n])
+    for (j, s) in scores.iter_mut().enumerate() {
+        *s = dot(q, &k[j * stride..j * stride + n]);
+    }
 }
 
-/// `y += alpha · x` (AVX2 when the CPU has it).
-#[inline]
-fn axpy32(y: &mut [f32], alpha: f32, x: &[f32]) {
-    let n = y.len().min(x.len());
+/// `o += Σ_j p[j] · v[j·stride ..][..n]`, keys in order (AVX2 when the CPU
+/// has it, with `o` in registers across the keys).
+fn axpy_rows(o: &mut [f32], p: &[f32], v: &[f32], stride: usize) {
+    let (len, n) = (p.len(), o.len());
+    if len == 0 {
+        return;
+    }
+    let v = &v[..(len - 1) * stride + n];
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: AVX2/FMA detected; both slices hold at least n elements.
-        return unsafe { simd::axpy_ptr(y.as_mut_ptr(), alpha, x.as_ptr(), n) };
+        // SAFETY: AVX2/FMA detected; the slices above hold what it reads.
+        return unsafe {
+            simd::axpy_rows_ptr(o.as_mut_ptr(), p.as_ptr(), v.as_ptr(), stride, len, n)
+        };
     }
-    axpy(&mut y[..n], alpha, &x[..n]);
+    for (j, &pj) in p.iter().enumerate() {
+        axpy(o, pj, &v[j * stride..j * stride + n]);
+    }
 }
 
 /// Causal attention of one query row `q: [heads · hd]` (already rotated and
@@ -338,12 +354,10 @@ fn attend_row(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], pos: usize, dims
         let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
         for start in (0..n).step_by(KEY_BLOCK) {
             let len = KEY_BLOCK.min(n - start);
-            let mut bm = f32::NEG_INFINITY;
-            for (j, s) in scores[..len].iter_mut().enumerate() {
-                let row = (start + j) * kv_dim + off;
-                *s = dot32(qh, &k[row..row + hd]);
-                bm = bm.max(*s);
-            }
+            let block = &mut scores[..len];
+            let first = start * kv_dim + off;
+            dot_rows(block, qh, &k[first..], kv_dim, hd);
+            let bm = block.iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
             let m_new = m.max(bm);
             if m > f32::NEG_INFINITY && m_new > m {
                 let c = (m - m_new).exp();
@@ -351,12 +365,12 @@ fn attend_row(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], pos: usize, dims
                 o.iter_mut().for_each(|x| *x *= c);
             }
             m = m_new;
-            for (j, s) in scores[..len].iter().enumerate() {
-                let p = (s - m).exp();
+            for s in block.iter_mut() {
+                let p = (*s - m).exp();
                 l += p;
-                let row = (start + j) * kv_dim + off;
-                axpy32(o, p, &v[row..row + hd]);
+                *s = p;
             }
+            axpy_rows(o, block, &v[first..], kv_dim);
         }
         let inv = 1.0 / l;
         o.iter_mut().for_each(|x| *x *= inv);
@@ -661,12 +675,19 @@ pub(crate) fn generate(
                 }
             }
             let vocab = w.dims.vocab;
+            // The rows' token choices in parallel (a pass over a real
+            // vocabulary each), the draws in the order of `active`.
+            let picks = steer.choose_rows(
+                &scratch.logits,
+                vocab,
+                &active,
+                &logit_row,
+                &gens,
+                params,
+                &mut rng,
+            )?;
             let mut still = Vec::with_capacity(active.len());
-            for &i in &active {
-                let at = logit_row[i] * vocab;
-                let logits = &scratch.logits[at..at + vocab];
-                let (tok, lp, go_on) =
-                    steer.choose(i, logits, &gens[i].tokens, params, rng.for_sequence(i))?;
+            for (&i, (tok, lp, go_on)) in active.iter().zip(picks) {
                 caches[i].tokens.push(tok);
                 if push_token(&mut gens[i], tok, lp, params) && go_on {
                     still.push(i);

@@ -64,6 +64,8 @@ pub(crate) fn generate(
     let mut step_ids = Tensor::from_vec(ids, (b, longest), &dev)?;
     let mut step_positions = Tensor::from_vec(positions, (b, longest), &dev)?;
     let mut active: Vec<usize> = (0..b).collect();
+    // Sequence i's logits are row i.
+    let row_of = active.clone();
     loop {
         let rope = model.rotary().tables_for(&step_positions)?;
         let h = model.forward_hidden(&step_ids, &rope, &pads, Some(&mut kv))?;
@@ -78,7 +80,7 @@ pub(crate) fn generate(
         let vocab = logits.len() / b;
         // A real vocabulary (Qwen2.5's 151,936) makes the token choice a
         // host pass per row worth spreading over the cores.
-        let picks = steer.choose_rows(&logits, vocab, &active, &gens, params, &mut rng)?;
+        let picks = steer.choose_rows(&logits, vocab, &active, &row_of, &gens, params, &mut rng)?;
         let mut still = Vec::with_capacity(active.len());
         for (&i, (tok, lp, go_on)) in active.iter().zip(picks) {
             if push_token(&mut gens[i], tok, lp, params) && go_on {

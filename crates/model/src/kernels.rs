@@ -556,6 +556,7 @@ pub(crate) mod simd {
     ///
     /// # Safety
     /// AVX2 and FMA must be available; `y` and `x` must hold `n` elements.
+    #[cfg(test)]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn axpy_ptr(y: *mut f32, alpha: f32, x: *const f32, n: usize) {
@@ -569,6 +570,82 @@ pub(crate) mod simd {
         }
         while c < n {
             *y.add(c) += alpha * *x.add(c);
+            c += 1;
+        }
+    }
+
+    /// `scores[j] = q · k[j·stride ..][..n]` for `j < len`: one query
+    /// against a block of cached keys, each score the bits of
+    /// [`dot_ptr`] (inlined here, so a key costs no call).
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; `scores` must hold `len` elements,
+    /// `q` `n`, and `k` `(len − 1)·stride + n`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn dot_rows_ptr(
+        scores: *mut f32,
+        q: *const f32,
+        k: *const f32,
+        stride: usize,
+        len: usize,
+        n: usize,
+    ) {
+        for j in 0..len {
+            *scores.add(j) = dot_ptr(q, k.add(j * stride), n);
+        }
+    }
+
+    /// `o += Σ_j p[j] · v[j·stride ..][..n]` over `j < len` in order, with
+    /// `o` held in registers across the keys: every element gets the
+    /// same fused multiply-adds in the same order as `len` calls of
+    /// [`axpy_ptr`], so the same bits, without loading and storing `o`
+    /// once per key.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; `o` must hold `n` elements, `p`
+    /// `len`, and `v` `(len − 1)·stride + n`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn axpy_rows_ptr(
+        o: *mut f32,
+        p: *const f32,
+        v: *const f32,
+        stride: usize,
+        len: usize,
+        n: usize,
+    ) {
+        let mut c = 0;
+        while c + 32 <= n {
+            let mut a0 = _mm256_loadu_ps(o.add(c));
+            let mut a1 = _mm256_loadu_ps(o.add(c + 8));
+            let mut a2 = _mm256_loadu_ps(o.add(c + 16));
+            let mut a3 = _mm256_loadu_ps(o.add(c + 24));
+            for j in 0..len {
+                let al = _mm256_set1_ps(*p.add(j));
+                let row = v.add(j * stride + c);
+                a0 = _mm256_fmadd_ps(al, _mm256_loadu_ps(row), a0);
+                a1 = _mm256_fmadd_ps(al, _mm256_loadu_ps(row.add(8)), a1);
+                a2 = _mm256_fmadd_ps(al, _mm256_loadu_ps(row.add(16)), a2);
+                a3 = _mm256_fmadd_ps(al, _mm256_loadu_ps(row.add(24)), a3);
+            }
+            _mm256_storeu_ps(o.add(c), a0);
+            _mm256_storeu_ps(o.add(c + 8), a1);
+            _mm256_storeu_ps(o.add(c + 16), a2);
+            _mm256_storeu_ps(o.add(c + 24), a3);
+            c += 32;
+        }
+        while c + 8 <= n {
+            let mut a = _mm256_loadu_ps(o.add(c));
+            for j in 0..len {
+                let row = v.add(j * stride + c);
+                a = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(j)), _mm256_loadu_ps(row), a);
+            }
+            _mm256_storeu_ps(o.add(c), a);
+            c += 8;
+        }
+        while c < n {
+            for j in 0..len {
+                *o.add(c) += *p.add(j) * *v.add(j * stride + c);
+            }
             c += 1;
         }
     }
@@ -1196,6 +1273,48 @@ pub(crate) fn rms_norm_rows<T: Real>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The block forms of attention's dot products and updates give the
+    /// bits of one `dot_ptr` / `axpy_ptr` call per key, for head sizes
+    /// with and without a 32-wide, 8-wide and scalar part.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn attention_blocks_give_the_bits_of_one_call_per_key() {
+        if !has_avx2() {
+            return;
+        }
+        let mut rng = 0x9e37_79b9_u32;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 17;
+            rng ^= rng << 5;
+            (rng as f32 / u32::MAX as f32) * 2.0 - 1.0
+        };
+        for n in [3, 8, 24, 40, 64, 71] {
+            for len in [1, 5, 128] {
+                let stride = n + 5;
+                let k: Vec<f32> = (0..(len - 1) * stride + n).map(|_| next()).collect();
+                let q: Vec<f32> = (0..n).map(|_| next()).collect();
+                let p: Vec<f32> = (0..len).map(|_| next()).collect();
+                let o0: Vec<f32> = (0..n).map(|_| next()).collect();
+                let (mut scores, mut one_by_one) = (vec![0f32; len], vec![0f32; len]);
+                let (mut o, mut o_ref) = (o0.clone(), o0.clone());
+                // SAFETY: AVX2 detected above; every buffer holds what is read.
+                unsafe {
+                    simd::dot_rows_ptr(scores.as_mut_ptr(), q.as_ptr(), k.as_ptr(), stride, len, n);
+                    simd::axpy_rows_ptr(o.as_mut_ptr(), p.as_ptr(), k.as_ptr(), stride, len, n);
+                    for j in 0..len {
+                        one_by_one[j] = simd::dot_ptr(q.as_ptr(), k.as_ptr().add(j * stride), n);
+                        simd::axpy_ptr(o_ref.as_mut_ptr(), p[j], k.as_ptr().add(j * stride), n);
+                    }
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&scores), bits(&one_by_one), "dot n {n} len {len}");
+                assert_eq!(bits(&o), bits(&o_ref), "axpy n {n} len {len}");
+                assert_ne!(bits(&o), bits(&o0), "n {n} len {len}: nothing was added");
+            }
+        }
+    }
 
     fn naive(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
         // a: [m, k], b: [n, k]

@@ -71,20 +71,21 @@ pub(crate) fn sample_row(
     Ok(sample_row_drawn(logits, params, u))
 }
 
-/// [`sample_row`] for the rows `seqs` of `logits` (`[B, vocab]`, row i
-/// belonging to sequence i) at once: each row's one uniform draw is taken
-/// first, in the order of `seqs`, from that sequence's stream (the draws
-/// [`sample_row`] row after row would make), then the rows, each a pass over
-/// the vocabulary, are scored in parallel.
+/// [`sample_row`] for the sequences `seqs` at once, sequence i reading row
+/// `row_of[i]` of `logits` (`[rows, vocab]`): each row's one uniform draw is
+/// taken first, in the order of `seqs`, from that sequence's stream (the
+/// draws [`sample_row`] row after row would make), then the rows, each a
+/// pass over the vocabulary, are scored in parallel.
 pub(crate) fn sample_rows(
     logits: &[f32],
     vocab: usize,
     seqs: &[usize],
+    row_of: &[usize],
     params: &SamplingParams,
     rng: &mut SamplingRng<'_>,
 ) -> Result<Vec<(u32, f32)>, ModelError> {
     use rayon::prelude::*;
-    let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+    let row = |i: usize| &logits[row_of[i] * vocab..(row_of[i] + 1) * vocab];
     for &i in seqs {
         check_finite(row(i))?;
     }
@@ -145,6 +146,10 @@ fn argmax(logits: &[f32]) -> usize {
 /// candidates only until it holds `top_p` of the mass.
 fn sample_tempered(logits: &[f32], params: &SamplingParams, u: f64) -> usize {
     let inv_t = 1.0 / params.temperature;
+    let whole = params.top_k == 0 || params.top_k >= logits.len();
+    if whole && params.top_p >= 1.0 {
+        return sample_whole(logits, inv_t, u);
+    }
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     if params.top_k > 0 && params.top_k < idx.len() {
         // Ties broken by id so the kept set is the same everywhere.
@@ -176,6 +181,33 @@ fn sample_tempered(logits: &[f32], params: &SamplingParams, u: f64) -> usize {
     }
     // Rounding can leave u a hair above the last bucket.
     idx[idx.len() - 1]
+}
+
+thread_local! {
+    /// [`sample_whole`]'s weights, kept between calls: a fresh vocabulary-
+    /// sized buffer per row and token cost more in page faults than its
+    /// exponentials.
+    static WEIGHTS: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`sample_tempered`] over the whole vocabulary (no top-k, no nucleus):
+/// the same weights, sum and walk, without the candidate list.
+fn sample_whole(logits: &[f32], inv_t: f64, u: f64) -> usize {
+    let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64 * inv_t;
+    WEIGHTS.with_borrow_mut(|weights| {
+        weights.clear();
+        weights.extend(logits.iter().map(|&x| (x as f64 * inv_t - top).exp()));
+        let total: f64 = weights.iter().sum();
+        let mut u = u * total;
+        for (n, w) in weights.iter().enumerate() {
+            if u < *w {
+                return n;
+            }
+            u -= w;
+        }
+        // Rounding can leave u a hair above the last bucket.
+        logits.len() - 1
+    })
 }
 
 /// The smallest set of most likely candidates (by weight, then id) holding
@@ -221,6 +253,9 @@ mod tests {
             .map(|i| ((i as u32).wrapping_mul(2_654_435_761) >> 20) as f32 / 400.0)
             .collect();
         let seqs = [0, 2, 3, 4];
+        // Sequence i reads row row_of[i]: rows in another order than the
+        // sequences, as a decode step's emitted rows are.
+        let row_of = [4, 3, 0, 1, 2];
         for params in [
             SamplingParams::default(),
             SamplingParams::greedy(1),
@@ -235,7 +270,8 @@ mod tests {
             let want: Vec<(u32, f32)> = seqs
                 .iter()
                 .map(|&i| {
-                    sample_row(&logits[i * vocab..(i + 1) * vocab], &params, &mut one).unwrap()
+                    let r = row_of[i];
+                    sample_row(&logits[r * vocab..(r + 1) * vocab], &params, &mut one).unwrap()
                 })
                 .collect();
             let mut all = ChaCha8Rng::seed_from_u64(3);
@@ -243,6 +279,7 @@ mod tests {
                 &logits,
                 vocab,
                 &seqs,
+                &row_of,
                 &params,
                 &mut SamplingRng::Shared(&mut all),
             )
@@ -258,6 +295,7 @@ mod tests {
             &bad,
             vocab,
             &seqs,
+            &row_of,
             &SamplingParams::default(),
             &mut SamplingRng::Shared(&mut rng),
         );

@@ -70,19 +70,22 @@ impl<'a> Steer<'a> {
         Ok((token, logprob, go_on))
     }
 
-    /// [`Steer::choose`] for the rows `seqs` of `logits` (`[B, vocab]`, row
-    /// i for sequence i): unsteered, the plain sampler's rows in parallel.
+    /// [`Steer::choose`] for the sequences `seqs`, sequence i reading row
+    /// `row_of[i]` of `logits` (`[rows, vocab]`): unsteered, the plain
+    /// sampler's rows in parallel.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn choose_rows(
         &mut self,
         logits: &[f32],
         vocab: usize,
         seqs: &[usize],
+        row_of: &[usize],
         gens: &[Generation],
         params: &SamplingParams,
         rng: &mut SamplingRng<'_>,
     ) -> Result<Vec<(u32, f32, bool)>, ModelError> {
         if self.steering.is_none() {
-            return Ok(sample_rows(logits, vocab, seqs, params, rng)?
+            return Ok(sample_rows(logits, vocab, seqs, row_of, params, rng)?
                 .into_iter()
                 .map(|(t, lp)| (t, lp, true))
                 .collect());
@@ -91,7 +94,7 @@ impl<'a> Steer<'a> {
         // order of `seqs`: the draws the parallel sampler makes.
         seqs.iter()
             .map(|&i| {
-                let row = &logits[i * vocab..(i + 1) * vocab];
+                let row = &logits[row_of[i] * vocab..(row_of[i] + 1) * vocab];
                 self.choose(i, row, &gens[i].tokens, params, rng.for_sequence(i))
             })
             .collect()
