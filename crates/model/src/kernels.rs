@@ -424,6 +424,15 @@ pub(crate) fn has_avx512() -> bool {
     *AVX512.get_or_init(|| has_avx2() && std::arch::is_x86_feature_detected!("avx512f"))
 }
 
+/// Whether the CPU runs AVX-512F and DQ (checked once): then the decode's
+/// small-m product pairs two eight-lane accumulators in each register
+/// ([`simd512::small_block_f32`]).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx512dq() -> bool {
+    static DQ: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DQ.get_or_init(|| has_avx512() && std::arch::is_x86_feature_detected!("avx512dq"))
+}
+
 /// Σ a·b with eight independent accumulators.
 #[inline]
 pub(crate) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
@@ -496,9 +505,15 @@ fn small_block<T: Real>(a: &[T], b: &[T], m: usize, k: usize) -> Vec<T> {
     if let (true, Some(a32), Some(b32)) = (has_avx2(), T::as_f32(a), T::as_f32(b)) {
         let w = b.len() / k.max(1);
         let mut out = vec![0f32; m * w];
-        // SAFETY: AVX2 and FMA were detected; the kernel indexes within
-        // a[..m·k], b[..w·k] and out[..m·w], which the asserts in Mm::run guarantee.
-        unsafe { simd::small_block_f32(a32, b32, m, k, &mut out) };
+        // SAFETY: AVX2 and FMA (and for the sixteen-lane form AVX-512F and
+        // DQ) were detected; the kernels index within a[..m·k], b[..w·k]
+        // and out[..m·w], which the asserts in Mm::run guarantee.
+        unsafe {
+            match has_avx512dq() {
+                true => simd512::small_block_f32(a32, b32, m, k, &mut out),
+                false => simd::small_block_f32(a32, b32, m, k, &mut out),
+            }
+        };
         return out.into_iter().map(|x| T::from_f64(x as f64)).collect();
     }
     let w = b.len() / k.max(1);
@@ -519,7 +534,7 @@ pub(crate) mod simd {
     /// Σ of the eight lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
+    pub(super) fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_hadd_ps(s, s);
         _mm_cvtss_f32(_mm_hadd_ps(s, s))
@@ -818,6 +833,28 @@ pub(crate) mod simd {
         }
     }
 
+    /// Σ a·b over `k` elements as [`small_block_f32`]'s register tile sums
+    /// one output: one eight-lane accumulator, then the scalar tail.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; `a` and `b` must hold `k` elements.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile_dot_ptr(a: *const f32, b: *const f32, k: usize) -> f32 {
+        let k8 = k / 8 * 8;
+        let mut acc = _mm256_setzero_ps();
+        let mut c = 0;
+        while c < k8 {
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(c)), _mm256_loadu_ps(b.add(c)), acc);
+            c += 8;
+        }
+        let mut s = hsum(acc);
+        for cc in k8..k {
+            s += *a.add(cc) * *b.add(cc);
+        }
+        s
+    }
+
     /// `out[m, w] = a[m, k] · b[w, k]ᵀ` with a 2 × 4 register tile.
     ///
     /// # Safety
@@ -883,7 +920,84 @@ pub(crate) mod simd {
 pub(crate) mod simd512 {
     use std::arch::x86_64::*;
 
-    use super::simd::{EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO};
+    use super::simd::{dot_ptr, hsum, tile_dot_ptr, EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO};
+
+    /// [`super::simd::small_block_f32`] with the same bits, twice the lanes:
+    /// each register holds the eight-lane accumulators of one row of `a`
+    /// against two rows of `b` (the row's eight values broadcast to both
+    /// halves), in a 4 × 8 tile. Every output in the eight-lane kernel's
+    /// 2 × 4 tile region gets its one-accumulator sum, and every other
+    /// output its [`dot_ptr`], as there.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX-512DQ, AVX2 and FMA must be available; `a` holds m·k,
+    /// `b` w·k and `out` m·w elements.
+    #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+    pub(crate) unsafe fn small_block_f32(
+        a: &[f32],
+        b: &[f32],
+        m: usize,
+        k: usize,
+        out: &mut [f32],
+    ) {
+        let w = b.len() / k.max(1);
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let k8 = k / 8 * 8;
+        // The eight-lane kernel's tile region, and the part of it this
+        // kernel's larger tile covers.
+        let (m2, w4) = (m / 2 * 2, w / 4 * 4);
+        let (m4, w8) = (m / 4 * 4, w / 8 * 8);
+        for j in (0..w8).step_by(8) {
+            let bq = |q: usize| pb.add((j + q) * k);
+            for r in (0..m4).step_by(4) {
+                let mut acc = [_mm512_setzero_ps(); 16];
+                let mut c = 0;
+                while c < k8 {
+                    let mut pair = [_mm512_setzero_ps(); 4];
+                    for (p, y) in pair.iter_mut().enumerate() {
+                        let lo = _mm512_castps256_ps512(_mm256_loadu_ps(bq(2 * p).add(c)));
+                        *y = _mm512_insertf32x8::<1>(lo, _mm256_loadu_ps(bq(2 * p + 1).add(c)));
+                    }
+                    for i in 0..4 {
+                        let x = _mm512_broadcast_f32x8(_mm256_loadu_ps(pa.add((r + i) * k + c)));
+                        for (p, y) in pair.iter().enumerate() {
+                            acc[4 * i + p] = _mm512_fmadd_ps(x, *y, acc[4 * i + p]);
+                        }
+                    }
+                    c += 8;
+                }
+                for i in 0..4 {
+                    let x = pa.add((r + i) * k);
+                    for p in 0..4 {
+                        let v = acc[4 * i + p];
+                        let halves = [_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v)];
+                        for (h, half) in halves.into_iter().enumerate() {
+                            let q = 2 * p + h;
+                            let mut s = hsum(half);
+                            for cc in k8..k {
+                                s += *x.add(cc) * *bq(q).add(cc);
+                            }
+                            out[(r + i) * w + j + q] = s;
+                        }
+                    }
+                }
+            }
+        }
+        // The rest of the eight-lane kernel's tile region, output by output.
+        for r in 0..m2 {
+            let cols = if r < m4 { w8..w4 } else { 0..w4 };
+            for j in cols {
+                out[r * w + j] = tile_dot_ptr(pa.add(r * k), pb.add(j * k), k);
+            }
+        }
+        // Outside it, as there.
+        for r in 0..m {
+            let cols = if r < m2 { w4..w } else { 0..w };
+            for j in cols {
+                out[r * w + j] = dot_ptr(pa.add(r * k), pb.add(j * k), k);
+            }
+        }
+    }
 
     /// [`super::simd::exp8`] on sixteen lanes.
     #[inline]
@@ -1273,6 +1387,40 @@ pub(crate) fn rms_norm_rows<T: Real>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The decode's sixteen-lane small-m product gives the eight-lane one's
+    /// bits, for shapes with and without whole tiles and a scalar tail.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn sixteen_lane_small_products_give_the_eight_lane_bits() {
+        if !has_avx512dq() {
+            return;
+        }
+        let mut rng = 0x2545_f491_u32;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 17;
+            rng ^= rng << 5;
+            (rng as f32 / u32::MAX as f32) * 2.0 - 1.0
+        };
+        for m in [1, 2, 3, 4, 5, 7, 8, 16, 17] {
+            for w in [1, 3, 4, 7, 8, 12, 17, 64] {
+                for k in [3, 8, 13, 64, 70] {
+                    let a: Vec<f32> = (0..m * k).map(|_| next()).collect();
+                    let b: Vec<f32> = (0..w * k).map(|_| next()).collect();
+                    let (mut eight, mut sixteen) = (vec![0f32; m * w], vec![1f32; m * w]);
+                    // SAFETY: AVX-512F/DQ (and so AVX2/FMA) detected above;
+                    // the buffers hold m·k, w·k and m·w elements.
+                    unsafe {
+                        simd::small_block_f32(&a, &b, m, k, &mut eight);
+                        simd512::small_block_f32(&a, &b, m, k, &mut sixteen);
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&eight), bits(&sixteen), "m {m} w {w} k {k}");
+                }
+            }
+        }
+    }
 
     /// The block forms of attention's dot products and updates give the
     /// bits of one `dot_ptr` / `axpy_ptr` call per key, for head sizes
