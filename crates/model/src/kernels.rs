@@ -848,11 +848,53 @@ pub(crate) mod simd {
             acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(c)), _mm256_loadu_ps(b.add(c)), acc);
             c += 8;
         }
+        tile_sum(acc, a, b, k8, k)
+    }
+
+    /// One register tile output: its eight-lane accumulator's sum, then
+    /// the scalar tail `k8..k` of `a · b`.
+    ///
+    /// # Safety
+    /// AVX2 must be available; `a` and `b` must hold `k` elements.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile_sum(
+        acc: __m256,
+        a: *const f32,
+        b: *const f32,
+        k8: usize,
+        k: usize,
+    ) -> f32 {
         let mut s = hsum(acc);
         for cc in k8..k {
             s += *a.add(cc) * *b.add(cc);
         }
         s
+    }
+
+    /// The outputs of `out[m, w] = a[m, k] · b[w, k]ᵀ` outside the 2 × 4
+    /// tile region (rows past `m / 2 · 2`, columns past `w / 4 · 4`), each a
+    /// [`dot_ptr`]: the same bits whichever small-m kernel did the tiles.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; `a` holds m·k, `b` w·k and `out` m·w
+    /// elements.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn small_block_edges(
+        a: *const f32,
+        b: *const f32,
+        m: usize,
+        w: usize,
+        k: usize,
+        out: &mut [f32],
+    ) {
+        let (m2, w4) = (m / 2 * 2, w / 4 * 4);
+        for r in 0..m {
+            let cols = if r < m2 { w4..w } else { 0..w };
+            for j in cols {
+                out[r * w + j] = dot_ptr(a.add(r * k), b.add(j * k), k);
+            }
+        }
     }
 
     /// `out[m, w] = a[m, k] · b[w, k]ᵀ` with a 2 × 4 register tile.
@@ -889,23 +931,13 @@ pub(crate) mod simd {
                     c += 8;
                 }
                 for (q, bq) in [b0, b1, b2, b3].into_iter().enumerate() {
-                    let (mut s0, mut s1) = (hsum(acc[q]), hsum(acc[4 + q]));
-                    for cc in k8..k {
-                        s0 += *x0.add(cc) * *bq.add(cc);
-                        s1 += *x1.add(cc) * *bq.add(cc);
-                    }
-                    out[r * w + j + q] = s0;
-                    out[(r + 1) * w + j + q] = s1;
+                    out[r * w + j + q] = tile_sum(acc[q], x0, bq, k8, k);
+                    out[(r + 1) * w + j + q] = tile_sum(acc[4 + q], x1, bq, k8, k);
                 }
             }
         }
         // Leftover rows of `a` and of `b`.
-        for r in 0..m {
-            let cols = if r < m2 { w4..w } else { 0..w };
-            for j in cols {
-                out[r * w + j] = dot_ptr(pa.add(r * k), pb.add(j * k), k);
-            }
-        }
+        small_block_edges(pa, pb, m, w, k, out);
     }
 }
 
@@ -920,14 +952,16 @@ pub(crate) mod simd {
 pub(crate) mod simd512 {
     use std::arch::x86_64::*;
 
-    use super::simd::{dot_ptr, hsum, tile_dot_ptr, EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO};
+    use super::simd::{
+        small_block_edges, tile_dot_ptr, tile_sum, EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO,
+    };
 
     /// [`super::simd::small_block_f32`] with the same bits, twice the lanes:
     /// each register holds the eight-lane accumulators of one row of `a`
     /// against two rows of `b` (the row's eight values broadcast to both
     /// halves), in a 4 × 8 tile. Every output in the eight-lane kernel's
     /// 2 × 4 tile region gets its one-accumulator sum, and every other
-    /// output its [`dot_ptr`], as there.
+    /// output its [`super::simd::dot_ptr`], as there.
     ///
     /// # Safety
     /// AVX-512F, AVX-512DQ, AVX2 and FMA must be available; `a` holds m·k,
@@ -973,11 +1007,7 @@ pub(crate) mod simd512 {
                         let halves = [_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v)];
                         for (h, half) in halves.into_iter().enumerate() {
                             let q = 2 * p + h;
-                            let mut s = hsum(half);
-                            for cc in k8..k {
-                                s += *x.add(cc) * *bq(q).add(cc);
-                            }
-                            out[(r + i) * w + j + q] = s;
+                            out[(r + i) * w + j + q] = tile_sum(half, x, bq(q), k8, k);
                         }
                     }
                 }
@@ -991,12 +1021,7 @@ pub(crate) mod simd512 {
             }
         }
         // Outside it, as there.
-        for r in 0..m {
-            let cols = if r < m2 { w4..w } else { 0..w };
-            for j in cols {
-                out[r * w + j] = dot_ptr(pa.add(r * k), pb.add(j * k), k);
-            }
-        }
+        small_block_edges(pa, pb, m, w, k, out);
     }
 
     /// [`super::simd::exp8`] on sixteen lanes.

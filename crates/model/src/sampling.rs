@@ -171,16 +171,22 @@ fn sample_tempered(logits: &[f32], params: &SamplingParams, u: f64) -> usize {
     if params.top_p < 1.0 {
         (idx, weights) = nucleus(&idx, &weights, params.top_p);
     }
+    idx[bucket(&weights, u)]
+}
+
+/// The bucket of `weights` (unnormalised) that the uniform draw `u` in
+/// [0, 1) falls in, walking them in order.
+fn bucket(weights: &[f64], u: f64) -> usize {
     let total: f64 = weights.iter().sum();
     let mut u = u * total;
     for (n, w) in weights.iter().enumerate() {
         if u < *w {
-            return idx[n];
+            return n;
         }
         u -= w;
     }
     // Rounding can leave u a hair above the last bucket.
-    idx[idx.len() - 1]
+    weights.len() - 1
 }
 
 thread_local! {
@@ -197,16 +203,7 @@ fn sample_whole(logits: &[f32], inv_t: f64, u: f64) -> usize {
     WEIGHTS.with_borrow_mut(|weights| {
         weights.clear();
         weights.extend(logits.iter().map(|&x| (x as f64 * inv_t - top).exp()));
-        let total: f64 = weights.iter().sum();
-        let mut u = u * total;
-        for (n, w) in weights.iter().enumerate() {
-            if u < *w {
-                return n;
-            }
-            u -= w;
-        }
-        // Rounding can leave u a hair above the last bucket.
-        logits.len() - 1
+        bucket(weights, u)
     })
 }
 
