@@ -2,7 +2,8 @@
 
 Runs the same workload as the Rust benchmark on Hugging Face's own
 Qwen2ForCausalLM (built from a config, random weights; float32 on the CPU by
-default, `--device cuda` and `--dtype bfloat16` for a GPU), or on a
+default, `--device cuda` and `--dtype bfloat16` for a GPU, `--autocast
+bfloat16` for bf16 autocast over f32 weights on the CPU), or on a
 checkpoint (`--model DIR` or `--model FILE.gguf`, loaded by
 `from_pretrained`), and
 prints one JSON line with its figures. `agentrl bench model` feeds this file
@@ -58,6 +59,8 @@ def parse_args(argv):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--model", default=None)
+    # CPU bf16 as users run it there: f32 weights, the ops under autocast.
+    p.add_argument("--autocast", choices=["bfloat16"], default=None)
     p.add_argument("--reply-len", type=int, default=0)
     p.add_argument("--group", type=int, default=1)
     return p.parse_args(argv)
@@ -131,8 +134,16 @@ def main(argv):
         labels[:, :prompt] = -100  # the loss reads the replies alone
     batch, labels = batch.to(dev), labels.to(dev)
 
+    import contextlib
+
+    def autocast():
+        if args.autocast:
+            return torch.autocast(device_type=dev.type, dtype=getattr(torch, args.autocast))
+        return contextlib.nullcontext()
+
     def train_step():
-        out = model(input_ids=batch, labels=labels)
+        with autocast():
+            out = model(input_ids=batch, labels=labels)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -152,7 +163,7 @@ def main(argv):
     mask = torch.ones_like(prompts)
 
     def sample():
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             out = model.generate(
                 input_ids=prompts,
                 attention_mask=mask,
@@ -183,6 +194,7 @@ def main(argv):
                 "threads": torch.get_num_threads(),
                 "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
                 "dtype": args.dtype,
+                "autocast": args.autocast,
                 "parameters": params,
                 "train_step_s": train_s,
                 "train_tokens_per_s": args.batch * args.seq_len / train_s,

@@ -27,6 +27,7 @@ use crate::kernels::{
     assume_written, par_chunks2_mut, par_chunks_map, par_fill, par_map, rms_norm_rows,
     swiglu_bwd_into, swiglu_into, write_slice, Mm, Real,
 };
+use crate::precision::Precision;
 
 /// Where each packed token sits: segment `s` owns rows
 /// `offsets[s]..offsets[s + 1]`, row r is at position `pos[r]` of its
@@ -286,15 +287,24 @@ pub(crate) struct DecoderLayerOp<T> {
     pub shape: LayerShape,
     pub packing: Arc<Packing>,
     pub rope: Arc<Rope<T>>,
+    /// The projections' products, forward and backward (attention and the
+    /// elementwise ops stay f32).
+    pub precision: Precision,
     saved: Mutex<Option<Saved<T>>>,
 }
 
 impl<T: Real> DecoderLayerOp<T> {
-    pub(crate) fn new(shape: LayerShape, packing: Arc<Packing>, rope: Arc<Rope<T>>) -> Self {
+    pub(crate) fn new(
+        shape: LayerShape,
+        packing: Arc<Packing>,
+        rope: Arc<Rope<T>>,
+        precision: Precision,
+    ) -> Self {
         Self {
             shape,
             packing,
             rope,
+            precision,
             saved: Mutex::new(None),
         }
     }
@@ -424,16 +434,23 @@ fn heads_to_rows<T: Real>(x: &[T], heads: usize, hd: usize, n: usize) -> Vec<T> 
 }
 
 /// `y = x · wᵀ (+ b)` over rows; a new buffer.
-fn linear<T: Real>(x: &[T], w: &[T], b: Option<&[T]>, n_in: usize, n_out: usize) -> Vec<T> {
+fn linear<T: Real>(
+    x: &[T],
+    w: &[T],
+    b: Option<&[T]>,
+    (n_in, n_out): (usize, usize),
+    precision: Precision,
+) -> Vec<T> {
     let rows = x.len() / n_in;
+    let mm = Mm::nt(rows, n_out, n_in).precision(precision);
     let Some(b) = b else {
-        return Mm::nt(rows, n_out, n_in).product(x, w);
+        return mm.product(x, w);
     };
     let mut y = Vec::with_capacity(rows * n_out);
     for _ in 0..rows {
         y.extend_from_slice(b);
     }
-    Mm::nt(rows, n_out, n_in).add().run(&mut y, x, w);
+    mm.add().run(&mut y, x, w);
     y
 }
 
@@ -449,6 +466,7 @@ struct PackGrad<'a, T> {
     /// Whether the weights' gradients are wanted: a frozen layer's are not,
     /// and skipping them halves the projection products of its backward.
     weights: bool,
+    precision: Precision,
 }
 
 impl<T: Real> PackGrad<'_, T> {
@@ -484,9 +502,15 @@ impl<T: Real> PackGrad<'_, T> {
         let (n_in, n_out) = (x.len() / rows, dy.len() / rows);
         let span = self.po.range(first, last);
         if self.weights {
-            Mm::tn(n_out, n_in, rows).run(&mut self.dp[span.clone()], dy, x);
+            Mm::tn(n_out, n_in, rows).precision(self.precision).run(
+                &mut self.dp[span.clone()],
+                dy,
+                x,
+            );
         }
-        Mm::nn(rows, n_in, n_out).product(dy, &self.pack[span])
+        Mm::nn(rows, n_in, n_out)
+            .precision(self.precision)
+            .product(dy, &self.pack[span])
     }
 }
 
@@ -603,7 +627,14 @@ impl<T: Real> DecoderLayerOp<T> {
         let (xn1, inv1) = rms_norm(x, po.get(pack, P::Ln1), d, sh.eps);
         let qkv_bias = sh.bias.then(|| po.span(pack, P::QB, P::VB));
         let qkv_dim = q_dim + 2 * kv_dim;
-        let qkv = linear(&xn1, po.span(pack, P::Q, P::V), qkv_bias, d, qkv_dim);
+        let prec = self.precision;
+        let qkv = linear(
+            &xn1,
+            po.span(pack, P::Q, P::V),
+            qkv_bias,
+            (d, qkv_dim),
+            prec,
+        );
         let scale = T::from_f64(1.0 / (hd as f64).sqrt());
         let (rope, pos) = (&*self.rope, &pk.pos[..]);
         let q = to_heads(&qkv, (qkv_dim, 0), nh, hd, pos, Some((rope, scale)));
@@ -614,14 +645,16 @@ impl<T: Real> DecoderLayerOp<T> {
         let att = heads_to_rows(&out, nh, hd, n);
         let mut y1 = x.to_vec();
         Mm::nt(n, d, q_dim)
+            .precision(prec)
             .add()
             .run(&mut y1, &att, po.get(pack, P::O));
         // MLP block.
         let (xn2, inv2) = rms_norm(&y1, po.get(pack, P::Ln2), d, sh.eps);
-        let gate_up = linear(&xn2, po.span(pack, P::Gate, P::Up), None, d, 2 * f);
+        let gate_up = linear(&xn2, po.span(pack, P::Gate, P::Up), None, (d, 2 * f), prec);
         let act = swiglu(&gate_up, f);
         let mut y = y1.clone();
         Mm::nt(n, d, f)
+            .precision(prec)
             .add()
             .run(&mut y, &act, po.get(pack, P::Down));
         let saved = Saved {
@@ -665,6 +698,7 @@ impl<T: Real> DecoderLayerOp<T> {
             pack,
             rows: n,
             weights: wanted.pack,
+            precision: self.precision,
         };
         // MLP: y = y1 + act·Wdᵀ, act = silu(gate) ⊙ up.
         let act = swiglu(&s.gate_up, f);
@@ -892,7 +926,7 @@ mod tests {
             cos: seq(len * 2, 0.7).iter().map(|v| v.cos()).collect(),
             sin: seq(len * 2, 0.7).iter().map(|v| v.sin()).collect(),
         });
-        let op = DecoderLayerOp::<f64>::new(shape, packing, rope);
+        let op = DecoderLayerOp::<f64>::new(shape, packing, rope, Precision::F32);
         let (x, pack) = (seq(8 * 8, 0.31), seq(shape.pack().total(), 0.53));
         let dy = seq(8 * 8, 0.17);
         let (_, saved) = op.forward(&x, &pack);

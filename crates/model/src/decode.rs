@@ -12,12 +12,15 @@
 
 use candle_core::{DType, Device, Tensor};
 
+#[cfg(target_arch = "x86_64")]
+use crate::gemm_bf16::PackedWeight;
 use crate::host::with_slices;
 use crate::kernels::{
     axpy, dot, exp_shifted_sum, num_threads, par_chunks_mut, rms_norm_rows, swiglu_in_place, Mm,
 };
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::{has_avx2, simd};
+use crate::precision::Precision;
 use crate::qwen2::Model;
 use crate::sampling::{empty_generations, push_token, Generation, SamplingParams, SamplingRng};
 use crate::steer::Steer;
@@ -173,6 +176,79 @@ struct ModelView<'a> {
     /// `[max_positions, head_dim / 2]` rotary tables.
     cos: &'a [f32],
     sin: &'a [f32],
+    /// The projections and LM head in bf16, packed once per call, when the
+    /// products run in bf16.
+    bf16: Option<Bf16Weights>,
+}
+
+/// A decoder layer's projections packed in bf16.
+#[cfg(target_arch = "x86_64")]
+struct Bf16Layer {
+    q: PackedWeight,
+    k: PackedWeight,
+    v: PackedWeight,
+    o: PackedWeight,
+    gate: PackedWeight,
+    up: PackedWeight,
+    down: PackedWeight,
+}
+
+/// Every projection and the LM head packed in bf16 (half the bytes a decode
+/// step reads in f32).
+#[cfg(target_arch = "x86_64")]
+struct Bf16Weights {
+    layers: Vec<Bf16Layer>,
+    lm_head: PackedWeight,
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+enum Bf16Weights {}
+
+#[cfg(target_arch = "x86_64")]
+impl Bf16Weights {
+    fn pack(w: &ModelView) -> Self {
+        let dims = w.dims;
+        let (d, q_dim, kv_dim, ffn) = (dims.d, dims.q_dim(), dims.kv_dim(), dims.ffn);
+        let layers = w
+            .layers
+            .iter()
+            .map(|l| Bf16Layer {
+                q: PackedWeight::new(l.q_w, q_dim, d),
+                k: PackedWeight::new(l.k_w, kv_dim, d),
+                v: PackedWeight::new(l.v_w, kv_dim, d),
+                o: PackedWeight::new(l.o_w, d, q_dim),
+                gate: PackedWeight::new(l.gate, ffn, d),
+                up: PackedWeight::new(l.up, ffn, d),
+                down: PackedWeight::new(l.down, d, ffn),
+            })
+            .collect();
+        Self {
+            layers,
+            lm_head: PackedWeight::new(w.lm_head, dims.vocab, d),
+        }
+    }
+}
+
+/// One projection's weights: f32, and packed bf16 when the products run in bf16.
+#[derive(Clone, Copy)]
+struct Weight<'a> {
+    f32: &'a [f32],
+    #[cfg(target_arch = "x86_64")]
+    bf16: Option<&'a PackedWeight>,
+}
+
+impl Weight<'_> {
+    /// `y[rows, n_out] (+)= x[rows, n_in] · wᵀ`.
+    fn apply(self, y: &mut [f32], x: &[f32], (n_in, n_out): (usize, usize), accumulate: bool) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(p) = self.bf16 {
+            return p.apply(y, x, accumulate);
+        }
+        let rows = x.len() / n_in;
+        Mm::nt(rows, n_out, n_in)
+            .add_if(accumulate)
+            .run(y, x, self.f32);
+    }
 }
 
 /// `t` as a contiguous f32 CPU tensor: itself (shared storage) when it
@@ -188,10 +264,12 @@ fn host_f32(t: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 /// Runs `f` on a view of `model`'s weights, read in place (under their
-/// storage read locks) when they are contiguous f32 on the CPU.
+/// storage read locks) when they are contiguous f32 on the CPU, with their
+/// bf16 forms when `precision` is bf16.
 fn with_view<R>(
     model: &Model,
     cfg: &ModelConfig,
+    precision: Precision,
     f: impl FnOnce(&ModelView) -> Result<R, ModelError>,
 ) -> Result<R, ModelError> {
     let tensors = model
@@ -201,11 +279,14 @@ fn with_view<R>(
         .collect::<candle_core::Result<Vec<_>>>()?;
     let refs: Vec<&Tensor> = tensors.iter().collect();
     with_slices::<f32, _>(&refs, "inference weights", |slices| {
-        f(&ModelView::from_slices(
-            Dims::of(cfg),
-            model.qkv_bias(),
-            slices,
-        )?)
+        let mut view = ModelView::from_slices(Dims::of(cfg), model.qkv_bias(), slices)?;
+        #[cfg(target_arch = "x86_64")]
+        if precision == Precision::Bf16 && precision.available() {
+            view.bf16 = Some(Bf16Weights::pack(&view));
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = precision;
+        f(&view)
     })?
 }
 
@@ -245,7 +326,22 @@ impl<'a> ModelView<'a> {
             lm_head,
             cos,
             sin,
+            bf16: None,
         })
+    }
+
+    /// Layer `l`'s projection by `pick` (of its f32 view and its bf16 pack).
+    fn weight(
+        &self,
+        l: usize,
+        f32: impl Fn(&LayerView<'a>) -> &'a [f32],
+        #[allow(unused_variables)] bf16: impl Fn(&Bf16Layer) -> &PackedWeight,
+    ) -> Weight<'_> {
+        Weight {
+            f32: f32(&self.layers[l]),
+            #[cfg(target_arch = "x86_64")]
+            bf16: self.bf16.as_ref().map(|b| bf16(&b.layers[l])),
+        }
     }
 }
 
@@ -458,17 +554,13 @@ fn attend_run(
 }
 
 /// `y = rows of x · wᵀ (+ b)`: a linear layer over packed rows.
-fn linear_rows(y: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, n_in: usize, n_out: usize) {
-    let rows = x.len() / n_in;
-    match b {
-        Some(b) => {
-            for r in y.chunks_exact_mut(n_out) {
-                r.copy_from_slice(b);
-            }
-            Mm::nt(rows, n_out, n_in).add().run(y, x, w);
+fn linear_rows(y: &mut [f32], x: &[f32], w: Weight, b: Option<&[f32]>, n_in: usize, n_out: usize) {
+    if let Some(b) = b {
+        for r in y.chunks_exact_mut(n_out) {
+            r.copy_from_slice(b);
         }
-        None => Mm::nt(rows, n_out, n_in).run(y, x, w),
     }
+    w.apply(y, x, (n_in, n_out), b.is_some());
 }
 
 /// Encodes the packed `rows` (token ids `ids`, one per row) into their
@@ -499,9 +591,12 @@ fn forward(
         let q = sized(&mut s.q, n * q_dim);
         let k = sized(&mut s.k, n * kv_dim);
         let v = sized(&mut s.v, n * kv_dim);
-        linear_rows(q, xn, layer.q_w, layer.q_b, d, q_dim);
-        linear_rows(k, xn, layer.k_w, layer.k_b, d, kv_dim);
-        linear_rows(v, xn, layer.v_w, layer.v_b, d, kv_dim);
+        let wq = w.weight(li, |l| l.q_w, |b| &b.q);
+        let wk = w.weight(li, |l| l.k_w, |b| &b.k);
+        let wv = w.weight(li, |l| l.v_w, |b| &b.v);
+        linear_rows(q, xn, wq, layer.q_b, d, q_dim);
+        linear_rows(k, xn, wk, layer.k_b, d, kv_dim);
+        linear_rows(v, xn, wv, layer.v_b, d, kv_dim);
         for (r, row) in rows.iter().enumerate() {
             rope_row(
                 &mut q[r * q_dim..(r + 1) * q_dim],
@@ -574,20 +669,24 @@ fn forward(
                 att[at..at + hd].copy_from_slice(src);
             }
         }
-        Mm::nt(n, d, q_dim).add().run(h, att, layer.o_w);
+        let wo = w.weight(li, |l| l.o_w, |b| &b.o);
+        wo.apply(h, att, (q_dim, d), true);
 
         // MLP block: h += down(silu(gate(x)) · up(x)) of x = norm(h).
         let xn = sized(&mut s.xn, n * d);
         rms_norm_rows(xn, h, layer.post_ln, d, dims.eps, None);
         let g = sized(&mut s.gate, n * ffn);
         let u = sized(&mut s.up, n * ffn);
-        Mm::nt(n, ffn, d).run(g, xn, layer.gate);
-        Mm::nt(n, ffn, d).run(u, xn, layer.up);
+        w.weight(li, |l| l.gate, |b| &b.gate)
+            .apply(g, xn, (d, ffn), false);
+        w.weight(li, |l| l.up, |b| &b.up)
+            .apply(u, xn, (d, ffn), false);
         let u_ro: &[f32] = u;
         par_chunks_mut(g, ffn, n * ffn * 8, |r, gr| {
             swiglu_in_place(gr, &u_ro[r * ffn..(r + 1) * ffn]);
         });
-        Mm::nt(n, d, ffn).add().run(h, g, layer.down);
+        w.weight(li, |l| l.down, |b| &b.down)
+            .apply(h, g, (ffn, d), true);
     }
     // Final norm and LM head, only for the rows whose next token is sampled.
     let picked: Vec<usize> = (0..n).filter(|&r| emit[r]).collect();
@@ -596,18 +695,25 @@ fn forward(
         rms_norm_rows(lr, &h[r * d..(r + 1) * d], w.norm, d, dims.eps, None);
     }
     let logits = sized(&mut s.logits, picked.len() * dims.vocab);
-    Mm::nt(picked.len(), dims.vocab, d).run(logits, last, w.lm_head);
+    let head = Weight {
+        f32: w.lm_head,
+        #[cfg(target_arch = "x86_64")]
+        bf16: w.bf16.as_ref().map(|b| &b.lm_head),
+    };
+    head.apply(logits, last, (d, dims.vocab), false);
 }
 
 /// Samples a continuation of each `contexts[i]`, reusing and extending
 /// `caches[i]`; see [`crate::PolicyModel::generate_cached`] for the contract.
 /// The caller has validated ids, lengths and parameters.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn generate(
     model: &Model,
     cfg: &ModelConfig,
     caches: &mut [SequenceCache],
     contexts: &[Vec<u32>],
     params: &SamplingParams,
+    precision: Precision,
     mut rng: SamplingRng<'_>,
     steer: &mut Steer<'_>,
 ) -> Result<Vec<Generation>, ModelError> {
@@ -640,7 +746,7 @@ pub(crate) fn generate(
         .enumerate()
         .map(|(i, ctx)| *first_seen.entry((starts[i], &ctx[..])).or_insert(i))
         .collect();
-    with_view(model, cfg, |w| {
+    with_view(model, cfg, precision, |w| {
         let mut scratch = Scratch::default();
         // Step 0 encodes every uncached context token of each leader; later
         // steps one token per live sequence.

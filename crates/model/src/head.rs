@@ -22,6 +22,7 @@ use crate::host::{storage_slice, tensor_from, with_slices};
 use crate::kernels::{
     assume_written, dot, exp_shifted_sum, par_chunks_mut, par_fill, write_slice, Mm, Real,
 };
+use crate::precision::Precision;
 
 /// What the backward reads.
 struct Saved<T> {
@@ -45,6 +46,8 @@ pub(crate) struct LmHeadOp<T> {
     batch: usize,
     /// Padded width W (longest sequence − 1).
     width: usize,
+    /// The logits' product and its two backward products.
+    precision: Precision,
     saved: Mutex<Option<Saved<T>>>,
 }
 
@@ -53,7 +56,12 @@ impl<T: Real> LmHeadOp<T> {
     /// position `t` of sequence `i` with `scored[i][t] != 0` is computed
     /// (entries past a row's end count as 0); without it, every position
     /// that has a next token.
-    pub(crate) fn new(packing: &Packing, seqs: &[Vec<u32>], scored: Option<&[Vec<f32>]>) -> Self {
+    pub(crate) fn new(
+        packing: &Packing,
+        seqs: &[Vec<u32>],
+        scored: Option<&[Vec<f32>]>,
+        precision: Precision,
+    ) -> Self {
         let width = seqs
             .iter()
             .map(Vec::len)
@@ -78,6 +86,7 @@ impl<T: Real> LmHeadOp<T> {
             slots,
             batch: seqs.len(),
             width,
+            precision,
             saved: Mutex::new(None),
         }
     }
@@ -135,6 +144,7 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
         // Each row's logits get the bits a pass over all N rows gives it.
         let logits = Mm::nt(m, vocab, d)
             .routed_as(n)
+            .precision(self.precision)
             .product(&self.gather(h, d), w);
         // Per row: log-sum-exp and entropy H = lse − Σ p z.
         let mut stats = vec![T::ZERO; m * 2];
@@ -205,15 +215,20 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
             // SAFETY: each row is written whole.
             let dz = unsafe { par_fill(m * vocab, vocab, m * vocab * 4, fill) };
             // Rows that are not scored get no gradient from the head.
-            let dh = self.scatter(&Mm::nn(m, d, vocab).product(&dz, wv), d, n);
+            let dh = Mm::nn(m, d, vocab)
+                .precision(self.precision)
+                .product(&dz, wv);
+            let dh = self.scatter(&dh, d, n);
             // The weight's gradient sums over the scored rows alone: rows
             // no loss reads add nothing to it, and in an RL batch they are
             // most rows (a [V, d] × [d, N] product over them would cost more
             // than the rest of the head).
             // A frozen head (a tied embedding left out of training) wants none.
-            let dw = w
-                .track_op()
-                .then(|| Mm::tn(vocab, d, m).product(&dz, &self.gather(hv, d)));
+            let dw = w.track_op().then(|| {
+                Mm::tn(vocab, d, m)
+                    .precision(self.precision)
+                    .product(&dz, &self.gather(hv, d))
+            });
             (dh, dw)
         })?;
         Ok((

@@ -160,6 +160,8 @@ pub(crate) struct Mm {
     /// The row count that decides between the small-m kernel and the GEMM
     /// (`m` unless [`Mm::routed_as`] says otherwise).
     route_m: usize,
+    /// Whether an f32 GEMM rounds its inputs to bf16 ([`crate::gemm_bf16`]).
+    bf16: bool,
 }
 
 impl Mm {
@@ -173,6 +175,15 @@ impl Mm {
             accumulate: false,
             par: Par::Threads,
             route_m: m,
+            bf16: false,
+        }
+    }
+    /// Runs the GEMM in `precision` where this CPU has it (the small-m
+    /// kernel of decode steps stays f32).
+    pub(crate) fn precision(self, precision: crate::Precision) -> Self {
+        Self {
+            bf16: precision == crate::Precision::Bf16,
+            ..self
         }
     }
     /// Picks the kernel as for a product of `rows` rows: for `m` rows taken
@@ -358,12 +369,34 @@ unsafe fn gemm_raw<T: Real>(
         k,
         accumulate,
         par,
+        bf16,
         ..
     } = mm;
     assert!(m > 0 && n > 0 && k > 0, "gemm: empty product");
     assert!(c_len > cst.last(m, n), "gemm: output slice too short");
     assert!(a.len() > ast.last(m, k), "gemm: lhs slice too short");
     assert!(b.len() > bst.last(k, n), "gemm: rhs slice too short");
+    #[cfg(target_arch = "x86_64")]
+    if bf16 && cst.cs == 1 && crate::gemm_bf16::available() {
+        if let (Some(a), Some(b)) = (T::as_f32(a), T::as_f32(b)) {
+            // SAFETY: as above; T is f32 (its slices read as f32), and the
+            // bf16 GEMM writes every element of c's view when not accumulating.
+            unsafe {
+                crate::gemm_bf16::gemm(
+                    c.cast(),
+                    cst.rs,
+                    a,
+                    ast,
+                    b,
+                    bst,
+                    (m, n, k),
+                    accumulate,
+                    par == Par::Threads,
+                )
+            };
+            return;
+        }
+    }
     #[cfg(feature = "openblas")]
     // SAFETY: the asserts above and the caller's guarantees are blas::gemm's.
     if par == Par::Threads

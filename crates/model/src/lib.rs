@@ -15,6 +15,8 @@ mod cuda;
 pub mod decode;
 pub mod device;
 pub mod error;
+#[cfg(target_arch = "x86_64")]
+mod gemm_bf16;
 pub mod gguf;
 mod graph_decode;
 mod head;
@@ -24,6 +26,7 @@ pub mod lora;
 pub mod ops;
 pub mod optim;
 pub mod policy;
+pub mod precision;
 pub mod qwen2;
 pub mod sampling;
 mod steer;
@@ -43,6 +46,7 @@ pub use error::ModelError;
 pub use lora::{LoraAdapter, LoraConfig, LoraTarget};
 pub use optim::{add_grads, clip_grad_norm, AdamW, AdamWConfig};
 pub use policy::{PolicyModel, SequenceLogprobs};
+pub use precision::Precision;
 pub use sampling::{Generation, SamplingParams};
 pub use steer::PromptTokenLogprob;
 

@@ -16,7 +16,7 @@ use crate::lora::{adapter_dir_of, LoraAdapter, LoraConfig, ADAPTER_DIR};
 use crate::qwen2::{param_specs, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT};
 use crate::sampling::{Generation, SamplingParams, SamplingRng};
 use crate::steer::{PromptTokenLogprob, Steer};
-use crate::{ModelConfig, ModelError};
+use crate::{ModelConfig, ModelError, Precision};
 use agentrl_sampling::Steering;
 
 /// Seed of the fresh value head added to a checkpoint that has none.
@@ -70,6 +70,9 @@ pub struct PolicyModel {
     /// Whether the fused path computes a prompt that several scored
     /// sequences share once (see [`PolicyModel::set_prefix_sharing`]).
     share_prefixes: bool,
+    /// The CPU's large matrix products in the fused forward and backward
+    /// (see [`PolicyModel::set_precision`]).
+    precision: Precision,
     /// Whether generation runs through candle's graph ops even where the
     /// host decoder could (it always does off the CPU).
     graph_decode: bool,
@@ -197,6 +200,7 @@ impl PolicyModel {
             with_value_head,
             fused_training: true,
             share_prefixes: true,
+            precision: Precision::F32,
             graph_decode: false,
             lora: None,
             first_trained_layer: None,
@@ -336,6 +340,7 @@ impl PolicyModel {
             with_value_head: self.with_value_head,
             fused_training: self.fused_training,
             share_prefixes: self.share_prefixes,
+            precision: self.precision,
             graph_decode: self.graph_decode,
             lora: Some(adapter),
             first_trained_layer: self.first_trained_layer,
@@ -529,6 +534,28 @@ impl PolicyModel {
         self.share_prefixes = on;
     }
 
+    /// Runs the fused CPU forward and backward's large products (every
+    /// projection and the LM head) in `precision`: bf16 rounds their inputs
+    /// to bfloat16 and sums in f32, as PyTorch's bf16 autocast does; weights,
+    /// gradients and optimizer state stay f32. The host decoder follows: in
+    /// bf16 each `generate` call packs the projections and the LM head in
+    /// bf16 once (half the bytes a decode step reads). An error where this
+    /// CPU lacks it (bf16 needs AVX512-BF16).
+    pub fn set_precision(&mut self, precision: Precision) -> Result<(), ModelError> {
+        if !precision.available() {
+            return Err(ModelError::InvalidInput(format!(
+                "precision {precision}: this CPU has no AVX512-BF16 (use f32)"
+            )));
+        }
+        self.precision = precision;
+        Ok(())
+    }
+
+    /// The precision of the fused path's large products.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
     /// Generates through candle's graph ops on the model's device (left-padded
     /// batch, per-layer KV caches, the logits brought to the host per step)
     /// instead of the host decoder. Off the CPU this path is always taken; on the CPU it is what the host decoder
@@ -653,7 +680,8 @@ impl PolicyModel {
     /// packed tokens through the fused layer ops, scattered back to the padded layout.
     fn fused_outputs(&self, model: &Model, batch: Ragged<'_>) -> Result<Outputs, ModelError> {
         let Ragged { seqs, scored, b, t } = batch;
-        let (out, hn, packing) = model.fused_logprobs(seqs, scored, self.share_prefixes)?;
+        let (out, hn, packing) =
+            model.fused_logprobs(seqs, scored, self.share_prefixes, self.precision)?;
         // grad: get (narrow + squeeze) passes the gradient to its plane.
         let (logprobs, entropy) = (out.get(0)?, out.get(1)?);
         let values = match model.values(&hn)? {
@@ -882,6 +910,7 @@ impl PolicyModel {
             caches,
             contexts,
             params,
+            self.precision,
             rng,
             &mut steer,
         )

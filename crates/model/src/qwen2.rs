@@ -29,6 +29,7 @@ use crate::head::LmHeadOp;
 use crate::host::with_slices;
 use crate::kernels::Real;
 use crate::lora::LoraTarget;
+use crate::precision::Precision;
 
 /// Name of the optional value head's weight (`[1, hidden]`); transformers ignores it.
 pub const VALUE_HEAD_WEIGHT: &str = "value_head.weight";
@@ -855,10 +856,11 @@ impl Model {
         seqs: &[Vec<u32>],
         scored: Option<&[Vec<f32>]>,
         share: bool,
+        precision: Precision,
     ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
         match self.dtype {
-            DType::F32 => self.fused_logprobs_in::<f32>(seqs, scored, share),
-            DType::F64 => self.fused_logprobs_in::<f64>(seqs, scored, share),
+            DType::F32 => self.fused_logprobs_in::<f32>(seqs, scored, share, precision),
+            DType::F64 => self.fused_logprobs_in::<f64>(seqs, scored, share, precision),
             dt => candle_core::bail!("fused training forward: {dt:?} is not supported"),
         }
     }
@@ -868,6 +870,7 @@ impl Model {
         seqs: &[Vec<u32>],
         scored: Option<&[Vec<f32>]>,
         share: bool,
+        precision: Precision,
     ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
         let (packing, ids) = match scored.filter(|_| share) {
             // A sequence's rows up to its first scored position (the one
@@ -917,12 +920,20 @@ impl Model {
             // grad: the layer op's own backward (crate::block).
             h = h.apply_op2(
                 &pack,
-                DecoderLayerOp::<T>::new(self.layer_shape, packing.clone(), rope.clone()),
+                DecoderLayerOp::<T>::new(
+                    self.layer_shape,
+                    packing.clone(),
+                    rope.clone(),
+                    precision,
+                ),
             )?;
         }
         let hn = self.norm.forward(&h)?;
         // grad: the fused head's own backward (crate::head).
-        let out = hn.apply_op2(&self.lm_head, LmHeadOp::<T>::new(&packing, seqs, scored))?;
+        let out = hn.apply_op2(
+            &self.lm_head,
+            LmHeadOp::<T>::new(&packing, seqs, scored, precision),
+        )?;
         Ok((out, hn, packing))
     }
 }

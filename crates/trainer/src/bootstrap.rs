@@ -147,7 +147,10 @@ pub fn starting_policy(
     if !cfg.model.path.is_empty() {
         let dir = Path::new(&cfg.model.path);
         let tok = ChatTokenizer::load(dir).map_err(|e| BootstrapError::Tokenizer(e.to_string()))?;
-        let model = PolicyModel::load(dir, with_value_head, device)
+        let mut model = PolicyModel::load(dir, with_value_head, device)
+            .map_err(|e| BootstrapError::Model(e.to_string()))?;
+        model
+            .set_precision(cfg.model.precision)
             .map_err(|e| BootstrapError::Model(e.to_string()))?;
         return Ok((tok, model));
     }
@@ -221,7 +224,10 @@ pub fn starting_policy(
         vocab_size: tok.vocab_size(),
         ..cfg.model.config.clone()
     };
-    let model = PolicyModel::new_random(&mcfg, with_value_head, cfg.model.init_seed, device)
+    let mut model = PolicyModel::new_random(&mcfg, with_value_head, cfg.model.init_seed, device)
+        .map_err(|e| BootstrapError::Model(e.to_string()))?;
+    model
+        .set_precision(cfg.model.precision)
         .map_err(|e| BootstrapError::Model(e.to_string()))?;
     Ok((tok, model))
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use agentrl_algos::{AdvEstimator, KlKind, LossAgg};
 use agentrl_env_client::DataIdxRanges;
 use agentrl_env_core::SPLIT_STRIDE;
-use agentrl_model::ModelConfig;
+use agentrl_model::{ModelConfig, Precision};
 use agentrl_rollout::{RandomMoves, RolloutConfig};
 use agentrl_tokenizer::{MAX_TRAINED_VOCAB, MIN_TRAINED_VOCAB};
 use serde::{Deserialize, Serialize};
@@ -128,6 +128,8 @@ pub struct ModelSection {
     /// The tiny model's architecture. Its `vocab_size` is the size the
     /// tokenizer is trained to; the model gets the tokenizer's actual size.
     pub config: ModelConfig,
+    /// The precision of the CPU's large matrix products (see [`ModelTable`]).
+    pub precision: Precision,
 }
 
 /// The tiny model of the default run: d 128, 2 layers, 4 query / 2 key-value
@@ -143,6 +145,7 @@ impl Default for ModelSection {
             init_seed: 0,
             tokenizer_envs: Vec::new(),
             config: default_tiny_model(),
+            precision: Precision::F32,
         }
     }
 }
@@ -161,6 +164,12 @@ struct ModelTable {
     /// run's own.
     #[serde(default)]
     tokenizer_envs: Vec<String>,
+    /// The precision of the projections' and the LM head's products on the
+    /// CPU, in training, scoring and sampling; weights, optimizer state and
+    /// every other op stay f32 either way. bf16 trains and samples SmolLM2-135M
+    /// about 1.6× faster than f32.
+    #[serde(default)]
+    precision: Precision,
     /// The tiny model's architecture: any key of a `config.json` over the
     /// tiny default.
     #[serde(flatten)]
@@ -176,6 +185,7 @@ impl TryFrom<ModelTable> for ModelSection {
             init_seed: t.init_seed,
             tokenizer_envs: t.tokenizer_envs,
             config: model_config_over_default(t.config)?,
+            precision: t.precision,
         })
     }
 }
@@ -219,6 +229,7 @@ impl Serialize for ModelSection {
             init_seed: u64,
             #[serde(skip_serializing_if = "<[String]>::is_empty")]
             tokenizer_envs: &'a [String],
+            precision: Precision,
             #[serde(flatten)]
             config: &'a ModelConfig,
         }
@@ -226,6 +237,7 @@ impl Serialize for ModelSection {
             path: &self.path,
             init_seed: self.init_seed,
             tokenizer_envs: &self.tokenizer_envs,
+            precision: self.precision,
             config: &self.config,
         }
         .serialize(s)

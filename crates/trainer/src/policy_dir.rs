@@ -77,10 +77,17 @@ pub struct TrainedPolicy {
 }
 
 impl TrainedPolicy {
-    /// [`PolicySettings::open`], then the checkpoint's weights.
+    /// [`PolicySettings::open`], then the checkpoint's weights, their
+    /// products in the run's `model.precision` where this CPU has it (else
+    /// f32: a bf16 run's policy still acts on a CPU without AVX512-BF16).
     pub fn open(path: &Path) -> Result<Self, TrainError> {
         let s = PolicySettings::open(path)?;
-        let model = PolicyModel::load(&s.checkpoint, false, &Device::Cpu)?;
+        let mut model = PolicyModel::load(&s.checkpoint, false, &Device::Cpu)?;
+        if let Some(precision) = s.config.as_ref().map(|c| c.model.precision) {
+            if precision.available() {
+                model.set_precision(precision)?;
+            }
+        }
         Ok(Self {
             model,
             tokenizer: s.tokenizer,

@@ -191,6 +191,18 @@ fn uses_critic(cfg: &TrainConfig) -> bool {
     cfg.algorithm.adv_estimator.needs_critic()
 }
 
+/// A checkpoint of the run, its products in `model.precision`.
+fn load_in_precision(
+    dir: &Path,
+    with_value_head: bool,
+    device: &Device,
+    cfg: &TrainConfig,
+) -> Result<PolicyModel, TrainError> {
+    let mut model = PolicyModel::load(dir, with_value_head, device)?;
+    model.set_precision(cfg.model.precision)?;
+    Ok(model)
+}
+
 /// Restricts RL to the top `actor.train_top_layers` layers of `model`; a
 /// count the model cannot take is an error naming the key.
 fn train_top_layers(cfg: &TrainConfig, model: &mut PolicyModel) -> Result<(), TrainError> {
@@ -360,10 +372,11 @@ impl Trainer {
         t.save_checkpoint()?;
         unfinished.first_checkpoint();
         if needs_reference(&t.cfg) {
-            t.reference = Some(PolicyModel::load(
+            t.reference = Some(load_in_precision(
                 &t.run.checkpoint_dir(0),
                 false,
                 &t.device,
+                &t.cfg,
             )?);
         }
         Ok(t)
@@ -381,7 +394,7 @@ impl Trainer {
         let device = cfg.trainer.device.open()?;
         let tokenizer =
             ChatTokenizer::load(&ckpt).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        let mut model = PolicyModel::load(&ckpt, uses_critic(&cfg), &device)?;
+        let mut model = load_in_precision(&ckpt, uses_critic(&cfg), &device, &cfg)?;
         if cfg.lora.enabled != model.lora().is_some() {
             return Err(TrainError::Checkpoint(format!(
                 "{}: lora.enabled is {} but the checkpoint {} a LoRA adapter",
@@ -401,7 +414,12 @@ impl Trainer {
         let state = RunDir::read_state(&ckpt)?;
         run.truncate_logs_after(state.step)?;
         let reference = if needs_reference(&cfg) {
-            Some(PolicyModel::load(&run.checkpoint_dir(0), false, &device)?)
+            Some(load_in_precision(
+                &run.checkpoint_dir(0),
+                false,
+                &device,
+                &cfg,
+            )?)
         } else {
             None
         };

@@ -15,6 +15,7 @@ mod gradients;
 mod infer_tracks_updates;
 mod lora;
 mod norm_and_mlp;
+mod precision;
 mod qwen2_tiny;
 mod token_loss;
 mod top_layers;

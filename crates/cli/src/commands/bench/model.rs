@@ -39,7 +39,9 @@ pub enum Shape {
 pub enum BenchDtype {
     /// 32-bit floats (full-precision GEMMs on both sides: no TF32).
     F32,
-    /// bfloat16 (`--device cuda` only).
+    /// bfloat16. On a GPU the weights are bf16; on the CPU (AVX512-BF16)
+    /// the weights stay f32 and the large products round their inputs to
+    /// bf16 with f32 sums, against PyTorch's bf16 autocast.
     Bf16,
 }
 
@@ -540,19 +542,21 @@ fn measure_torch(
     args: &BenchModelArgs,
     threads: usize,
 ) -> anyhow::Result<TorchMeasured> {
+    let on_gpu = args.device == DeviceArg::Cuda;
     let mut flags = vec![
         ("--shape", args.shape.name().to_string()),
         ("--threads", threads.to_string()),
+        ("--device", if on_gpu { "cuda" } else { "cpu" }.to_string()),
+        // On the CPU bf16 is autocast over f32 weights, as agentrl's.
         (
-            "--device",
-            if args.device == DeviceArg::Cuda {
-                "cuda"
+            "--dtype",
+            if on_gpu {
+                args.dtype.torch()
             } else {
-                "cpu"
+                "float32"
             }
             .to_string(),
         ),
-        ("--dtype", args.dtype.torch().to_string()),
         ("--batch", args.batch.to_string()),
         ("--seq-len", args.seq_len.to_string()),
         ("--prompt-len", args.prompt_len.to_string()),
@@ -564,6 +568,9 @@ fn measure_torch(
     ];
     if let Some(m) = &args.model {
         flags.push(("--model", m.display().to_string()));
+    }
+    if !on_gpu && args.dtype == BenchDtype::Bf16 {
+        flags.push(("--autocast", "bfloat16".to_string()));
     }
     let script_args: Vec<String> = flags
         .into_iter()
@@ -628,7 +635,21 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         "--prompt-len and --new-tokens must be positive"
     );
     let dev = args.device.open()?;
-    let dtype = args.dtype.candle();
+    let on_gpu = args.device == DeviceArg::Cuda;
+    // On the CPU bf16 is the products' precision; the weights stay f32.
+    let dtype = if on_gpu {
+        args.dtype.candle()
+    } else {
+        DType::F32
+    };
+    let precision = match args.dtype {
+        BenchDtype::Bf16 if !on_gpu => agentrl_model::Precision::Bf16,
+        _ => agentrl_model::Precision::F32,
+    };
+    anyhow::ensure!(
+        precision.available(),
+        "--dtype bf16 on the CPU needs AVX512-BF16, which this CPU lacks"
+    );
     // A checkpoint is loaded here for its configuration; the first round
     // measures it, later ones load it again.
     let mut loaded = match &args.model {
@@ -652,14 +673,9 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         "sequences must fit {} positions",
         cfg.max_position_embeddings
     );
-    let on_gpu = args.device == DeviceArg::Cuda;
     anyhow::ensure!(
-        on_gpu || args.dtype == BenchDtype::F32,
-        "--dtype bf16 needs --device cuda (the CPU kernels are f32)"
-    );
-    anyhow::ensure!(
-        args.model.is_none() || args.dtype == BenchDtype::F32,
-        "--model runs in f32 (the checkpoint's weights as loaded)"
+        args.model.is_none() || !on_gpu || args.dtype == BenchDtype::F32,
+        "--model on a GPU runs in f32 (the checkpoint's weights as loaded)"
     );
     let threads = candle_core::utils::get_num_threads();
     let load_start = load_average();
@@ -670,7 +686,13 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         if on_gpu {
             large_matmul_flops(8192, dtype, &dev)
         } else {
-            Ok(peak::fma_flops(threads, 0.5))
+            // vdpbf16ps does twice the multiply-adds of an f32 FMA.
+            let per_fma = if precision == agentrl_model::Precision::Bf16 {
+                2.0
+            } else {
+                1.0
+            };
+            Ok(per_fma * peak::fma_flops(threads, 0.5))
         }
     };
     // On a GPU the start's peak is the large GEMM printed beside it.
@@ -694,6 +716,8 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             (None, None) => PolicyModel::new_random_with_dtype(&cfg, false, 0, dtype, &dev)
                 .context("building the model")?,
         };
+        let mut model = model;
+        model.set_precision(precision)?;
         parameters = model.num_parameters()?;
         rounds.push(measure_agentrl(&args, &model)?);
         drop(model);

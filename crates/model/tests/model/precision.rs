@@ -1,0 +1,192 @@
+//! bf16 products on the CPU (`PolicyModel::set_precision`): log-probs,
+//! entropies and every gradient within bf16's rounding of the f32 path's, and
+//! generation (whose projections then read bf16 weights) consistent with
+//! bf16 scoring. Skipped, saying so, on CPUs without AVX512-BF16.
+
+use agentrl_model::{ModelConfig, PolicyModel, Precision, SamplingParams};
+use candle_core::Device;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::finite_difference::{logprob_entropy_objective, values};
+
+fn config() -> ModelConfig {
+    // Widths past the kernel's 64-column strips and 6-row tiles, an odd
+    // projection width, biases (Qwen2), tied embeddings.
+    let mut c = ModelConfig::new_qwen2(301, 96, 2, 4, 2, 136);
+    c.max_position_embeddings = 64;
+    c.initializer_range = 0.1;
+    c
+}
+
+fn model(precision: Precision) -> PolicyModel {
+    let mut m = PolicyModel::new_random(&config(), false, 3, &Device::Cpu).unwrap();
+    m.set_precision(precision).unwrap();
+    m
+}
+
+fn sequences() -> Vec<Vec<u32>> {
+    (0..5u32)
+        .map(|s| {
+            (0..12 + 7 * s)
+                .map(|t| (t * 37 + s * 101 + 5) % 301)
+                .collect()
+        })
+        .collect()
+}
+
+fn bf16_here() -> bool {
+    let here = Precision::Bf16.available();
+    if !here {
+        eprintln!("no AVX512-BF16 on this CPU: the bf16 checks are not run");
+    }
+    here
+}
+
+/// ‖a − b‖ / ‖b‖.
+fn relative(a: &[f64], b: &[f64]) -> f64 {
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
+    let norm: f64 = b.iter().map(|y| y * y).sum();
+    (diff / norm.max(1e-300)).sqrt()
+}
+
+#[test]
+fn bf16_log_probs_and_gradients_stay_within_bf16_rounding_of_f32() {
+    if !bf16_here() {
+        return;
+    }
+    let (full, half) = (model(Precision::F32), model(Precision::Bf16));
+    let seqs = sequences();
+    let lp = |m: &PolicyModel| values(&m.sequence_logprobs(&seqs).unwrap().logprobs);
+    let (lp32, lp16) = (lp(&full), lp(&half));
+    let worst = lp32
+        .iter()
+        .zip(&lp16)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    let mean = lp32
+        .iter()
+        .zip(&lp16)
+        .map(|(a, b)| (a - b).abs())
+        .sum::<f64>()
+        / lp32.len() as f64;
+    eprintln!("log-probs: worst {worst} mean {mean}");
+    // bf16 keeps 8 significant bits (relative rounding 2⁻⁹ per input).
+    assert!(
+        worst < 0.1 && mean < 0.01,
+        "log-probs differ by {mean} on average, {worst} at worst"
+    );
+    assert!(worst > 0.0, "bf16 gave the f32 bits: it did not run");
+
+    let g32 = logprob_entropy_objective(&full, &seqs).backward().unwrap();
+    let g16 = logprob_entropy_objective(&half, &seqs).backward().unwrap();
+    for ((name, v32), (_, v16)) in full
+        .named_vars()
+        .unwrap()
+        .iter()
+        .zip(half.named_vars().unwrap())
+    {
+        let a = values(g16.get(v16.as_tensor()).unwrap());
+        let b = values(g32.get(v32.as_tensor()).unwrap());
+        let r = relative(&a, &b);
+        assert!(r < 0.05, "{name}: bf16 gradient off by {r} (relative)");
+    }
+}
+
+#[test]
+fn bf16_generation_matches_bf16_scoring() {
+    if !bf16_here() {
+        return;
+    }
+    let half = model(Precision::Bf16);
+    let full = model(Precision::F32);
+    let prompts: Vec<Vec<u32>> = sequences().into_iter().map(|s| s[..9].to_vec()).collect();
+    let params = SamplingParams {
+        max_new_tokens: 12,
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        stop_tokens: vec![],
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let gens = half.generate(&prompts, &params, &mut rng).unwrap();
+    let seqs: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(&gens)
+        .map(|(p, g)| p.iter().chain(&g.tokens).copied().collect())
+        .collect();
+    let scored = |m: &PolicyModel| -> Vec<Vec<f32>> {
+        m.sequence_logprobs(&seqs)
+            .unwrap()
+            .logprobs
+            .to_vec2()
+            .unwrap()
+    };
+    let (lp16, lp32) = (scored(&half), scored(&full));
+    let (mut worst16, mut worst32) = (0f32, 0f32);
+    for (i, (p, g)) in prompts.iter().zip(&gens).enumerate() {
+        for (j, got) in g.logprobs.iter().enumerate() {
+            let t = p.len() - 1 + j;
+            worst16 = worst16.max((got - lp16[i][t]).abs());
+            worst32 = worst32.max((got - lp32[i][t]).abs());
+        }
+    }
+    eprintln!("bf16 generation vs bf16 scoring {worst16}, vs f32 scoring {worst32}");
+    // The same bf16 products on both sides; attention's f32 sums run in
+    // another order, and a last-bit difference in an activation can round
+    // it to the neighbouring bf16.
+    assert!(worst16 < 0.01, "bf16 generation vs bf16 scoring: {worst16}");
+    assert!(worst32 < 0.1, "bf16 generation vs f32 scoring: {worst32}");
+    assert!(
+        3.0 * worst16 < worst32,
+        "bf16 generation is nearer f32 scoring than bf16's"
+    );
+}
+
+#[test]
+fn bf16_log_probs_track_transformers_autocast() {
+    if !bf16_here() {
+        return;
+    }
+    // transformers' log-probs of the fixture's next tokens in f32 and under
+    // CPU bf16 autocast (scripts/bf16_autocast_reference.py).
+    let dir = crate::qwen2_tiny::fixture_dir();
+    let text = std::fs::read_to_string(dir.join("reference_bf16.json")).unwrap();
+    let reference: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let theirs = |key: &str| -> Vec<f64> {
+        let v = reference[key].as_array().unwrap();
+        v.iter().map(|x| x.as_f64().unwrap()).collect()
+    };
+    let (t32, t16) = (theirs("logprobs_f32"), theirs("logprobs_bf16_autocast"));
+    let ids = crate::qwen2_tiny::u32s(&crate::qwen2_tiny::reference()["input_ids"]);
+    let ours = |precision| {
+        let mut m = PolicyModel::load(&dir, false, &Device::Cpu).unwrap();
+        m.set_precision(precision).unwrap();
+        values(
+            &m.sequence_logprobs(std::slice::from_ref(&ids))
+                .unwrap()
+                .logprobs,
+        )
+    };
+    let (o32, o16) = (ours(Precision::F32), ours(Precision::Bf16));
+    let worst = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
+    };
+    let same32 = worst(&o32, &t32);
+    let (ours, autocast) = (worst(&o16, &t32), worst(&t16, &t32));
+    let apart = worst(&o16, &t16);
+    eprintln!("f32 vs f32 {same32}; from f32: bf16 {ours}, autocast {autocast}; apart {apart}");
+    assert!(same32 < 1e-4, "f32 log-probs off transformers' by {same32}");
+    // Autocast also rounds attention's inputs and the projections' outputs
+    // to bf16; agentrl keeps those f32. So its bf16 stays at most as far
+    // from f32 as autocast does (2026-11-29: 0.037 vs 0.059).
+    assert!(ours > 0.0, "bf16 gave the f32 bits: it did not run");
+    assert!(
+        ours <= autocast,
+        "bf16 is {ours} from f32, autocast {autocast}"
+    );
+    assert!(apart < 0.1, "bf16 and autocast differ by {apart}");
+}
