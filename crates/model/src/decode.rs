@@ -10,6 +10,8 @@
 //! attention runs per row over that row's own cache, so sequences of any
 //! lengths share a step.
 
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Tensor};
 
 #[cfg(target_arch = "x86_64")]
@@ -41,12 +43,57 @@ pub struct SequenceCache {
     tokens: Vec<u32>,
     /// Positions whose keys and values are stored.
     cached: usize,
-    /// Per layer, `[capacity, kv_heads · head_dim]` rotated keys, position-major.
+    /// Positions `0..prefix.len` read from a prompt several sequences share
+    /// (the members of a GRPO group on their first turn): stored once, read
+    /// by each. `None`: every position is the cache's own.
+    prefix: Option<Arc<SharedPrefix>>,
+    /// Per layer, `[capacity, kv_heads · head_dim]` rotated keys of the
+    /// positions from the shared prefix's end on, position-major.
     k: Vec<Vec<f32>>,
     /// Per layer, values in the same layout.
     v: Vec<Vec<f32>>,
     /// Floats per position per layer (kv_heads · head_dim).
     kv_dim: usize,
+}
+
+/// Keys and values of a prompt's positions `0..len`, shared by the caches
+/// of the sequences that continue it (read-only once shared).
+#[derive(Debug)]
+struct SharedPrefix {
+    len: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+/// One layer's keys and values of a sequence, as attention reads them:
+/// position `j` from the shared prefix when `j < base`, else from the
+/// sequence's own rows (`j − base`).
+#[derive(Clone, Copy)]
+struct LayerKv<'a> {
+    base: usize,
+    shared_k: &'a [f32],
+    shared_v: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+}
+
+impl<'a> LayerKv<'a> {
+    /// The run of keys and values from position `from` to `to` (at most the
+    /// shared prefix's end, when `from` lies in it), as slices starting at
+    /// `from`'s row.
+    fn run(&self, from: usize, to: usize, kv_dim: usize) -> (&'a [f32], &'a [f32], usize) {
+        if from < self.base {
+            let at = from * kv_dim;
+            (
+                &self.shared_k[at..],
+                &self.shared_v[at..],
+                to.min(self.base),
+            )
+        } else {
+            let at = (from - self.base) * kv_dim;
+            (&self.k[at..], &self.v[at..], to)
+        }
+    }
 }
 
 impl SequenceCache {
@@ -56,13 +103,14 @@ impl SequenceCache {
         Self {
             tokens: Vec::new(),
             cached: 0,
+            prefix: None,
             k: vec![Vec::new(); layers],
             v: vec![Vec::new(); layers],
             kv_dim: config.num_kv_heads() * config.head_dim(),
         }
     }
 
-    /// The token sequence the cache stands for (context plus generated tokens).
+    /// The sequence so far (context plus generated tokens).
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
@@ -72,10 +120,11 @@ impl SequenceCache {
         self.cached
     }
 
-    /// Forgets everything (keeps the memory for reuse).
+    /// Forgets everything (keeps the memory of its own positions for reuse).
     pub fn clear(&mut self) {
         self.tokens.clear();
         self.cached = 0;
+        self.prefix = None;
     }
 
     fn fits(&self, config: &ModelConfig) -> bool {
@@ -83,10 +132,30 @@ impl SequenceCache {
             && self.kv_dim == config.num_kv_heads() * config.head_dim()
     }
 
+    /// Where the cache's own positions start (the shared prefix's length).
+    fn base(&self) -> usize {
+        self.prefix.as_ref().map_or(0, |p| p.len)
+    }
+
+    /// Layer `l` as attention reads it.
+    fn layer(&self, l: usize) -> LayerKv<'_> {
+        let (shared_k, shared_v) = match &self.prefix {
+            Some(p) => (&p.k[l][..], &p.v[l][..]),
+            None => (&[][..], &[][..]),
+        };
+        LayerKv {
+            base: self.base(),
+            shared_k,
+            shared_v,
+            k: &self.k[l],
+            v: &self.v[l],
+        }
+    }
+
     /// Makes room for `positions` positions in every layer, growing
     /// geometrically so a long dialogue reallocates O(log n) times.
     fn reserve(&mut self, positions: usize) {
-        let need = positions * self.kv_dim;
+        let need = positions.saturating_sub(self.base()) * self.kv_dim;
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
             if buf.len() < need {
                 buf.resize(need.max(2 * buf.len()), 0.0);
@@ -111,10 +180,55 @@ impl SequenceCache {
     /// says, and returns where encoding starts.
     fn retarget(&mut self, context: &[u32]) -> usize {
         let keep = self.reusable_for(context);
+        if keep < self.base() {
+            self.own_prefix(keep);
+        }
         self.cached = keep;
         self.tokens.clear();
         self.tokens.extend_from_slice(context);
         keep
+    }
+
+    /// Copies the shared prefix's first `keep` positions into the cache's
+    /// own rows and stops sharing (a context that leaves the shared prompt
+    /// before its end; the own positions after it are dropped).
+    fn own_prefix(&mut self, keep: usize) {
+        let Some(prefix) = self.prefix.take() else {
+            return;
+        };
+        let span = ..keep * self.kv_dim;
+        for (own, shared) in self.k.iter_mut().zip(&prefix.k) {
+            own.clear();
+            own.extend_from_slice(&shared[span]);
+        }
+        for (own, shared) in self.v.iter_mut().zip(&prefix.v) {
+            own.clear();
+            own.extend_from_slice(&shared[span]);
+        }
+    }
+
+    /// Turns this cache's positions `0..cached` into a prefix that twins
+    /// can share: they move into a shared block, and the cache keeps its
+    /// own rows (empty, with their memory) for the positions after them.
+    /// Only for a cache with no shared prefix yet.
+    fn share_encoded(&mut self) -> Arc<SharedPrefix> {
+        debug_assert!(self.prefix.is_none());
+        let len = self.cached * self.kv_dim;
+        let take = |bufs: &mut Vec<Vec<f32>>| -> Vec<Vec<f32>> {
+            bufs.iter_mut()
+                .map(|b| {
+                    let rest = b.split_off(len);
+                    std::mem::replace(b, rest)
+                })
+                .collect()
+        };
+        let shared = Arc::new(SharedPrefix {
+            len: self.cached,
+            k: take(&mut self.k),
+            v: take(&mut self.v),
+        });
+        self.prefix = Some(shared.clone());
+        shared
     }
 }
 
@@ -439,7 +553,7 @@ fn axpy_rows(o: &mut [f32], p: &[f32], v: &[f32], stride: usize) {
 /// Causal attention of one query row `q: [heads · hd]` (already rotated and
 /// scaled) over keys/values `0..=pos` of one layer's cache, into `out`.
 /// Online softmax over key blocks: no buffer grows with the context.
-fn attend_row(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], pos: usize, dims: Dims) {
+fn attend_row(out: &mut [f32], q: &[f32], kv: LayerKv, pos: usize, dims: Dims) {
     let (hd, kv_dim) = (dims.head_dim, dims.kv_dim());
     let rep = dims.heads / dims.kv_heads;
     let n = pos + 1;
@@ -451,8 +565,20 @@ fn attend_row(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], pos: usize, dims
         for start in (0..n).step_by(KEY_BLOCK) {
             let len = KEY_BLOCK.min(n - start);
             let block = &mut scores[..len];
-            let first = start * kv_dim + off;
-            dot_rows(block, qh, &k[first..], kv_dim, hd);
+            // A block that crosses the shared prefix's end is read in two
+            // runs: the same scores and, keys in order, the same sums.
+            let mut at = start;
+            while at < start + len {
+                let (k, _, end) = kv.run(at, start + len, kv_dim);
+                dot_rows(
+                    &mut block[at - start..end - start],
+                    qh,
+                    &k[off..],
+                    kv_dim,
+                    hd,
+                );
+                at = end;
+            }
             let bm = block.iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
             let m_new = m.max(bm);
             if m > f32::NEG_INFINITY && m_new > m {
@@ -466,7 +592,12 @@ fn attend_row(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], pos: usize, dims
                 l += p;
                 *s = p;
             }
-            axpy_rows(o, block, &v[first..], kv_dim);
+            let mut at = start;
+            while at < start + len {
+                let (_, v, end) = kv.run(at, start + len, kv_dim);
+                axpy_rows(o, &block[at - start..end - start], &v[off..], kv_dim);
+                at = end;
+            }
         }
         let inv = 1.0 / l;
         o.iter_mut().for_each(|x| *x *= inv);
@@ -504,26 +635,24 @@ fn runs_of(rows: &[Row]) -> Vec<(usize, usize)> {
 /// then `P·V`. Returns `[len, hd]`. The same sums as [`attend_row`] in
 /// another order: a prefill chunk costs a few GEMMs instead of one short dot
 /// product and axpy per (row, key).
-fn attend_run(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    pos0: usize,
-    len: usize,
-    h: usize,
-    dims: Dims,
-) -> Vec<f32> {
+fn attend_run(q: &[f32], kv: LayerKv, pos0: usize, len: usize, h: usize, dims: Dims) -> Vec<f32> {
     let (hd, q_dim, kv_dim) = (dims.head_dim, dims.q_dim(), dims.kv_dim());
     let off = (h / (dims.heads / dims.kv_heads)) * hd;
     let keys = pos0 + len;
-    let gather = |src: &[f32]| -> Vec<f32> {
+    let gather = |values: bool| -> Vec<f32> {
         let mut out = Vec::with_capacity(keys * hd);
-        for j in 0..keys {
-            out.extend_from_slice(&src[j * kv_dim + off..j * kv_dim + off + hd]);
+        let mut at = 0;
+        while at < keys {
+            let (k, v, end) = kv.run(at, keys, kv_dim);
+            let src = if values { v } else { k };
+            for j in 0..end - at {
+                out.extend_from_slice(&src[j * kv_dim + off..j * kv_dim + off + hd]);
+            }
+            at = end;
         }
         out
     };
-    let (kh, vh) = (gather(k), gather(v));
+    let (kh, vh) = (gather(false), gather(true));
     let mut out = vec![0f32; len * hd];
     let mut scores = Vec::new();
     for qb in (0..len).step_by(QUERY_BLOCK) {
@@ -608,8 +737,8 @@ fn forward(
             );
             let kr = &mut k[r * kv_dim..(r + 1) * kv_dim];
             rope_row(kr, w.cos, w.sin, row.pos, hd, 1.0);
-            let at = row.pos * kv_dim;
             let c = &mut caches[row.seq];
+            let at = (row.pos - c.base()) * kv_dim;
             c.k[li][at..at + kv_dim].copy_from_slice(kr);
             c.v[li][at..at + kv_dim].copy_from_slice(&v[r * kv_dim..(r + 1) * kv_dim]);
         }
@@ -634,7 +763,7 @@ fn forward(
             let row = rows[start];
             let c = &caches_ro[row.seq];
             let qs = &q_ro[start * q_dim..(start + len) * q_dim];
-            attend_run(qs, &c.k[li], &c.v[li], row.pos, len, h, dims)
+            attend_run(qs, c.layer(li), row.pos, len, h, dims)
         };
         let blocks: Vec<Vec<f32>> = if num_threads() > 1 && tasks.len() > 1 {
             use rayon::prelude::*;
@@ -657,8 +786,7 @@ fn forward(
             attend_row(
                 out,
                 &q_ro[r * q_dim..(r + 1) * q_dim],
-                &c.k[li],
-                &c.v[li],
+                c.layer(li),
                 row.pos,
                 dims,
             );
@@ -731,10 +859,6 @@ pub(crate) fn generate(
     if params.max_new_tokens == 0 || contexts.is_empty() {
         return Ok(gens);
     }
-    for (c, ctx) in caches.iter_mut().zip(contexts) {
-        // The last sampled token is never fed back.
-        c.reserve(ctx.len() + params.max_new_tokens - 1);
-    }
     // A context that repeats an earlier one from the same cached start (the
     // members of a GRPO group on their first turn) is encoded once: its twin
     // takes the leader's keys, values and logits, which are what encoding it
@@ -746,6 +870,22 @@ pub(crate) fn generate(
         .enumerate()
         .map(|(i, ctx)| *first_seen.entry((starts[i], &ctx[..])).or_insert(i))
         .collect();
+    // Twins encoded from the first position share the leader's keys and
+    // values instead of copying them (stored once, read once per group
+    // member from the caches nearest the core); their own rows then hold
+    // only the new tokens.
+    let shares = |j: usize| leader[j] != j && starts[j] == 0;
+    let mut has_twin = vec![false; contexts.len()];
+    for j in (0..contexts.len()).filter(|&j| shares(j)) {
+        has_twin[leader[j]] = true;
+    }
+    // The last sampled token is never fed back.
+    let positions = |ctx: &Vec<u32>| ctx.len() + params.max_new_tokens - 1;
+    for (j, (c, ctx)) in caches.iter_mut().zip(contexts).enumerate() {
+        if !shares(j) {
+            c.reserve(positions(ctx));
+        }
+    }
     with_view(model, cfg, precision, |w| {
         let mut scratch = Scratch::default();
         // Step 0 encodes every uncached context token of each leader; later
@@ -775,8 +915,20 @@ pub(crate) fn generate(
                 logit_row[r.seq] = k;
             }
             if std::mem::take(&mut first_step) {
+                let mut prefixes: Vec<Option<Arc<SharedPrefix>>> = vec![None; contexts.len()];
+                for i in (0..contexts.len()).filter(|&i| has_twin[i]) {
+                    prefixes[i] = Some(caches[i].share_encoded());
+                }
                 for (j, &i) in leader.iter().enumerate().filter(|(j, &i)| *j != i) {
-                    copy_encoded(caches, i, j, starts[j]);
+                    match &prefixes[i] {
+                        Some(prefix) if shares(j) => {
+                            let c = &mut caches[j];
+                            c.prefix = Some(prefix.clone());
+                            c.cached = prefix.len;
+                            c.reserve(positions(&contexts[j]));
+                        }
+                        _ => copy_encoded(caches, i, j, starts[j]),
+                    }
                     logit_row[j] = logit_row[i];
                 }
             }
@@ -820,7 +972,9 @@ pub(crate) fn generate(
 }
 
 /// Gives cache `to` the keys and values cache `from` holds past position
-/// `start` (both stand for the same context), and its cached length.
+/// `start` (both stand for the same context), and its cached length. Each
+/// side may read its first positions from a shared prefix; `to`'s starts
+/// no later than `start` (its retarget saw to that).
 fn copy_encoded(caches: &mut [SequenceCache], from: usize, to: usize, start: usize) {
     let (src, dst) = if from < to {
         let (a, b) = caches.split_at_mut(to);
@@ -829,14 +983,19 @@ fn copy_encoded(caches: &mut [SequenceCache], from: usize, to: usize, start: usi
         let (a, b) = caches.split_at_mut(from);
         (&b[0], &mut a[to])
     };
-    let span = start * src.kv_dim..src.cached * src.kv_dim;
-    for (d, s) in dst
-        .k
-        .iter_mut()
-        .zip(&src.k)
-        .chain(dst.v.iter_mut().zip(&src.v))
-    {
-        d[span.clone()].copy_from_slice(&s[span.clone()]);
+    let (kv_dim, dst_base) = (src.kv_dim, dst.base());
+    debug_assert!(dst_base <= start);
+    for l in 0..src.k.len() {
+        let layer = src.layer(l);
+        let mut at = start;
+        while at < src.cached {
+            let (k, v, end) = layer.run(at, src.cached, kv_dim);
+            let n = (end - at) * kv_dim;
+            let to_at = (at - dst_base) * kv_dim;
+            dst.k[l][to_at..to_at + n].copy_from_slice(&k[..n]);
+            dst.v[l][to_at..to_at + n].copy_from_slice(&v[..n]);
+            at = end;
+        }
     }
     dst.cached = src.cached;
 }
@@ -876,18 +1035,75 @@ mod tests {
         let v = fill(keys * dims.kv_dim(), 2);
         let q = fill(len * dims.q_dim(), 3);
         let hd = dims.head_dim;
+        let kv = whole(&k, &v);
         for h in 0..dims.heads {
-            let blocked = attend_run(&q, &k, &v, pos0, len, h, dims);
+            let blocked = attend_run(&q, kv, pos0, len, h, dims);
             for i in 0..len {
                 let mut row = vec![0f32; dims.q_dim()];
                 let qi = &q[i * dims.q_dim()..(i + 1) * dims.q_dim()];
-                attend_row(&mut row, qi, &k, &v, pos0 + i, dims);
+                attend_row(&mut row, qi, kv, pos0 + i, dims);
                 for (a, b) in blocked[i * hd..(i + 1) * hd]
                     .iter()
                     .zip(&row[h * hd..(h + 1) * hd])
                 {
                     assert!((a - b).abs() < 1e-5, "head {h} row {i}: {a} vs {b}");
                 }
+            }
+        }
+    }
+
+    /// Keys and values all the sequence's own.
+    fn whole<'a>(k: &'a [f32], v: &'a [f32]) -> LayerKv<'a> {
+        LayerKv {
+            base: 0,
+            shared_k: &[],
+            shared_v: &[],
+            k,
+            v,
+        }
+    }
+
+    #[test]
+    fn a_shared_prefix_gives_the_bits_of_one_cache() {
+        let dims = Dims {
+            d: 64,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            ffn: 1,
+            vocab: 1,
+            eps: 1e-6,
+        };
+        let kv_dim = dims.kv_dim();
+        let keys = 2 * KEY_BLOCK + 40;
+        let (k, v) = (fill(keys * kv_dim, 4), fill(keys * kv_dim, 5));
+        let q = fill(keys * dims.q_dim(), 6);
+        // The prefix ends inside the first key block, on its edge, and
+        // inside a later one.
+        for base in [20, KEY_BLOCK, KEY_BLOCK + 57] {
+            let split = LayerKv {
+                base,
+                shared_k: &k[..base * kv_dim],
+                shared_v: &v[..base * kv_dim],
+                k: &k[base * kv_dim..],
+                v: &v[base * kv_dim..],
+            };
+            for pos in [base - 1, base, base + 3, keys - 1] {
+                let qi = &q[pos * dims.q_dim()..(pos + 1) * dims.q_dim()];
+                let (mut a, mut b) = (vec![0f32; dims.q_dim()], vec![0f32; dims.q_dim()]);
+                attend_row(&mut a, qi, whole(&k, &v), pos, dims);
+                attend_row(&mut b, qi, split, pos, dims);
+                assert_eq!(a, b, "row at {pos}, prefix of {base}");
+            }
+            let (pos0, len) = (base - 5, keys - base + 5);
+            let qs = &q[pos0 * dims.q_dim()..];
+            for h in 0..dims.heads {
+                let a = attend_run(qs, whole(&k, &v), pos0, len, h, dims);
+                assert_eq!(
+                    a,
+                    attend_run(qs, split, pos0, len, h, dims),
+                    "run, head {h}"
+                );
             }
         }
     }

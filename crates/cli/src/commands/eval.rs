@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use agentrl_env_client::DataIdxRanges;
 use agentrl_env_core::{EnvParams, Split, TaskSpec, SPLIT_STRIDE};
-use agentrl_model::PolicyModel;
+use agentrl_model::{PolicyModel, Precision};
 use agentrl_policy_client::OpenAiPolicy;
 use agentrl_rollout::{
     EvalStats, ExpertActor, Policy, PolicyActor, RandomActor, RolloutConfig, SamplingParams,
@@ -119,6 +119,11 @@ pub struct EvalArgs {
     /// `cuda` feature); the environments stay on the host.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu, conflicts_with = "policy_endpoint")]
     device: DeviceArg,
+    /// The precision of a model policy's large products on the CPU: `f32`,
+    /// or `bf16` (AVX512-BF16; see `model.precision`). Default: the run's
+    /// `model.precision` where this CPU has it, else f32.
+    #[arg(long, value_name = "f32|bf16", conflicts_with = "policy_endpoint")]
+    precision: Option<Precision>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -318,7 +323,14 @@ fn evaluate_policy(
                     Box::new(remote)
                 }
                 None => {
-                    model = PolicyModel::load(&policy.checkpoint, false, &args.device.open()?)?;
+                    let mut loaded =
+                        PolicyModel::load(&policy.checkpoint, false, &args.device.open()?)?;
+                    let run_precision = policy.config.as_ref().map(|c| c.model.precision);
+                    let precision = args.precision.unwrap_or_else(|| {
+                        run_precision.filter(|p| p.available()).unwrap_or_default()
+                    });
+                    loaded.set_precision(precision)?;
+                    model = loaded;
                     Box::new(LocalPolicy::with_cache_reuse(
                         &model,
                         rollout.kv_cache_reuse,

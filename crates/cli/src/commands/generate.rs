@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use agentrl_model::{PolicyModel, SamplingParams};
+use agentrl_model::{PolicyModel, Precision, SamplingParams};
 use agentrl_tokenizer::{ChatMessage, ChatTokenizer};
 use anyhow::{bail, Context};
 use rand::SeedableRng;
@@ -57,6 +57,10 @@ pub struct GenerateArgs {
     /// Where the model runs (`cuda`: GPU 0, a build with the `cuda` feature).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
+    /// The precision of the sampler's large products on the CPU: `f32`, or
+    /// `bf16` (AVX512-BF16; see `model.precision`). `--logits` is f32 either way.
+    #[arg(long, value_name = "f32|bf16", default_value = "f32")]
+    precision: Precision,
 }
 
 /// Reads the chat messages of `--chat`.
@@ -110,8 +114,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let prompt_ids = tokenizer
         .encode_chat(&messages, true)
         .context("rendering the chat template")?;
-    let model = PolicyModel::load(&args.model, false, &args.device.open()?)
+    let mut model = PolicyModel::load(&args.model, false, &args.device.open()?)
         .with_context(|| format!("loading the model in {}", args.model.display()))?;
+    model.set_precision(args.precision)?;
 
     if let Some(path) = &args.logits {
         write_prompt_logits(&model, &prompt_ids, path)?;
