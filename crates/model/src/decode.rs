@@ -1109,6 +1109,35 @@ mod tests {
     }
 
     #[test]
+    fn twins_share_their_leaders_prompt_and_keep_only_their_new_tokens() {
+        use rand::SeedableRng;
+        let cfg = ModelConfig::new_qwen2(50, 32, 2, 4, 2, 48);
+        let model = crate::PolicyModel::new_random(&cfg, false, 1, &Device::Cpu).unwrap();
+        let prompt: Vec<u32> = (0..20).map(|t| (t * 7) % 50).collect();
+        let prompts = vec![prompt.clone(), prompt.clone(), prompt, vec![1, 2, 3]];
+        let mut caches: Vec<SequenceCache> = (0..4).map(|_| model.new_cache()).collect();
+        let params = SamplingParams {
+            max_new_tokens: 5,
+            ..SamplingParams::default()
+        };
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        model
+            .generate_cached(&mut caches, &prompts, &params, &mut rng)
+            .unwrap();
+        let shared = caches[0]
+            .prefix
+            .clone()
+            .expect("the leader shares its prompt");
+        assert_eq!(shared.len, 20);
+        for twin in &caches[1..3] {
+            assert!(Arc::ptr_eq(&shared, twin.prefix.as_ref().unwrap()));
+            // Room for the 4 new positions fed back, not for the prompt.
+            assert_eq!(twin.k[0].len(), 4 * twin.kv_dim);
+        }
+        assert!(caches[3].prefix.is_none(), "a prompt of its own");
+    }
+
+    #[test]
     fn runs_split_at_a_new_sequence_or_a_gap() {
         let rows =
             [(0, 3), (0, 4), (0, 5), (1, 0), (1, 2), (2, 7)].map(|(seq, pos)| Row { seq, pos });
