@@ -128,7 +128,7 @@ pub struct ModelSection {
     /// The tiny model's architecture. Its `vocab_size` is the size the
     /// tokenizer is trained to; the model gets the tokenizer's actual size.
     pub config: ModelConfig,
-    /// The precision of the CPU's large matrix products (see [`ModelTable`]).
+    /// The precision of the CPU's large matrix products (the config key `model.precision`).
     pub precision: Precision,
 }
 
