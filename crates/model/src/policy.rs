@@ -540,11 +540,17 @@ impl PolicyModel {
     /// gradients and optimizer state stay f32. The host decoder follows: in
     /// bf16 each `generate` call packs the projections and the LM head in
     /// bf16 once (half the bytes a decode step reads). An error where this
-    /// CPU lacks it (bf16 needs AVX512-BF16).
+    /// CPU lacks it (bf16 needs AVX512-BF16), and for a model on a GPU.
     pub fn set_precision(&mut self, precision: Precision) -> Result<(), ModelError> {
         if !precision.available() {
             return Err(ModelError::InvalidInput(format!(
                 "precision {precision}: this CPU has no AVX512-BF16 (use f32)"
+            )));
+        }
+        if precision != Precision::F32 && !self.device.is_cpu() {
+            // The GPU path's products follow the weights' dtype instead.
+            return Err(ModelError::InvalidInput(format!(
+                "precision {precision} is for the CPU's products; on a GPU the weights' dtype decides"
             )));
         }
         self.precision = precision;
