@@ -78,21 +78,26 @@ struct LayerKv<'a> {
 }
 
 impl<'a> LayerKv<'a> {
-    /// The run of keys and values from position `from` to `to` (at most the
-    /// shared prefix's end, when `from` lies in it), as slices starting at
-    /// `from`'s row.
-    fn run(&self, from: usize, to: usize, kv_dim: usize) -> (&'a [f32], &'a [f32], usize) {
-        if from < self.base {
+    /// Positions `from..to` as at most two runs, each stored contiguously
+    /// (the part in the shared prefix, then the sequence's own):
+    /// `(first, end, keys, values)`, the slices starting at `first`'s row.
+    fn runs(
+        self,
+        from: usize,
+        to: usize,
+        kv_dim: usize,
+    ) -> impl Iterator<Item = (usize, usize, &'a [f32], &'a [f32])> {
+        let shared = (from < self.base).then(|| {
             let at = from * kv_dim;
-            (
-                &self.shared_k[at..],
-                &self.shared_v[at..],
-                to.min(self.base),
-            )
-        } else {
-            let at = (from - self.base) * kv_dim;
-            (&self.k[at..], &self.v[at..], to)
-        }
+            let end = to.min(self.base);
+            (from, end, &self.shared_k[at..], &self.shared_v[at..])
+        });
+        let first = from.max(self.base);
+        let own = (first < to).then(|| {
+            let at = (first - self.base) * kv_dim;
+            (first, to, &self.k[at..], &self.v[at..])
+        });
+        shared.into_iter().chain(own)
     }
 }
 
@@ -197,11 +202,8 @@ impl SequenceCache {
             return;
         };
         let span = ..keep * self.kv_dim;
-        for (own, shared) in self.k.iter_mut().zip(&prefix.k) {
-            own.clear();
-            own.extend_from_slice(&shared[span]);
-        }
-        for (own, shared) in self.v.iter_mut().zip(&prefix.v) {
+        let layers = self.k.iter_mut().zip(&prefix.k);
+        for (own, shared) in layers.chain(self.v.iter_mut().zip(&prefix.v)) {
             own.clear();
             own.extend_from_slice(&shared[span]);
         }
@@ -567,17 +569,10 @@ fn attend_row(out: &mut [f32], q: &[f32], kv: LayerKv, pos: usize, dims: Dims) {
             let block = &mut scores[..len];
             // A block that crosses the shared prefix's end is read in two
             // runs: the same scores and, keys in order, the same sums.
-            let mut at = start;
-            while at < start + len {
-                let (k, _, end) = kv.run(at, start + len, kv_dim);
-                dot_rows(
-                    &mut block[at - start..end - start],
-                    qh,
-                    &k[off..],
-                    kv_dim,
-                    hd,
-                );
-                at = end;
+            let runs = || kv.runs(start, start + len, kv_dim);
+            for (at, end, k, _) in runs() {
+                let part = &mut block[at - start..end - start];
+                dot_rows(part, qh, &k[off..], kv_dim, hd);
             }
             let bm = block.iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
             let m_new = m.max(bm);
@@ -592,11 +587,8 @@ fn attend_row(out: &mut [f32], q: &[f32], kv: LayerKv, pos: usize, dims: Dims) {
                 l += p;
                 *s = p;
             }
-            let mut at = start;
-            while at < start + len {
-                let (_, v, end) = kv.run(at, start + len, kv_dim);
+            for (at, end, _, v) in runs() {
                 axpy_rows(o, &block[at - start..end - start], &v[off..], kv_dim);
-                at = end;
             }
         }
         let inv = 1.0 / l;
@@ -641,14 +633,11 @@ fn attend_run(q: &[f32], kv: LayerKv, pos0: usize, len: usize, h: usize, dims: D
     let keys = pos0 + len;
     let gather = |values: bool| -> Vec<f32> {
         let mut out = Vec::with_capacity(keys * hd);
-        let mut at = 0;
-        while at < keys {
-            let (k, v, end) = kv.run(at, keys, kv_dim);
+        for (at, end, k, v) in kv.runs(0, keys, kv_dim) {
             let src = if values { v } else { k };
             for j in 0..end - at {
                 out.extend_from_slice(&src[j * kv_dim + off..j * kv_dim + off + hd]);
             }
-            at = end;
         }
         out
     };
@@ -986,15 +975,11 @@ fn copy_encoded(caches: &mut [SequenceCache], from: usize, to: usize, start: usi
     let (kv_dim, dst_base) = (src.kv_dim, dst.base());
     debug_assert!(dst_base <= start);
     for l in 0..src.k.len() {
-        let layer = src.layer(l);
-        let mut at = start;
-        while at < src.cached {
-            let (k, v, end) = layer.run(at, src.cached, kv_dim);
+        for (at, end, k, v) in src.layer(l).runs(start, src.cached, kv_dim) {
             let n = (end - at) * kv_dim;
             let to_at = (at - dst_base) * kv_dim;
             dst.k[l][to_at..to_at + n].copy_from_slice(&k[..n]);
             dst.v[l][to_at..to_at + n].copy_from_slice(&v[..n]);
-            at = end;
         }
     }
     dst.cached = src.cached;
@@ -1020,15 +1005,7 @@ mod tests {
     fn blocked_prefill_attention_equals_row_by_row() {
         // GQA (4 query heads on 2 kv heads), a run that starts after 37
         // cached positions and spans more than one query block.
-        let dims = Dims {
-            d: 64,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 16,
-            ffn: 1,
-            vocab: 1,
-            eps: 1e-6,
-        };
+        let dims = attention_dims();
         let (pos0, len) = (37, QUERY_BLOCK + 9);
         let keys = pos0 + len;
         let k = fill(keys * dims.kv_dim(), 1);
@@ -1052,6 +1029,19 @@ mod tests {
         }
     }
 
+    /// GQA: 4 query heads on 2 kv heads of 16.
+    fn attention_dims() -> Dims {
+        Dims {
+            d: 64,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            ffn: 1,
+            vocab: 1,
+            eps: 1e-6,
+        }
+    }
+
     /// Keys and values all the sequence's own.
     fn whole<'a>(k: &'a [f32], v: &'a [f32]) -> LayerKv<'a> {
         LayerKv {
@@ -1065,15 +1055,7 @@ mod tests {
 
     #[test]
     fn a_shared_prefix_gives_the_bits_of_one_cache() {
-        let dims = Dims {
-            d: 64,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 16,
-            ffn: 1,
-            vocab: 1,
-            eps: 1e-6,
-        };
+        let dims = attention_dims();
         let kv_dim = dims.kv_dim();
         let keys = 2 * KEY_BLOCK + 40;
         let (k, v) = (fill(keys * kv_dim, 4), fill(keys * kv_dim, 5));

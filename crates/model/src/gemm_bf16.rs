@@ -171,7 +171,7 @@ impl Out {
 }
 
 /// A weight `w: [n_out, n_in]` (a linear layer's, `y = x · wᵀ`) packed
-/// once for many products ([`gemm_packed`]): the decode steps of a
+/// once for many products ([`PackedWeight::apply`]): the decode steps of a
 /// generation read half the bytes of the f32 weight, already in the
 /// kernel's order.
 pub(crate) struct PackedWeight {

@@ -138,6 +138,18 @@ pub fn default_tiny_model() -> ModelConfig {
     ModelConfig::new_qwen2(512, 128, 2, 4, 2, 384)
 }
 
+impl ModelSection {
+    /// `precision` where this CPU runs it, else f32: a bf16 run's policy
+    /// still acts on a CPU without AVX512-BF16.
+    pub fn precision_here(&self) -> Precision {
+        if self.precision.available() {
+            self.precision
+        } else {
+            Precision::F32
+        }
+    }
+}
+
 impl Default for ModelSection {
     fn default() -> Self {
         Self {

@@ -83,10 +83,8 @@ impl TrainedPolicy {
     pub fn open(path: &Path) -> Result<Self, TrainError> {
         let s = PolicySettings::open(path)?;
         let mut model = PolicyModel::load(&s.checkpoint, false, &Device::Cpu)?;
-        if let Some(precision) = s.config.as_ref().map(|c| c.model.precision) {
-            if precision.available() {
-                model.set_precision(precision)?;
-            }
+        if let Some(c) = &s.config {
+            model.set_precision(c.model.precision_here())?;
         }
         Ok(Self {
             model,

@@ -325,9 +325,9 @@ fn evaluate_policy(
                 None => {
                     let mut loaded =
                         PolicyModel::load(&policy.checkpoint, false, &args.device.open()?)?;
-                    let run_precision = policy.config.as_ref().map(|c| c.model.precision);
                     let precision = args.precision.unwrap_or_else(|| {
-                        run_precision.filter(|p| p.available()).unwrap_or_default()
+                        let run = policy.config.as_ref();
+                        run.map_or(Precision::F32, |c| c.model.precision_here())
                     });
                     loaded.set_precision(precision)?;
                     model = loaded;
