@@ -556,15 +556,65 @@ fn axpy_rows(o: &mut [f32], p: &[f32], v: &[f32], stride: usize) {
 /// scaled) over keys/values `0..=pos` of one layer's cache, into `out`.
 /// Online softmax over key blocks: no buffer grows with the context.
 fn attend_row(out: &mut [f32], q: &[f32], kv: LayerKv, pos: usize, dims: Dims) {
+    attend_row_from(out, q, kv, 0, pos, dims, None);
+}
+
+/// One head's online softmax so far: the largest score and the sum of the
+/// scores' exponentials relative to it (the output beside it unnormalised).
+#[derive(Clone, Copy, Debug)]
+struct Partial {
+    max: f32,
+    sum: f32,
+}
+
+impl Partial {
+    const EMPTY: Self = Self {
+        max: f32::NEG_INFINITY,
+        sum: 0.0,
+    };
+
+    /// Takes in a block of scores: `scores` become their exponentials
+    /// relative to the new maximum, and `o` (the unnormalised output so
+    /// far) is rescaled to it. `o` then needs the block's `P·V` added.
+    fn absorb(&mut self, scores: &mut [f32], o: &mut [f32]) {
+        let block_max = scores.iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
+        let max = self.max.max(block_max);
+        if self.max > f32::NEG_INFINITY && max > self.max {
+            let c = (self.max - max).exp();
+            self.sum *= c;
+            o.iter_mut().for_each(|x| *x *= c);
+        }
+        self.max = max;
+        self.sum += exp_shifted_sum(scores, max);
+    }
+}
+
+/// [`attend_row`] over keys `from..=pos` only, continuing each head's
+/// online softmax from `start` (its output so far, unnormalised, already in
+/// `out`), or from nothing when `start` is `None`; `out` ends normalised.
+fn attend_row_from(
+    out: &mut [f32],
+    q: &[f32],
+    kv: LayerKv,
+    from: usize,
+    pos: usize,
+    dims: Dims,
+    start: Option<&[Partial]>,
+) {
     let (hd, kv_dim) = (dims.head_dim, dims.kv_dim());
     let rep = dims.heads / dims.kv_heads;
     let n = pos + 1;
     let mut scores = [0f32; KEY_BLOCK];
     for (h, (o, qh)) in out.chunks_exact_mut(hd).zip(q.chunks_exact(hd)).enumerate() {
         let off = (h / rep) * hd;
-        o.iter_mut().for_each(|x| *x = 0.0);
-        let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-        for start in (0..n).step_by(KEY_BLOCK) {
+        let mut part = match start {
+            Some(parts) => parts[h],
+            None => {
+                o.fill(0.0);
+                Partial::EMPTY
+            }
+        };
+        for start in (from..n).step_by(KEY_BLOCK) {
             let len = KEY_BLOCK.min(n - start);
             let block = &mut scores[..len];
             // A block that crosses the shared prefix's end is read in two
@@ -574,26 +624,89 @@ fn attend_row(out: &mut [f32], q: &[f32], kv: LayerKv, pos: usize, dims: Dims) {
                 let part = &mut block[at - start..end - start];
                 dot_rows(part, qh, &k[off..], kv_dim, hd);
             }
-            let bm = block.iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
-            let m_new = m.max(bm);
-            if m > f32::NEG_INFINITY && m_new > m {
-                let c = (m - m_new).exp();
-                l *= c;
-                o.iter_mut().for_each(|x| *x *= c);
-            }
-            m = m_new;
-            for s in block.iter_mut() {
-                let p = (*s - m).exp();
-                l += p;
-                *s = p;
-            }
+            part.absorb(block, o);
             for (at, end, _, v) in runs() {
                 axpy_rows(o, &block[at - start..end - start], &v[off..], kv_dim);
             }
         }
-        let inv = 1.0 / l;
+        let inv = 1.0 / part.sum;
         o.iter_mut().for_each(|x| *x *= inv);
     }
+}
+
+/// Keys per block of [`attend_prefix`]'s online softmax.
+const PREFIX_BLOCK: usize = 512;
+
+/// Attention of `queries` query rows (`q`: `[queries, hd]`, rotated and
+/// scaled) over the first `len` positions of one kv head of a shared
+/// prefix (`k`, `v`: position-major rows `kv_dim` apart, starting at the
+/// head's slice). Returns the unnormalised outputs `[queries, hd]` and each
+/// row's [`Partial`], for [`attend_row_from`] to continue over the
+/// sequence's own keys. The members of a group and the query heads of a kv
+/// head read the prefix together, as GEMMs: it is read once per step
+/// instead of once per member and head.
+fn attend_prefix(
+    q: &[f32],
+    queries: usize,
+    k: &[f32],
+    v: &[f32],
+    len: usize,
+    hd: usize,
+    kv_dim: usize,
+) -> (Vec<f32>, Vec<Partial>) {
+    let mut o = vec![0f32; queries * hd];
+    let mut parts = vec![Partial::EMPTY; queries];
+    let mut scores = vec![0f32; queries * PREFIX_BLOCK.min(len)];
+    for start in (0..len).step_by(PREFIX_BLOCK) {
+        let n = PREFIX_BLOCK.min(len - start);
+        let s = &mut scores[..queries * n];
+        let at = start * kv_dim;
+        Mm::nt_b_rows(queries, n, hd, kv_dim)
+            .single()
+            .run(s, q, &k[at..]);
+        for ((row, part), o) in s
+            .chunks_exact_mut(n)
+            .zip(&mut parts)
+            .zip(o.chunks_exact_mut(hd))
+        {
+            part.absorb(row, o);
+        }
+        Mm::nn_b_rows(queries, hd, n, kv_dim)
+            .single()
+            .add()
+            .run(&mut o, s, &v[at..]);
+    }
+    (o, parts)
+}
+
+/// The decode rows (not `blocked`) whose caches share a prompt prefix,
+/// grouped by prefix in order of first appearance: `(a row's sequence,
+/// rows)`.
+fn prefix_groups(
+    rows: &[Row],
+    caches: &[SequenceCache],
+    blocked: &[bool],
+) -> Vec<(usize, Vec<usize>)> {
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (r, row) in rows.iter().enumerate() {
+        let Some(prefix) = (!blocked[r])
+            .then(|| caches[row.seq].prefix.as_ref())
+            .flatten()
+        else {
+            continue;
+        };
+        let same = |&(seq, _): &(usize, Vec<usize>)| {
+            caches[seq]
+                .prefix
+                .as_ref()
+                .is_some_and(|p| Arc::ptr_eq(p, prefix))
+        };
+        match groups.iter().position(same) {
+            Some(g) => groups[g].1.push(r),
+            None => groups.push((row.seq, vec![r])),
+        }
+    }
+    groups
 }
 
 /// Prefill runs shorter than this attend row by row ([`attend_row`]).
@@ -760,25 +873,63 @@ fn forward(
         } else {
             tasks.iter().map(run_head).collect()
         };
+        // The shared prefixes' part of the other rows' attention, a task
+        // per (prefix, kv head); each row then goes on over its own keys.
+        let groups = prefix_groups(rows, caches_ro, &blocked);
+        let rep = dims.heads / dims.kv_heads;
+        let prefix_tasks: Vec<(usize, usize)> = (0..groups.len())
+            .flat_map(|g| (0..dims.kv_heads).map(move |kh| (g, kh)))
+            .collect();
+        let prefix_head = |&(g, kh): &(usize, usize)| {
+            let (seq, members) = &groups[g];
+            let kv = caches_ro[*seq].layer(li);
+            let mut qg = Vec::with_capacity(members.len() * rep * hd);
+            for &r in members {
+                let at = r * q_dim + kh * rep * hd;
+                qg.extend_from_slice(&q_ro[at..at + rep * hd]);
+            }
+            let off = kh * hd;
+            let (k, v) = (&kv.shared_k[off..], &kv.shared_v[off..]);
+            attend_prefix(&qg, members.len() * rep, k, v, kv.base, hd, kv_dim)
+        };
+        let prefix_parts: Vec<(Vec<f32>, Vec<Partial>)> =
+            if num_threads() > 1 && prefix_tasks.len() > 1 {
+                use rayon::prelude::*;
+                prefix_tasks.par_iter().map(prefix_head).collect()
+            } else {
+                prefix_tasks.iter().map(prefix_head).collect()
+            };
+        let mut parts = vec![Partial::EMPTY; if groups.is_empty() { 0 } else { n * dims.heads }];
+        let mut prefixed = vec![false; n];
+        for (&(g, kh), (o, p)) in prefix_tasks.iter().zip(&prefix_parts) {
+            for (i, &r) in groups[g].1.iter().enumerate() {
+                prefixed[r] = true;
+                let (h0, at) = (kh * rep, r * q_dim + kh * rep * hd);
+                att[at..at + rep * hd].copy_from_slice(&o[i * rep * hd..(i + 1) * rep * hd]);
+                parts[r * dims.heads + h0..r * dims.heads + h0 + rep]
+                    .copy_from_slice(&p[i * rep..(i + 1) * rep]);
+            }
+        }
         let work = rows
             .iter()
             .zip(&blocked)
             .filter(|(_, &b)| !b)
             .map(|(r, _)| (r.pos + 1) * q_dim * 4)
             .sum();
+        let parts_ro: &[Partial] = &parts;
         par_chunks_mut(att, q_dim, work, |r, out| {
             if blocked[r] {
                 return;
             }
             let row = rows[r];
-            let c = &caches_ro[row.seq];
-            attend_row(
-                out,
-                &q_ro[r * q_dim..(r + 1) * q_dim],
-                c.layer(li),
-                row.pos,
-                dims,
-            );
+            let kv = caches_ro[row.seq].layer(li);
+            let qr = &q_ro[r * q_dim..(r + 1) * q_dim];
+            if prefixed[r] {
+                let start = &parts_ro[r * dims.heads..(r + 1) * dims.heads];
+                attend_row_from(out, qr, kv, kv.base, row.pos, dims, Some(start));
+            } else {
+                attend_row(out, qr, kv, row.pos, dims);
+            }
         });
         for (&(start, _, head), block) in tasks.iter().zip(&blocks) {
             for (i, src) in block.chunks_exact(hd).enumerate() {
@@ -1086,6 +1237,75 @@ mod tests {
                     attend_run(qs, split, pos0, len, h, dims),
                     "run, head {h}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn a_prefix_read_by_a_group_then_own_keys_equals_attention_row_by_row() {
+        let dims = attention_dims();
+        let (hd, kv_dim, q_dim) = (dims.head_dim, dims.kv_dim(), dims.q_dim());
+        let rep = dims.heads / dims.kv_heads;
+        // One prefix within a key block of the GEMM path, one over two.
+        for base in [37, PREFIX_BLOCK + 37] {
+            let (pk, pv) = (fill(base * kv_dim, 7), fill(base * kv_dim, 8));
+            // Three members with 1, 4 and KEY_BLOCK + 3 positions of their own.
+            let own = [1, 4, KEY_BLOCK + 3];
+            let keys: Vec<(Vec<f32>, Vec<f32>)> = own
+                .iter()
+                .enumerate()
+                .map(|(i, &len)| {
+                    (
+                        fill(len * kv_dim, 10 + i as u32),
+                        fill(len * kv_dim, 20 + i as u32),
+                    )
+                })
+                .collect();
+            let q = fill(own.len() * q_dim, 9);
+            let layer = |i: usize| LayerKv {
+                base,
+                shared_k: &pk,
+                shared_v: &pv,
+                k: &keys[i].0,
+                v: &keys[i].1,
+            };
+            let mut got = vec![0f32; own.len() * q_dim];
+            let mut parts = vec![Partial::EMPTY; own.len() * dims.heads];
+            for kh in 0..dims.kv_heads {
+                let qg: Vec<f32> = (0..own.len())
+                    .flat_map(|i| q[i * q_dim + kh * rep * hd..][..rep * hd].to_vec())
+                    .collect();
+                let off = kh * hd;
+                let (o, p) = attend_prefix(
+                    &qg,
+                    own.len() * rep,
+                    &pk[off..],
+                    &pv[off..],
+                    base,
+                    hd,
+                    kv_dim,
+                );
+                for i in 0..own.len() {
+                    let at = i * q_dim + kh * rep * hd;
+                    got[at..at + rep * hd].copy_from_slice(&o[i * rep * hd..(i + 1) * rep * hd]);
+                    let h0 = i * dims.heads + kh * rep;
+                    parts[h0..h0 + rep].copy_from_slice(&p[i * rep..(i + 1) * rep]);
+                }
+            }
+            for (i, &len) in own.iter().enumerate() {
+                let pos = base + len - 1;
+                let qi = &q[i * q_dim..(i + 1) * q_dim];
+                let out = &mut got[i * q_dim..(i + 1) * q_dim];
+                let start = &parts[i * dims.heads..(i + 1) * dims.heads];
+                attend_row_from(out, qi, layer(i), base, pos, dims, Some(start));
+                let mut want = vec![0f32; q_dim];
+                attend_row(&mut want, qi, layer(i), pos, dims);
+                for (j, (a, b)) in out.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() < 1e-5,
+                        "prefix {base}, member {i}, [{j}]: {a} vs {b}"
+                    );
+                }
             }
         }
     }

@@ -208,6 +208,16 @@ impl Mm {
     pub(crate) fn tn(m: usize, n: usize, k: usize) -> Self {
         Self::new(m, n, k, col_major(m), row_major(n))
     }
+    /// [`Mm::nt`] with `b`'s rows `ld` elements apart: one head's keys in
+    /// a position-major key cache.
+    pub(crate) fn nt_b_rows(m: usize, n: usize, k: usize, ld: usize) -> Self {
+        Self::new(m, n, k, row_major(k), Strides { rs: 1, cs: ld })
+    }
+    /// [`Mm::nn`] with `b`'s rows `ld` elements apart: one head's values in
+    /// a position-major value cache.
+    pub(crate) fn nn_b_rows(m: usize, n: usize, k: usize, ld: usize) -> Self {
+        Self::new(m, n, k, row_major(k), Strides { rs: ld, cs: 1 })
+    }
     /// Adds the product to `c` instead of overwriting it.
     pub(crate) fn add(self) -> Self {
         self.add_if(true)
