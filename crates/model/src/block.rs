@@ -19,7 +19,7 @@
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex};
 
-use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use crate::attention::{self, Heads};
 use crate::host::{storage_slice, tensor_from, with_slices};
@@ -27,6 +27,8 @@ use crate::kernels::{
     assume_written, par_chunks2_mut, par_chunks_map, par_fill, par_map, rms_norm_rows,
     swiglu_bwd_into, swiglu_into, write_slice, Mm, Real,
 };
+use crate::lora::LoraTarget;
+use crate::lora_layer::{LayerLora, GATE_UP, QKV};
 use crate::precision::Precision;
 
 /// Where each packed token sits: segment `s` owns rows
@@ -173,10 +175,10 @@ pub(crate) struct LayerShape {
 }
 
 impl LayerShape {
-    fn q_dim(&self) -> usize {
+    pub(crate) fn q_dim(&self) -> usize {
         self.heads.heads * self.heads.head_dim
     }
-    fn kv_dim(&self) -> usize {
+    pub(crate) fn kv_dim(&self) -> usize {
         self.heads.kv_heads * self.heads.head_dim
     }
 
@@ -290,6 +292,9 @@ pub(crate) struct DecoderLayerOp<T> {
     /// The projections' products, forward and backward (attention and the
     /// elementwise ops stay f32).
     pub precision: Precision,
+    /// The layer's LoRA adapters, read from the op's third input
+    /// ([`CustomOp3`]); the pack's weights are then the frozen base.
+    pub lora: Option<LayerLora>,
     saved: Mutex<Option<Saved<T>>>,
 }
 
@@ -305,7 +310,17 @@ impl<T: Real> DecoderLayerOp<T> {
             packing,
             rope,
             precision,
+            lora: None,
             saved: Mutex::new(None),
+        }
+    }
+
+    /// The op with LoRA adapters on the projections `lora` names, applied
+    /// with [`Tensor::apply_op3`] (input, frozen pack, adapters' flat factors).
+    pub(crate) fn with_lora(self, lora: LayerLora) -> Self {
+        Self {
+            lora: Some(lora),
+            ..self
         }
     }
 }
@@ -611,7 +626,7 @@ impl<T: Real> DecoderLayerOp<T> {
         }
     }
 
-    fn forward(&self, x: &[T], pack: &[T]) -> (Vec<T>, Saved<T>) {
+    fn forward(&self, x: &[T], pack: &[T], lora: Option<&[T]>) -> (Vec<T>, Saved<T>) {
         let Sizes {
             d,
             f,
@@ -628,13 +643,14 @@ impl<T: Real> DecoderLayerOp<T> {
         let qkv_bias = sh.bias.then(|| po.span(pack, P::QB, P::VB));
         let qkv_dim = q_dim + 2 * kv_dim;
         let prec = self.precision;
-        let qkv = linear(
+        let mut qkv = linear(
             &xn1,
             po.span(pack, P::Q, P::V),
             qkv_bias,
             (d, qkv_dim),
             prec,
         );
+        self.lora_forward(&QKV, &mut qkv, &xn1, lora);
         let scale = T::from_f64(1.0 / (hd as f64).sqrt());
         let (rope, pos) = (&*self.rope, &pk.pos[..]);
         let q = to_heads(&qkv, (qkv_dim, 0), nh, hd, pos, Some((rope, scale)));
@@ -648,15 +664,18 @@ impl<T: Real> DecoderLayerOp<T> {
             .precision(prec)
             .add()
             .run(&mut y1, &att, po.get(pack, P::O));
+        self.lora_forward(&[LoraTarget::OProj], &mut y1, &att, lora);
         // MLP block.
         let (xn2, inv2) = rms_norm(&y1, po.get(pack, P::Ln2), d, sh.eps);
-        let gate_up = linear(&xn2, po.span(pack, P::Gate, P::Up), None, (d, 2 * f), prec);
+        let mut gate_up = linear(&xn2, po.span(pack, P::Gate, P::Up), None, (d, 2 * f), prec);
+        self.lora_forward(&GATE_UP, &mut gate_up, &xn2, lora);
         let act = swiglu(&gate_up, f);
         let mut y = y1.clone();
         Mm::nt(n, d, f)
             .precision(prec)
             .add()
             .run(&mut y, &act, po.get(pack, P::Down));
+        self.lora_forward(&[LoraTarget::DownProj], &mut y, &act, lora);
         let saved = Saved {
             xn1,
             inv1,
@@ -680,10 +699,11 @@ impl<T: Real> DecoderLayerOp<T> {
         &self,
         x: &[T],
         pack: &[T],
+        lora: Option<&[T]>,
         dy: &[T],
         s: &Saved<T>,
         wanted: Wanted,
-    ) -> (Option<Vec<T>>, Option<Vec<T>>) {
+    ) -> Grads<T> {
         let z = self.sizes();
         let (d, f, hd, n) = (z.d, z.f, z.hd, z.n);
         let (nh, nkv, q_dim) = (z.nh, z.nkv, z.q_dim);
@@ -700,20 +720,36 @@ impl<T: Real> DecoderLayerOp<T> {
             weights: wanted.pack,
             precision: self.precision,
         };
+        let mut dlora = lora.map(|l| vec![T::ZERO; l.len()]);
         // MLP: y = y1 + act·Wdᵀ, act = silu(gate) ⊙ up.
         let act = swiglu(&s.gate_up, f);
-        let da = grad.linear(P::Down, dy, &act);
+        let mut da = grad.linear(P::Down, dy, &act);
+        self.lora_backward(
+            &[LoraTarget::DownProj],
+            (dy, &act),
+            &mut da,
+            lora,
+            &mut dlora,
+        );
         drop(act);
         let d_gate_up = swiglu_bwd(&da, &s.gate_up, f);
         drop(da);
-        let dxn2 = grad.linear_span((P::Gate, P::Up), &d_gate_up, &s.xn2);
+        let mut dxn2 = grad.linear_span((P::Gate, P::Up), &d_gate_up, &s.xn2);
+        self.lora_backward(&GATE_UP, (&d_gate_up, &s.xn2), &mut dxn2, lora, &mut dlora);
         drop(d_gate_up);
         let mut dy1 = dy.to_vec();
         let dln2 = rms_norm_bwd(&mut dy1, &s.y1, &s.inv2, po.get(pack, P::Ln2), &dxn2, d);
         grad.set(P::Ln2, &dln2);
         drop(dxn2);
         // Attention: y1 = x + att·Woᵀ.
-        let datt = grad.linear(P::O, &dy1, &s.att);
+        let mut datt = grad.linear(P::O, &dy1, &s.att);
+        self.lora_backward(
+            &[LoraTarget::OProj],
+            (&dy1, &s.att),
+            &mut datt,
+            lora,
+            &mut dlora,
+        );
         let d_out = to_heads(&datt, (q_dim, 0), nh, hd, &pk.pos, None);
         let delta = attention::delta_rows(&datt, &s.att, nh, hd);
         drop(datt);
@@ -734,14 +770,50 @@ impl<T: Real> DecoderLayerOp<T> {
             // The q, k and v biases are adjacent in the pack, as their columns in d_qkv.
             grad.bias_span((P::QB, P::VB), &d_qkv);
         }
-        let dxn1 = grad.linear_span((P::Q, P::V), &d_qkv, &s.xn1);
+        let mut dxn1 = grad.linear_span((P::Q, P::V), &d_qkv, &s.xn1);
+        self.lora_backward(&QKV, (&d_qkv, &s.xn1), &mut dxn1, lora, &mut dlora);
         let mut dx = dy1;
         let dln1 = rms_norm_bwd(&mut dx, x, &s.inv1, po.get(pack, P::Ln1), &dxn1, d);
         grad.set(P::Ln1, &dln1);
         // The input norm's weight gradient needs dxn1, so a first trainable
         // layer (whose input has no gradient) computes dx anyway.
-        (wanted.input.then_some(dx), wanted.pack.then_some(grad.dp))
+        Grads {
+            input: wanted.input.then_some(dx),
+            pack: wanted.pack.then_some(grad.dp),
+            lora: dlora,
+        }
     }
+
+    /// Adds the LoRA terms of the projections `which`, which read `x`, to
+    /// their output `y` (when the op has adapters).
+    fn lora_forward(&self, which: &[LoraTarget], y: &mut [T], x: &[T], flat: Option<&[T]>) {
+        if let (Some(lora), Some(flat)) = (&self.lora, flat) {
+            lora.forward(&self.shape, which, y, x, flat);
+        }
+    }
+
+    /// The backward of [`Self::lora_forward`] from `(dy, x)`: adds to `dx`
+    /// and fills the adapters' gradient `grad`.
+    fn lora_backward(
+        &self,
+        which: &[LoraTarget],
+        (dy, x): (&[T], &[T]),
+        dx: &mut [T],
+        flat: Option<&[T]>,
+        grad: &mut Option<Vec<T>>,
+    ) {
+        if let (Some(lora), Some(flat), Some(grad)) = (&self.lora, flat, grad.as_mut()) {
+            lora.backward(&self.shape, which, dy, x, dx, flat, grad);
+        }
+    }
+}
+
+/// The gradients a layer's backward returns, each `None` when not wanted.
+struct Grads<T> {
+    input: Option<Vec<T>>,
+    pack: Option<Vec<T>>,
+    /// The adapters' flat factors' (with LoRA).
+    lora: Option<Vec<T>>,
 }
 
 /// Which gradients a layer's backward computes.
@@ -780,17 +852,14 @@ fn swiglu_bwd<T: Real>(da: &[T], gate_up: &[T], f: usize) -> Vec<T> {
     unsafe { par_fill(gate_up.len(), 2 * f, gate_up.len() * 5, fill) }
 }
 
-impl<T: Real> CustomOp2 for DecoderLayerOp<T> {
-    fn name(&self) -> &'static str {
-        "agentrl-decoder-layer"
-    }
-
-    fn cpu_fwd(
+impl<T: Real> DecoderLayerOp<T> {
+    /// The op's forward over its inputs' storage (the adapters' flat
+    /// factors third, with LoRA); keeps what the backward needs.
+    fn run_forward(
         &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ps: &CpuStorage,
-        pl: &Layout,
+        (xs, xl): (&CpuStorage, &Layout),
+        (ps, pl): (&CpuStorage, &Layout),
+        lora: Option<(&CpuStorage, &Layout)>,
     ) -> Result<(CpuStorage, Shape)> {
         let x = storage_slice::<T>(xs, xl, "decoder layer input")?;
         let pack = storage_slice::<T>(ps, pl, "decoder layer parameters")?;
@@ -804,7 +873,24 @@ impl<T: Real> CustomOp2 for DecoderLayerOp<T> {
                 self.shape.pack().total()
             )
         }
-        let (y, saved) = self.forward(x, pack);
+        let flat = match (lora, &self.lora) {
+            (Some((ls, ll)), Some(layout)) => {
+                let flat = storage_slice::<T>(ls, ll, "decoder layer LoRA factors")?;
+                if flat.len() != layout.len(&self.shape) {
+                    candle_core::bail!(
+                        "decoder layer: {} LoRA values for {} adapted projections of rank {} ({} expected)",
+                        flat.len(),
+                        layout.targets.len(),
+                        layout.rank,
+                        layout.len(&self.shape)
+                    )
+                }
+                Some(flat)
+            }
+            (None, None) => None,
+            _ => candle_core::bail!("decoder layer: LoRA factors and their layout come together"),
+        };
+        let (y, saved) = self.forward(x, pack, flat);
         *self
             .saved
             .lock()
@@ -813,13 +899,15 @@ impl<T: Real> CustomOp2 for DecoderLayerOp<T> {
         Ok((T::storage(y), xl.shape().clone()))
     }
 
-    fn bwd(
+    /// The op's backward: the gradients of the input, the pack and (with
+    /// LoRA) the adapters' flat factors, each where candle tracks it.
+    fn run_backward(
         &self,
         x: &Tensor,
         pack: &Tensor,
-        _res: &Tensor,
+        lora: Option<&Tensor>,
         dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let guard = self
             .saved
             .lock()
@@ -831,13 +919,74 @@ impl<T: Real> CustomOp2 for DecoderLayerOp<T> {
             input: x.track_op(),
             pack: pack.track_op(),
         };
-        let (dx, dp) = with_slices::<T, _>(&[x, pack, dy], "decoder layer backward", |v| {
-            self.backward(v[0], v[1], v[2], saved, wanted)
+        let mut inputs = vec![x, pack, dy];
+        inputs.extend(lora);
+        let grads = with_slices::<T, _>(&inputs, "decoder layer backward", |v| {
+            self.backward(v[0], v[1], v.get(3).copied(), v[2], saved, wanted)
         })?;
         Ok((
-            dx.map(|dx| tensor_from(dx, x.shape().clone())),
-            dp.map(|dp| tensor_from(dp, pack.shape().clone())),
+            grads.input.map(|g| tensor_from(g, x.shape().clone())),
+            grads.pack.map(|g| tensor_from(g, pack.shape().clone())),
+            lora.zip(grads.lora)
+                .map(|(l, g)| tensor_from(g, l.shape().clone())),
         ))
+    }
+}
+
+impl<T: Real> CustomOp2 for DecoderLayerOp<T> {
+    fn name(&self) -> &'static str {
+        "agentrl-decoder-layer"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ps: &CpuStorage,
+        pl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.run_forward((xs, xl), (ps, pl), None)
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        pack: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (dx, dp, _) = self.run_backward(x, pack, None, dy)?;
+        Ok((dx, dp))
+    }
+}
+
+/// The layer with LoRA adapters: input, frozen pack, adapters' flat factors.
+impl<T: Real> CustomOp3 for DecoderLayerOp<T> {
+    fn name(&self) -> &'static str {
+        "agentrl-decoder-layer-lora"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ps: &CpuStorage,
+        pl: &Layout,
+        ls: &CpuStorage,
+        ll: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.run_forward((xs, xl), (ps, pl), Some((ls, ll)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        pack: &Tensor,
+        lora: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        self.run_backward(x, pack, Some(lora), dy)
     }
 }
 
@@ -929,13 +1078,15 @@ mod tests {
         let op = DecoderLayerOp::<f64>::new(shape, packing, rope, Precision::F32);
         let (x, pack) = (seq(8 * 8, 0.31), seq(shape.pack().total(), 0.53));
         let dy = seq(8 * 8, 0.17);
-        let (_, saved) = op.forward(&x, &pack);
+        let (_, saved) = op.forward(&x, &pack, None);
         let run = |input, pack_too| {
             let wanted = Wanted {
                 input,
                 pack: pack_too,
             };
-            op.backward(&x, &pack, &dy, &saved, wanted)
+            let g = op.backward(&x, &pack, None, &dy, &saved, wanted);
+            assert!(g.lora.is_none());
+            (g.input, g.pack)
         };
         let (dx, dp) = run(true, true);
         let (dx, dp) = (dx.unwrap(), dp.unwrap());

@@ -218,6 +218,11 @@ impl Mm {
     pub(crate) fn nn_b_rows(m: usize, n: usize, k: usize, ld: usize) -> Self {
         Self::new(m, n, k, row_major(k), Strides { rs: ld, cs: 1 })
     }
+    /// The same product with `a` read through strides `a` (the columns of
+    /// one projection inside a fused output, say).
+    pub(crate) fn a_strides(self, a: Strides) -> Self {
+        Self { a, ..self }
+    }
     /// Adds the product to `c` instead of overwriting it.
     pub(crate) fn add(self) -> Self {
         self.add_if(true)
@@ -251,6 +256,12 @@ impl Mm {
             return;
         }
         gemm_strided(c, row_major(self.n), a, self.a, b, self.b, self);
+    }
+
+    /// [`Mm::run`] into `c` viewed through strides `cst` instead of as a
+    /// row-major `[m, n]` (columns of a wider output).
+    pub(crate) fn run_strided<T: Real>(self, c: &mut [T], cst: Strides, a: &[T], b: &[T]) {
+        gemm_strided(c, cst, a, self.a, b, self.b, self);
     }
 
     /// The product as a new row-major `[m, n]` buffer (never accumulates).

@@ -23,6 +23,7 @@ mod head;
 mod host;
 mod kernels;
 pub mod lora;
+mod lora_layer;
 pub mod ops;
 pub mod optim;
 pub mod policy;

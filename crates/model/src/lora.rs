@@ -3,12 +3,16 @@
 //!
 //! An adapted projection computes `x·(W + s·B·A)ᵀ` with `A: [r, in]`,
 //! `B: [out, r]` and `s = lora_alpha / r` (`lora_alpha / √r` with rsLoRA).
-//! The base weight W stays frozen. The adapted weight is built with candle
-//! ops before a layer's fused op concatenates its parameters, so autograd
-//! hands A and B their gradients and the fused kernels see an ordinary
-//! weight. Dropout on the adapter's input has no form on a merged weight:
-//! an adapter with `lora_dropout > 0` serves (dropout is off at inference)
-//! but is refused for training ([`LoraAdapter::check_trainable`]).
+//! The base weight W stays frozen. On the fused CPU training path each
+//! layer's op takes A and B beside the frozen base and adds `s·(x·Aᵀ)·Bᵀ`
+//! itself, so its backward computes A's and B's gradients with rank-sized
+//! products and no weight gradient ([`LoraAdapter::factors`],
+//! `crate::lora_layer`). Elsewhere (the composite path, inference) the
+//! adapted weight `W + s·B·A` is built with candle ops, so autograd hands A
+//! and B their gradients through it. Neither path has dropout on the
+//! adapter's input: an adapter with `lora_dropout > 0` serves (dropout is
+//! off at inference) but is refused for training
+//! ([`LoraAdapter::check_trainable`]).
 //!
 //! On disk, `adapter_config.json` and `adapter_model.safetensors` with
 //! PEFT's tensor names
@@ -195,6 +199,16 @@ fn peft_tensor_name(layer: usize, target: LoraTarget, which: &str) -> String {
     )
 }
 
+/// An adapter's factors for the fused training forward
+/// ([`LoraAdapter::factors`]).
+#[derive(Debug, Clone)]
+pub(crate) struct LoraFactors {
+    /// Per layer: `(target, A, B)` of each adapted projection, in layer order.
+    pub layers: Vec<Vec<(LoraTarget, Tensor, Tensor)>>,
+    pub rank: usize,
+    pub scale: f64,
+}
+
 /// The LoRA adapters of one model: an A and a B per adapted projection of every layer.
 #[derive(Debug, Clone)]
 pub struct LoraAdapter {
@@ -308,6 +322,25 @@ impl LoraAdapter {
             *w = (&*w + delta)?;
         }
         Ok(model)
+    }
+
+    /// The adapters as the fused training path reads them: per layer, its
+    /// adapted projections in layer order with their A and B (differentiable
+    /// in both), beside the rank and scale. The base weights stay as they
+    /// are: each layer's op adds the adapters' terms itself.
+    pub(crate) fn factors(&self, layers: usize) -> LoraFactors {
+        let mut per_layer = vec![Vec::new(); layers];
+        // `projections` is sorted by (layer, target): layer order within a layer.
+        for p in &self.projections {
+            if let Some(l) = per_layer.get_mut(p.layer) {
+                l.push((p.target, p.a.as_tensor().clone(), p.b.as_tensor().clone()));
+            }
+        }
+        LoraFactors {
+            layers: per_layer,
+            rank: self.config.r,
+            scale: self.config.scale(),
+        }
     }
 
     /// Each adapted projection's merged weight `W + s·B·A` under its Hugging

@@ -667,12 +667,11 @@ impl PolicyModel {
             }
         }
         let mask = Tensor::from_vec(mask, (b, t - 1), &self.device)?.to_dtype(self.dtype)?;
-        let model = self.training_model()?;
         let batch = Ragged { seqs, scored, b, t };
-        let (logprobs, entropy, values) = if self.fused_training && model.supports_fused() {
-            self.fused_outputs(&model, batch)?
+        let (logprobs, entropy, values) = if self.fused_training && self.model.supports_fused() {
+            self.fused_outputs(batch)?
         } else {
-            self.composite_outputs(&model, batch)?
+            self.composite_outputs(&*self.training_model()?, batch)?
         };
         Ok(SequenceLogprobs {
             logprobs,
@@ -683,11 +682,25 @@ impl PolicyModel {
     }
 
     /// Log-probs, entropies `[B, T-1]` and values `[B, T]` of the fused path:
-    /// packed tokens through the fused layer ops, scattered back to the padded layout.
-    fn fused_outputs(&self, model: &Model, batch: Ragged<'_>) -> Result<Outputs, ModelError> {
+    /// packed tokens through the fused layer ops, scattered back to the
+    /// padded layout. A LoRA adapter goes into the layer ops beside the
+    /// frozen base (no weight-sized gradient products), not merged into it.
+    fn fused_outputs(&self, batch: Ragged<'_>) -> Result<Outputs, ModelError> {
         let Ragged { seqs, scored, b, t } = batch;
-        let (out, hn, packing) =
-            model.fused_logprobs(seqs, scored, self.share_prefixes, self.precision)?;
+        let (model, factors) = match &self.lora {
+            Some(lora) => (
+                Cow::Owned(self.model.frozen()),
+                Some(lora.factors(self.config.num_hidden_layers)),
+            ),
+            None => (self.training_model()?, None),
+        };
+        let (out, hn, packing) = model.fused_logprobs(
+            seqs,
+            scored,
+            self.share_prefixes,
+            self.precision,
+            factors.as_ref(),
+        )?;
         // grad: get (narrow + squeeze) passes the gradient to its plane.
         let (logprobs, entropy) = (out.get(0)?, out.get(1)?);
         let values = match model.values(&hn)? {

@@ -28,7 +28,8 @@ use crate::config::ModelConfig;
 use crate::head::LmHeadOp;
 use crate::host::with_slices;
 use crate::kernels::Real;
-use crate::lora::LoraTarget;
+use crate::lora::{LoraFactors, LoraTarget};
+use crate::lora_layer::LayerLora;
 use crate::precision::Precision;
 
 /// Name of the optional value head's weight (`[1, hidden]`); transformers ignores it.
@@ -849,18 +850,21 @@ impl Model {
     /// parameter: each decoder layer is one [`DecoderLayerOp`] with its own
     /// backward, the head one [`LmHeadOp`]. With `share` and `scored`,
     /// sequences that share an unscored prompt pack it once
-    /// ([`Packing::sharing_prefixes`]). Callers check
-    /// [`Model::supports_fused`] first.
+    /// ([`Packing::sharing_prefixes`]). With `lora`, the model's weights are
+    /// a frozen base and each layer's op adds the adapters' terms, so the
+    /// backward computes the gradients of A and B without the weights'.
+    /// Callers check [`Model::supports_fused`] first.
     pub(crate) fn fused_logprobs(
         &self,
         seqs: &[Vec<u32>],
         scored: Option<&[Vec<f32>]>,
         share: bool,
         precision: Precision,
+        lora: Option<&LoraFactors>,
     ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
         match self.dtype {
-            DType::F32 => self.fused_logprobs_in::<f32>(seqs, scored, share, precision),
-            DType::F64 => self.fused_logprobs_in::<f64>(seqs, scored, share, precision),
+            DType::F32 => self.fused_logprobs_in::<f32>(seqs, scored, share, precision, lora),
+            DType::F64 => self.fused_logprobs_in::<f64>(seqs, scored, share, precision, lora),
             dt => candle_core::bail!("fused training forward: {dt:?} is not supported"),
         }
     }
@@ -871,6 +875,7 @@ impl Model {
         scored: Option<&[Vec<f32>]>,
         share: bool,
         precision: Precision,
+        lora: Option<&LoraFactors>,
     ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
         let (packing, ids) = match scored.filter(|_| share) {
             // A sequence's rows up to its first scored position (the one
@@ -917,16 +922,33 @@ impl Model {
                 .map(|t| t.flatten_all())
                 .collect::<Result<Vec<_>>>()?;
             let pack = Tensor::cat(&flat, 0)?;
-            // grad: the layer op's own backward (crate::block).
-            h = h.apply_op2(
-                &pack,
-                DecoderLayerOp::<T>::new(
-                    self.layer_shape,
-                    packing.clone(),
-                    rope.clone(),
-                    precision,
-                ),
-            )?;
+            let op = DecoderLayerOp::<T>::new(
+                self.layer_shape,
+                packing.clone(),
+                rope.clone(),
+                precision,
+            );
+            let adapters = lora.and_then(|f| f.layers.get(l)).filter(|a| !a.is_empty());
+            h = match adapters {
+                // grad: the layer op's own backward (crate::block).
+                None => h.apply_op2(&pack, op)?,
+                Some(adapters) => {
+                    // grad: flatten_all and cat hand A and B their slices.
+                    let mut factors = Vec::with_capacity(2 * adapters.len());
+                    for (_, a, b) in adapters {
+                        factors.push(a.flatten_all()?);
+                        factors.push(b.flatten_all()?);
+                    }
+                    let factors = Tensor::cat(&factors, 0)?;
+                    let layout = LayerLora {
+                        targets: adapters.iter().map(|(t, _, _)| *t).collect(),
+                        rank: lora.map_or(0, |f| f.rank),
+                        scale: lora.map_or(0.0, |f| f.scale),
+                    };
+                    // grad: the layer op's own backward, A and B's included.
+                    h.apply_op3(&pack, &factors, op.with_lora(layout))?
+                }
+            };
         }
         let hn = self.norm.forward(&h)?;
         // grad: the fused head's own backward (crate::head).

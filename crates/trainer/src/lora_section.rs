@@ -19,7 +19,7 @@ pub struct LoraSection {
     /// The update is scaled by `lora_alpha / r`.
     pub lora_alpha: f64,
     /// Dropout on the adapter's input: only 0 can be trained here (the
-    /// adapter is merged into each fused layer's weight).
+    /// layer ops have no dropout; a trained adapter serves with any value).
     pub lora_dropout: f64,
     /// The adapted projections of every layer, PEFT's names: q_proj,
     /// k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.

@@ -74,14 +74,19 @@ fn randomise_b(model: &PolicyModel, seed: u64) {
 
 #[test]
 fn adapter_gradients_match_finite_differences_and_the_base_gets_none() {
-    for fused in [true, false] {
+    // Every projection, and two whose outputs are columns inside the
+    // layer's fused products (k within q|k|v, up within gate|up).
+    let some = [LoraTarget::KProj, LoraTarget::UpProj];
+    for (fused, targets) in [
+        (true, &LoraTarget::ALL[..]),
+        (true, &some),
+        (false, &LoraTarget::ALL),
+    ] {
         let mut model =
             PolicyModel::new_random_with_dtype(&small_config(), true, 7, DType::F64, &Device::Cpu)
                 .unwrap();
         model.set_fused_training(fused);
-        model
-            .attach_lora(lora_config(&LoraTarget::ALL), 11)
-            .unwrap();
+        model.attach_lora(lora_config(targets), 11).unwrap();
         randomise_b(&model, 3);
         let grads = objective(&model).backward().unwrap();
         for (name, var) in model.named_vars().unwrap() {

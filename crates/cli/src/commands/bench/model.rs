@@ -144,6 +144,11 @@ pub struct BenchModelArgs {
     /// Skip the PyTorch reference run.
     #[arg(long, conflicts_with = "python")]
     no_torch: bool,
+    /// Train a LoRA adapter of rank R on every projection (lora_alpha 2R)
+    /// instead of every weight: a step without the weights' gradient
+    /// products. No PyTorch reference (it would need PEFT).
+    #[arg(long, value_name = "R")]
+    lora: Option<usize>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -179,9 +184,12 @@ impl FlopModel {
     }
 
     /// Forward + backward FLOPs of one trained token in sequences of `t`
-    /// (backward = 2 × forward; the whole T×T counted, as PaLM does).
-    fn train_token(&self, t: f64) -> f64 {
-        3.0 * self.forward_token(t)
+    /// (backward = 2 × forward; the whole T×T counted, as PaLM does). With
+    /// `frozen` weights (LoRA) the backward of a weight matrix is its
+    /// input's gradient only (the adapters' rank-sized products not counted).
+    fn train_token(&self, t: f64, frozen: bool) -> f64 {
+        let weights = if frozen { 2.0 } else { 3.0 };
+        weights * 2.0 * self.matmul_params + 3.0 * 4.0 * self.attn_width * t
     }
 
     /// FLOPs of one sampling run: the prompts' prefill (causal, so a prompt
@@ -521,7 +529,7 @@ impl TorchMeasured {
 /// Which interpreter runs the reference: `--python`, else `python3` when it
 /// imports torch and transformers; `None` when there is none.
 fn torch_python(args: &BenchModelArgs) -> Option<String> {
-    if args.no_torch {
+    if args.no_torch || args.lora.is_some() {
         return None;
     }
     if let Some(p) = &args.python {
@@ -718,6 +726,16 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         };
         let mut model = model;
         model.set_precision(precision)?;
+        if let Some(r) = args.lora {
+            let lora = agentrl_model::LoraConfig {
+                r,
+                alpha: 2.0 * r as f64,
+                dropout: 0.0,
+                target_modules: agentrl_model::LoraTarget::ALL.to_vec(),
+                use_rslora: false,
+            };
+            model.attach_lora(lora, 0)?;
+        }
         parameters = model.num_parameters()?;
         rounds.push(measure_agentrl(&args, &model)?);
         drop(model);
@@ -751,18 +769,20 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     } else {
         args.batch * args.seq_len
     };
-    let train_flop_s = computed as f64 / ours.train_step_s * flops.train_token(args.seq_len as f64);
+    let train_flop_s = computed as f64 / ours.train_step_s
+        * flops.train_token(args.seq_len as f64, args.lora.is_some());
     let mfu = train_flop_s / peak;
     let sample_flops = flops.sample_run(args.batch as f64, args.prompt_len as f64, args.new_tokens);
     let sample_mfu = sample_flops / ours.sample_s / peak;
-    let torch_mfu = torch
-        .as_ref()
-        .map(|t| t.train_tok_s * flops.train_token(args.seq_len as f64) / peak);
+    let torch_mfu = torch.as_ref().map(|t| {
+        t.train_tok_s * flops.train_token(args.seq_len as f64, args.lora.is_some()) / peak
+    });
 
     if args.json {
         let mut v = serde_json::json!({
             "shape": name,
             "reply_len": args.reply_len,
+            "lora_rank": args.lora,
             "group": args.group,
             "config": {"vocab": cfg.vocab_size, "d": cfg.hidden_size, "layers": cfg.num_hidden_layers,
                        "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads(), "ffn": cfg.intermediate_size},
@@ -820,6 +840,9 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             )
         },
     );
+    if let Some(r) = args.lora {
+        println!("training a LoRA adapter of rank {r} on every projection (the base frozen)");
+    }
     println!("load average (1 min): {load_start} at the start, {load_end} at the end");
     if on_gpu {
         println!(
