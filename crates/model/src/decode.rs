@@ -293,7 +293,8 @@ struct ModelView<'a> {
     cos: &'a [f32],
     sin: &'a [f32],
     /// The projections and LM head in bf16, packed once per call, when the
-    /// products run in bf16.
+    /// products run in bf16 (x86-64 only).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     bf16: Option<Bf16Weights>,
 }
 
@@ -317,8 +318,23 @@ struct Bf16Weights {
     lm_head: PackedWeight,
 }
 
+// Elsewhere there is no bf16 GEMM: these exist only for the signatures
+// that name them and are never built.
 #[cfg(not(target_arch = "x86_64"))]
 enum Bf16Weights {}
+#[cfg(not(target_arch = "x86_64"))]
+enum PackedWeight {}
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(dead_code)]
+struct Bf16Layer {
+    q: PackedWeight,
+    k: PackedWeight,
+    v: PackedWeight,
+    o: PackedWeight,
+    gate: PackedWeight,
+    up: PackedWeight,
+    down: PackedWeight,
+}
 
 #[cfg(target_arch = "x86_64")]
 impl Bf16Weights {
@@ -395,6 +411,7 @@ fn with_view<R>(
         .collect::<candle_core::Result<Vec<_>>>()?;
     let refs: Vec<&Tensor> = tensors.iter().collect();
     with_slices::<f32, _>(&refs, "inference weights", |slices| {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut view = ModelView::from_slices(Dims::of(cfg), model.qkv_bias(), slices)?;
         #[cfg(target_arch = "x86_64")]
         if precision == Precision::Bf16 && precision.available() {

@@ -43,9 +43,12 @@ pub(crate) trait Real:
     fn max(self, o: Self) -> Self;
     /// The slice a CPU storage holds, if it is of this type.
     fn slice(s: &CpuStorage) -> Option<&[Self]>;
-    /// `s` as f32 when `Self` is f32 (the SIMD kernels' type).
+    /// `s` as f32 when `Self` is f32 (the SIMD kernels' type; only
+    /// x86-64 has them).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// The same, mutably.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]>;
     /// The same, mutably.
     fn slice_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
@@ -110,18 +113,22 @@ macro_rules! real {
 real!(f32, F32, some_f32, some_f32_mut);
 real!(f64, F64, no_f32, no_f32_mut);
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn some_f32(s: &[f32]) -> Option<&[f32]> {
     Some(s)
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn no_f32<T>(_: &[T]) -> Option<&[f32]> {
     None
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn some_f32_mut(s: &mut [f32]) -> Option<&mut [f32]> {
     Some(s)
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn no_f32_mut<T>(_: &mut [T]) -> Option<&mut [f32]> {
     None
 }
@@ -397,6 +404,9 @@ unsafe fn gemm_raw<T: Real>(
     assert!(c_len > cst.last(m, n), "gemm: output slice too short");
     assert!(a.len() > ast.last(m, k), "gemm: lhs slice too short");
     assert!(b.len() > bst.last(k, n), "gemm: rhs slice too short");
+    // Only x86-64 has a bf16 GEMM; elsewhere the product stays f32.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bf16;
     #[cfg(target_arch = "x86_64")]
     if bf16 && cst.cs == 1 && crate::gemm_bf16::available() {
         if let (Some(a), Some(b)) = (T::as_f32(a), T::as_f32(b)) {
