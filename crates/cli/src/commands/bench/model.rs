@@ -943,7 +943,13 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         ),
         _ => println!(
             "PyTorch reference: not measured ({}; pass --python PATH to a Python with torch and transformers)",
-            if args.no_torch { "--no-torch" } else { "python3 does not import torch and transformers" }
+            if args.no_torch {
+                "--no-torch"
+            } else if args.lora.is_some() {
+                "--lora: PyTorch would need PEFT"
+            } else {
+                "python3 does not import torch and transformers"
+            }
         ),
     }
     Ok(())
