@@ -6,7 +6,7 @@
 //! The base weight W stays frozen. On the fused CPU training path each
 //! layer's op takes A and B beside the frozen base and adds `s·(x·Aᵀ)·Bᵀ`
 //! itself, so its backward computes A's and B's gradients with rank-sized
-//! products and no weight gradient ([`LoraAdapter::factors`],
+//! products and no weight gradient (`LoraAdapter::factors`,
 //! `crate::lora_layer`). Elsewhere (the composite path, inference) the
 //! adapted weight `W + s·B·A` is built with candle ops, so autograd hands A
 //! and B their gradients through it. Neither path has dropout on the
