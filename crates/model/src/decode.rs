@@ -298,8 +298,8 @@ struct ModelView<'a> {
     bf16: Option<Bf16Weights>,
 }
 
-/// A decoder layer's projections packed in bf16.
-#[cfg(target_arch = "x86_64")]
+/// A decoder layer's projections packed in bf16 (built on x86-64 only).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Bf16Layer {
     q: PackedWeight,
     k: PackedWeight,
@@ -324,17 +324,6 @@ struct Bf16Weights {
 enum Bf16Weights {}
 #[cfg(not(target_arch = "x86_64"))]
 enum PackedWeight {}
-#[cfg(not(target_arch = "x86_64"))]
-#[allow(dead_code)]
-struct Bf16Layer {
-    q: PackedWeight,
-    k: PackedWeight,
-    v: PackedWeight,
-    o: PackedWeight,
-    gate: PackedWeight,
-    up: PackedWeight,
-    down: PackedWeight,
-}
 
 #[cfg(target_arch = "x86_64")]
 impl Bf16Weights {

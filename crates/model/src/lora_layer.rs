@@ -78,6 +78,17 @@ impl LayerLora {
             .collect()
     }
 
+    /// The sites of the adapted projections among `which`.
+    fn sites_among<'w>(
+        &self,
+        shape: &LayerShape,
+        which: &'w [LoraTarget],
+    ) -> impl Iterator<Item = Site> + 'w {
+        self.sites(shape)
+            .into_iter()
+            .filter(move |site| which.contains(&site.target))
+    }
+
     /// Values in the flat input.
     pub(crate) fn len(&self, shape: &LayerShape) -> usize {
         self.sites(shape).last().map_or(0, |s| s.b.end)
@@ -93,14 +104,11 @@ impl LayerLora {
         x: &[T],
         flat: &[T],
     ) {
-        for site in self.sites(shape) {
-            if !which.contains(&site.target) {
-                continue;
-            }
+        if x.is_empty() {
+            return;
+        }
+        for site in self.sites_among(shape, which) {
             let n = x.len() / site.inn;
-            if n == 0 {
-                continue;
-            }
             let u = self.scaled_down(x, &flat[site.a.clone()], site.inn);
             Mm::nt(n, site.out, self.rank).add().run_strided(
                 &mut y[site.col..],
@@ -129,15 +137,12 @@ impl LayerLora {
         flat: &[T],
         grad: &mut [T],
     ) {
+        if x.is_empty() {
+            return;
+        }
         let (r, s) = (self.rank, T::from_f64(self.scale));
-        for site in self.sites(shape) {
-            if !which.contains(&site.target) {
-                continue;
-            }
+        for site in self.sites_among(shape, which) {
             let n = x.len() / site.inn;
-            if n == 0 {
-                continue;
-            }
             let (a, b) = (&flat[site.a.clone()], &flat[site.b.clone()]);
             // This projection's columns of dy: [n, out], rows `width` apart.
             let dy = &dy[site.col..];

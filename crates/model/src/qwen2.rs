@@ -928,11 +928,14 @@ impl Model {
                 rope.clone(),
                 precision,
             );
-            let adapters = lora.and_then(|f| f.layers.get(l)).filter(|a| !a.is_empty());
-            h = match adapters {
+            let adapted = lora.and_then(|f| {
+                let adapters = f.layers.get(l).filter(|a| !a.is_empty())?;
+                Some((f, adapters))
+            });
+            h = match adapted {
                 // grad: the layer op's own backward (crate::block).
                 None => h.apply_op2(&pack, op)?,
-                Some(adapters) => {
+                Some((factors_of, adapters)) => {
                     // grad: flatten_all and cat hand A and B their slices.
                     let mut factors = Vec::with_capacity(2 * adapters.len());
                     for (_, a, b) in adapters {
@@ -942,8 +945,8 @@ impl Model {
                     let factors = Tensor::cat(&factors, 0)?;
                     let layout = LayerLora {
                         targets: adapters.iter().map(|(t, _, _)| *t).collect(),
-                        rank: lora.map_or(0, |f| f.rank),
-                        scale: lora.map_or(0.0, |f| f.scale),
+                        rank: factors_of.rank,
+                        scale: factors_of.scale,
                     };
                     // grad: the layer op's own backward, A and B's included.
                     h.apply_op3(&pack, &factors, op.with_lora(layout))?
