@@ -301,12 +301,11 @@ struct ModelView<'a> {
 /// A decoder layer's projections packed in bf16 (built on x86-64 only).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Bf16Layer {
-    q: PackedWeight,
-    k: PackedWeight,
-    v: PackedWeight,
+    /// q, k and v stacked: one product per step (and one pass over its input).
+    qkv: PackedWeight,
     o: PackedWeight,
-    gate: PackedWeight,
-    up: PackedWeight,
+    /// gate and up stacked, as training's fused layer has them.
+    gate_up: PackedWeight,
     down: PackedWeight,
 }
 
@@ -334,12 +333,9 @@ impl Bf16Weights {
             .layers
             .iter()
             .map(|l| Bf16Layer {
-                q: PackedWeight::new(l.q_w, q_dim, d),
-                k: PackedWeight::new(l.k_w, kv_dim, d),
-                v: PackedWeight::new(l.v_w, kv_dim, d),
+                qkv: PackedWeight::stacked(&[(l.q_w, q_dim), (l.k_w, kv_dim), (l.v_w, kv_dim)], d),
                 o: PackedWeight::new(l.o_w, d, q_dim),
-                gate: PackedWeight::new(l.gate, ffn, d),
-                up: PackedWeight::new(l.up, ffn, d),
+                gate_up: PackedWeight::stacked(&[(l.gate, ffn), (l.up, ffn)], d),
                 down: PackedWeight::new(l.down, d, ffn),
             })
             .collect();
@@ -358,7 +354,16 @@ struct Weight<'a> {
     bf16: Option<&'a PackedWeight>,
 }
 
-impl Weight<'_> {
+impl<'a> Weight<'a> {
+    /// An f32 weight.
+    fn f32(w: &'a [f32]) -> Self {
+        Self {
+            f32: w,
+            #[cfg(target_arch = "x86_64")]
+            bf16: None,
+        }
+    }
+
     /// `y[rows, n_out] (+)= x[rows, n_in] · wᵀ`.
     fn apply(self, y: &mut [f32], x: &[f32], (n_in, n_out): (usize, usize), accumulate: bool) {
         #[cfg(target_arch = "x86_64")]
@@ -452,17 +457,14 @@ impl<'a> ModelView<'a> {
         })
     }
 
-    /// Layer `l`'s projection by `pick` (of its f32 view and its bf16 pack).
-    fn weight(
-        &self,
-        l: usize,
-        f32: impl Fn(&LayerView<'a>) -> &'a [f32],
-        #[allow(unused_variables)] bf16: impl Fn(&Bf16Layer) -> &PackedWeight,
-    ) -> Weight<'_> {
-        Weight {
-            f32: f32(&self.layers[l]),
-            #[cfg(target_arch = "x86_64")]
-            bf16: self.bf16.as_ref().map(|b| bf16(&b.layers[l])),
+    /// Layer `l`'s projections packed in bf16, when the products run in bf16.
+    fn bf16_layer(&self, l: usize) -> Option<&Bf16Layer> {
+        #[cfg(target_arch = "x86_64")]
+        return self.bf16.as_ref().map(|b| &b.layers[l]);
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = l;
+            None
         }
     }
 }
@@ -478,6 +480,8 @@ struct Scratch {
     att: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// The stacked products' outputs (q | k | v, then gate | up).
+    stacked: Vec<f32>,
     last: Vec<f32>,
     logits: Vec<f32>,
 }
@@ -828,12 +832,41 @@ fn forward(
         let q = sized(&mut s.q, n * q_dim);
         let k = sized(&mut s.k, n * kv_dim);
         let v = sized(&mut s.v, n * kv_dim);
-        let wq = w.weight(li, |l| l.q_w, |b| &b.q);
-        let wk = w.weight(li, |l| l.k_w, |b| &b.k);
-        let wv = w.weight(li, |l| l.v_w, |b| &b.v);
-        linear_rows(q, xn, wq, layer.q_b, d, q_dim);
-        linear_rows(k, xn, wk, layer.k_b, d, kv_dim);
-        linear_rows(v, xn, wv, layer.v_b, d, kv_dim);
+        let qkv_dim = q_dim + 2 * kv_dim;
+        let stacked = w.bf16_layer(li).map(|b| {
+            let qkv = sized(&mut s.stacked, n * qkv_dim);
+            // The biases first and the product added, as `linear_rows` does.
+            let biases = [(layer.q_b, q_dim), (layer.k_b, kv_dim), (layer.v_b, kv_dim)];
+            let biased = biases.iter().any(|(b, _)| b.is_some());
+            if biased {
+                for row in qkv.chunks_exact_mut(qkv_dim) {
+                    let mut col = 0;
+                    for (b, width) in biases {
+                        match b {
+                            Some(b) => row[col..col + width].copy_from_slice(b),
+                            None => row[col..col + width].fill(0.0),
+                        }
+                        col += width;
+                    }
+                }
+            }
+            b.qkv.apply(qkv, xn, biased);
+            qkv
+        });
+        if let Some(qkv) = stacked {
+            // Each row's q | k | v into their buffers.
+            let mut col = 0;
+            for (out, width) in [(&mut *q, q_dim), (&mut *k, kv_dim), (&mut *v, kv_dim)] {
+                for (o, row) in out.chunks_exact_mut(width).zip(qkv.chunks_exact(qkv_dim)) {
+                    o.copy_from_slice(&row[col..col + width]);
+                }
+                col += width;
+            }
+        } else {
+            linear_rows(q, xn, Weight::f32(layer.q_w), layer.q_b, d, q_dim);
+            linear_rows(k, xn, Weight::f32(layer.k_w), layer.k_b, d, kv_dim);
+            linear_rows(v, xn, Weight::f32(layer.v_w), layer.v_b, d, kv_dim);
+        }
         for (r, row) in rows.iter().enumerate() {
             rope_row(
                 &mut q[r * q_dim..(r + 1) * q_dim],
@@ -943,24 +976,35 @@ fn forward(
                 att[at..at + hd].copy_from_slice(src);
             }
         }
-        let wo = w.weight(li, |l| l.o_w, |b| &b.o);
-        wo.apply(h, att, (q_dim, d), true);
+        match w.bf16_layer(li) {
+            Some(b) => b.o.apply(h, att, true),
+            None => Weight::f32(layer.o_w).apply(h, att, (q_dim, d), true),
+        }
 
         // MLP block: h += down(silu(gate(x)) · up(x)) of x = norm(h).
         let xn = sized(&mut s.xn, n * d);
         rms_norm_rows(xn, h, layer.post_ln, d, dims.eps, None);
-        let g = sized(&mut s.gate, n * ffn);
-        let u = sized(&mut s.up, n * ffn);
-        w.weight(li, |l| l.gate, |b| &b.gate)
-            .apply(g, xn, (d, ffn), false);
-        w.weight(li, |l| l.up, |b| &b.up)
-            .apply(u, xn, (d, ffn), false);
-        let u_ro: &[f32] = u;
-        par_chunks_mut(g, ffn, n * ffn * 8, |r, gr| {
-            swiglu_in_place(gr, &u_ro[r * ffn..(r + 1) * ffn]);
-        });
-        w.weight(li, |l| l.down, |b| &b.down)
-            .apply(h, g, (ffn, d), true);
+        if let Some(b) = w.bf16_layer(li) {
+            // gate | up in one product; the activation overwrites each row's
+            // gate half, which the down projection reads in place.
+            let gu = sized(&mut s.stacked, n * 2 * ffn);
+            b.gate_up.apply(gu, xn, false);
+            par_chunks_mut(gu, 2 * ffn, n * ffn * 8, |_, row| {
+                let (g, u) = row.split_at_mut(ffn);
+                swiglu_in_place(g, u);
+            });
+            b.down.apply_rows(h, gu, 2 * ffn, true);
+        } else {
+            let g = sized(&mut s.gate, n * ffn);
+            let u = sized(&mut s.up, n * ffn);
+            Weight::f32(layer.gate).apply(g, xn, (d, ffn), false);
+            Weight::f32(layer.up).apply(u, xn, (d, ffn), false);
+            let u_ro: &[f32] = u;
+            par_chunks_mut(g, ffn, n * ffn * 8, |r, gr| {
+                swiglu_in_place(gr, &u_ro[r * ffn..(r + 1) * ffn]);
+            });
+            Weight::f32(layer.down).apply(h, g, (ffn, d), true);
+        }
     }
     // Final norm and LM head, only for the rows whose next token is sampled.
     let picked: Vec<usize> = (0..n).filter(|&r| emit[r]).collect();

@@ -183,33 +183,68 @@ pub(crate) struct PackedWeight {
 impl PackedWeight {
     /// Packs `w` (row-major `[n_out, n_in]`). [`available`] must be true.
     pub(crate) fn new(w: &[f32], n_out: usize, n_in: usize) -> Self {
+        Self::stacked(&[(w, n_out)], n_in)
+    }
+
+    /// Packs the weights `parts` (each `(w, n_out)`, row-major
+    /// `[n_out, n_in]`) stacked into one `[Σ n_out, n_in]`: one product
+    /// then gives each row every part's outputs side by side, with the bits
+    /// of the parts' own products (a sum's order depends on `n_in` alone).
+    pub(crate) fn stacked(parts: &[(&[f32], usize)], n_in: usize) -> Self {
         assert!(available(), "bf16 weights need AVX512-BF16");
-        assert!(w.len() >= n_out * n_in, "packed weight: slice too short");
-        let st = Strides { rs: n_in, cs: 1 };
-        Self {
-            rhs: pack_rhs(w, st, n_out, n_in),
-            n_out,
-            n_in,
+        for (w, n_out) in parts {
+            assert!(w.len() >= n_out * n_in, "packed weight: slice too short");
         }
+        let st = Strides { rs: n_in, cs: 1 };
+        let n_out = parts.iter().map(|p| p.1).sum();
+        // Parts of whole strips pack alone and their strips line up; others
+        // are copied into one matrix first.
+        let rhs = if parts[..parts.len().saturating_sub(1)]
+            .iter()
+            .all(|p| p.1 % NR == 0)
+        {
+            let mut data = Vec::new();
+            for (w, rows) in parts {
+                data.extend(pack_rhs(w, st, *rows, n_in).data);
+            }
+            Rhs {
+                data,
+                pairs: n_in.div_ceil(2),
+            }
+        } else {
+            let whole: Vec<f32> = parts
+                .iter()
+                .flat_map(|(w, rows)| w[..rows * n_in].iter().copied())
+                .collect();
+            pack_rhs(&whole, st, n_out, n_in)
+        };
+        Self { rhs, n_out, n_in }
     }
 
     /// `y[rows, n_out] (+)= x[rows, n_in] · wᵀ`, both row-major.
     pub(crate) fn apply(&self, y: &mut [f32], x: &[f32], accumulate: bool) {
-        let rows = x.len() / self.n_in.max(1);
-        if rows == 0 || self.n_out == 0 || self.n_in == 0 {
+        self.apply_rows(y, x, self.n_in, accumulate);
+    }
+
+    /// [`PackedWeight::apply`] with `x`'s rows `stride` elements apart
+    /// (its first `n_in` read): a projection's input inside a wider row.
+    pub(crate) fn apply_rows(&self, y: &mut [f32], x: &[f32], stride: usize, accumulate: bool) {
+        if self.n_out == 0 || self.n_in == 0 || x.len() < self.n_in {
             return;
         }
+        assert!(
+            stride >= self.n_in,
+            "packed weight: row stride below the width"
+        );
+        let rows = (x.len() - self.n_in) / stride + 1;
         assert!(
             y.len() >= rows * self.n_out,
             "packed weight: output too short"
         );
-        let st = Strides {
-            rs: self.n_in,
-            cs: 1,
-        };
+        let st = Strides { rs: stride, cs: 1 };
         let a = pack_lhs(x, st, rows, self.n_in);
         let dims = (rows, self.n_out, self.n_in);
-        // SAFETY: `new` checked the CPU; `y` holds the `[rows, n_out]` output.
+        // SAFETY: `stacked` checked the CPU; `y` holds the `[rows, n_out]` output.
         unsafe {
             run(
                 y.as_mut_ptr(),
@@ -662,5 +697,55 @@ mod tests {
             .iter()
             .zip(run(2))
             .all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    /// Stacked weights give each part's own product bit for bit, whether
+    /// the parts fill whole strips (packed alone) or not (copied first),
+    /// and a strided input reads only its rows' first `n_in` elements.
+    #[test]
+    fn stacked_weights_give_each_parts_bits() {
+        if !available() {
+            return;
+        }
+        let (rows, n_in) = (37, 150);
+        let x = seq(rows * n_in, 0.37);
+        for outs in [[128, 64, 64], [96, 40, 40]] {
+            let ws: Vec<Vec<f32>> = outs
+                .iter()
+                .enumerate()
+                .map(|(p, &o)| seq(o * n_in, 0.11 + p as f32))
+                .collect();
+            let parts: Vec<(&[f32], usize)> = ws.iter().map(Vec::as_slice).zip(outs).collect();
+            let total: usize = outs.iter().sum();
+            let mut stacked = vec![0f32; rows * total];
+            PackedWeight::stacked(&parts, n_in).apply(&mut stacked, &x, false);
+            let mut col = 0;
+            for (w, o) in parts {
+                let mut alone = vec![0f32; rows * o];
+                PackedWeight::new(w, o, n_in).apply(&mut alone, &x, false);
+                for (r, row) in alone.chunks_exact(o).enumerate() {
+                    let got = &stacked[r * total + col..r * total + col + o];
+                    assert!(row.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
+                col += o;
+            }
+        }
+        // x's rows inside rows twice as wide.
+        let wide: Vec<f32> = x
+            .chunks_exact(n_in)
+            .flat_map(|r| r.iter().chain(r))
+            .copied()
+            .collect();
+        let w = seq(70 * n_in, 0.5);
+        let pw = PackedWeight::new(&w, 70, n_in);
+        let (mut a, mut b) = (vec![1f32; rows * 70], vec![1f32; rows * 70]);
+        pw.apply(&mut a, &x, true);
+        pw.apply_rows(
+            &mut b,
+            &wide[..(rows - 1) * 2 * n_in + n_in],
+            2 * n_in,
+            true,
+        );
+        assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }
