@@ -295,6 +295,10 @@ pub(crate) struct DecoderLayerOp<T> {
     /// The layer's LoRA adapters, read from the op's third input
     /// ([`CustomOp3`]); the pack's weights are then the frozen base.
     pub lora: Option<LayerLora>,
+    /// Keep nothing from the forward and run it again in the backward
+    /// (gradient checkpointing): the activations of one layer are held at
+    /// a time instead of every layer's.
+    pub recompute: bool,
     saved: Mutex<Option<Saved<T>>>,
 }
 
@@ -311,7 +315,17 @@ impl<T: Real> DecoderLayerOp<T> {
             rope,
             precision,
             lora: None,
+            recompute: false,
             saved: Mutex::new(None),
+        }
+    }
+
+    /// The op that keeps no activations when `on` and recomputes them in
+    /// its backward, with the same bits.
+    pub(crate) fn recomputing(self, on: bool) -> Self {
+        Self {
+            recompute: on,
+            ..self
         }
     }
 
@@ -895,7 +909,7 @@ impl<T: Real> DecoderLayerOp<T> {
             .saved
             .lock()
             .map_err(|_| candle_core::Error::Msg("decoder layer: lock poisoned".into()))? =
-            Some(saved);
+            (!self.recompute).then_some(saved);
         Ok((T::storage(y), xl.shape().clone()))
     }
 
@@ -912,9 +926,9 @@ impl<T: Real> DecoderLayerOp<T> {
             .saved
             .lock()
             .map_err(|_| candle_core::Error::Msg("decoder layer: lock poisoned".into()))?;
-        let Some(saved) = guard.as_ref() else {
+        if guard.is_none() && !self.recompute {
             candle_core::bail!("decoder layer: backward before forward")
-        };
+        }
         let wanted = Wanted {
             input: x.track_op(),
             pack: pack.track_op(),
@@ -922,7 +936,16 @@ impl<T: Real> DecoderLayerOp<T> {
         let mut inputs = vec![x, pack, dy];
         inputs.extend(lora);
         let grads = with_slices::<T, _>(&inputs, "decoder layer backward", |v| {
-            self.backward(v[0], v[1], v.get(3).copied(), v[2], saved, wanted)
+            let (x, pack, dy, lora) = (v[0], v[1], v[2], v.get(3).copied());
+            match guard.as_ref() {
+                Some(saved) => self.backward(x, pack, lora, dy, saved, wanted),
+                // Gradient checkpointing: this layer's forward again, from
+                // its input (the forward's bits: it sums in a fixed order).
+                None => {
+                    let (_, saved) = self.forward(x, pack, lora);
+                    self.backward(x, pack, lora, dy, &saved, wanted)
+                }
+            }
         })?;
         Ok((
             grads.input.map(|g| tensor_from(g, x.shape().clone())),

@@ -26,6 +26,7 @@ use crate::precision::Precision;
 
 /// What the backward reads.
 struct Saved<T> {
+    /// Empty when the op recomputes them in its backward.
     logits: Vec<T>,
     lse: Vec<T>,
     entropy: Vec<T>,
@@ -48,6 +49,10 @@ pub(crate) struct LmHeadOp<T> {
     width: usize,
     /// The logits' product and its two backward products.
     precision: Precision,
+    /// Keep no logits between the forward and the backward, which
+    /// computes them again (gradient checkpointing): `[M, V]` floats, as
+    /// large as the activations of several decoder layers.
+    recompute: bool,
     saved: Mutex<Option<Saved<T>>>,
 }
 
@@ -87,8 +92,27 @@ impl<T: Real> LmHeadOp<T> {
             batch: seqs.len(),
             width,
             precision,
+            recompute: false,
             saved: Mutex::new(None),
         }
+    }
+
+    /// The op that keeps no logits when `on` and recomputes them in its
+    /// backward, with the same bits.
+    pub(crate) fn recomputing(self, on: bool) -> Self {
+        Self {
+            recompute: on,
+            ..self
+        }
+    }
+
+    /// Each scored row's logits, `[M, V]`, with the bits a pass over all
+    /// N rows gives it.
+    fn logits(&self, h: &[T], w: &[T], (n, d, vocab): (usize, usize, usize)) -> Vec<T> {
+        Mm::nt(self.rows.len(), vocab, d)
+            .routed_as(n)
+            .precision(self.precision)
+            .product(&self.gather(h, d), w)
     }
 
     /// The scored rows of `h` (`[N, d]`), gathered into `[M, d]`.
@@ -141,11 +165,7 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
             candle_core::bail!("lm head: scored row {r} of an input of {n} rows")
         }
         let m = self.rows.len();
-        // Each row's logits get the bits a pass over all N rows gives it.
-        let logits = Mm::nt(m, vocab, d)
-            .routed_as(n)
-            .precision(self.precision)
-            .product(&self.gather(h, d), w);
+        let logits = self.logits(h, w, (n, d, vocab));
         // Per row: log-sum-exp and entropy H = lse − Σ p z.
         let mut stats = vec![T::ZERO; m * 2];
         // Rows per task, so that each task reuses one scratch row.
@@ -173,7 +193,7 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
             out[b * width + at] = entropy[i];
         }
         *self.saved.lock().map_err(|_| poisoned())? = Some(Saved {
-            logits,
+            logits: if self.recompute { Vec::new() } else { logits },
             lse,
             entropy,
         });
@@ -196,24 +216,42 @@ impl<T: Real> CustomOp2 for LmHeadOp<T> {
         let (b, width, m) = (self.batch, self.width, self.rows.len());
         let (dh, dw) = with_slices::<T, _>(&[h, w, grad], "lm head backward", |v| {
             let (hv, wv, g) = (v[0], v[1], v[2]);
-            // dz_j = −p_j (g_lp + g_H (z_j − lse + H)) + g_lp [j = target].
-            let fill = |i: usize, dr: &mut [MaybeUninit<T>]| {
+            // dz_j = −p_j (g_lp + g_H (z_j − lse + H)) + g_lp [j = target],
+            // into `dr` (holding z on entry) from row i's logits `z`.
+            let grad_row = |i: usize, dr: &mut [T], z: &[T]| {
                 let at = self.slots[i];
                 let (glp, gh) = (g[at], g[b * width + at]);
                 let (lse, ent) = (s.lse[i], s.entropy[i]);
-                let z = &s.logits[i * vocab..(i + 1) * vocab];
                 // dr ← p = exp(z − lse) (the vector exp for f32), then the gradient.
-                write_slice(dr, z);
-                // SAFETY: every element of dr was just written.
-                let dr = unsafe { assume_written(dr) };
                 exp_shifted_sum(dr, lse);
                 for (o, &x) in dr.iter_mut().zip(z) {
                     *o = -*o * (glp + gh * (x - lse + ent));
                 }
                 dr[self.targets[i] as usize] += glp;
             };
-            // SAFETY: each row is written whole.
-            let dz = unsafe { par_fill(m * vocab, vocab, m * vocab * 4, fill) };
+            let dz = if self.recompute {
+                // The logits again, turned into dz in place: one [M, V]
+                // buffer where keeping them needed two.
+                let mut dz = self.logits(hv, wv, (n, d, vocab));
+                const ROWS: usize = 64;
+                par_chunks_mut(&mut dz, ROWS * vocab, m * vocab * 4, |blk, rows| {
+                    let mut z = vec![T::ZERO; vocab];
+                    for (i, dr) in rows.chunks_exact_mut(vocab).enumerate() {
+                        z.copy_from_slice(dr);
+                        grad_row(blk * ROWS + i, dr, &z);
+                    }
+                });
+                dz
+            } else {
+                let fill = |i: usize, dr: &mut [MaybeUninit<T>]| {
+                    let z = &s.logits[i * vocab..(i + 1) * vocab];
+                    write_slice(dr, z);
+                    // SAFETY: every element of dr was just written.
+                    grad_row(i, unsafe { assume_written(dr) }, z);
+                };
+                // SAFETY: each row is written whole.
+                unsafe { par_fill(m * vocab, vocab, m * vocab * 4, fill) }
+            };
             // Rows that are not scored get no gradient from the head.
             let dh = Mm::nn(m, d, vocab)
                 .precision(self.precision)

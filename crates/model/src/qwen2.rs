@@ -853,18 +853,22 @@ impl Model {
     /// ([`Packing::sharing_prefixes`]). With `lora`, the model's weights are
     /// a frozen base and each layer's op adds the adapters' terms, so the
     /// backward computes the gradients of A and B without the weights'.
-    /// Callers check [`Model::supports_fused`] first.
+    /// The large products run in `precision`; with `recompute` the layers
+    /// and the head keep no activations for the backward, which computes
+    /// them again (gradient checkpointing; the same bits). Callers check
+    /// [`Model::supports_fused`] first.
     pub(crate) fn fused_logprobs(
         &self,
         seqs: &[Vec<u32>],
         scored: Option<&[Vec<f32>]>,
         share: bool,
-        precision: Precision,
+        (precision, recompute): (Precision, bool),
         lora: Option<&LoraFactors>,
     ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
+        let how = (precision, recompute);
         match self.dtype {
-            DType::F32 => self.fused_logprobs_in::<f32>(seqs, scored, share, precision, lora),
-            DType::F64 => self.fused_logprobs_in::<f64>(seqs, scored, share, precision, lora),
+            DType::F32 => self.fused_logprobs_in::<f32>(seqs, scored, share, how, lora),
+            DType::F64 => self.fused_logprobs_in::<f64>(seqs, scored, share, how, lora),
             dt => candle_core::bail!("fused training forward: {dt:?} is not supported"),
         }
     }
@@ -874,7 +878,7 @@ impl Model {
         seqs: &[Vec<u32>],
         scored: Option<&[Vec<f32>]>,
         share: bool,
-        precision: Precision,
+        (precision, recompute): (Precision, bool),
         lora: Option<&LoraFactors>,
     ) -> Result<(Tensor, Tensor, Arc<Packing>)> {
         let (packing, ids) = match scored.filter(|_| share) {
@@ -927,7 +931,8 @@ impl Model {
                 packing.clone(),
                 rope.clone(),
                 precision,
-            );
+            )
+            .recomputing(recompute);
             let adapted = lora.and_then(|f| {
                 let adapters = f.layers.get(l).filter(|a| !a.is_empty())?;
                 Some((f, adapters))
@@ -957,7 +962,7 @@ impl Model {
         // grad: the fused head's own backward (crate::head).
         let out = hn.apply_op2(
             &self.lm_head,
-            LmHeadOp::<T>::new(&packing, seqs, scored, precision),
+            LmHeadOp::<T>::new(&packing, seqs, scored, precision).recomputing(recompute),
         )?;
         Ok((out, hn, packing))
     }

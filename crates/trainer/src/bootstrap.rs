@@ -152,6 +152,7 @@ pub fn starting_policy(
         model
             .set_precision(cfg.model.precision)
             .map_err(|e| BootstrapError::Model(e.to_string()))?;
+        model.set_gradient_checkpointing(cfg.model.gradient_checkpointing);
         return Ok((tok, model));
     }
     let corpus = if cfg.env.protocol == EnvProtocol::Agentgym {
@@ -229,5 +230,6 @@ pub fn starting_policy(
     model
         .set_precision(cfg.model.precision)
         .map_err(|e| BootstrapError::Model(e.to_string()))?;
+    model.set_gradient_checkpointing(cfg.model.gradient_checkpointing);
     Ok((tok, model))
 }

@@ -191,7 +191,8 @@ fn uses_critic(cfg: &TrainConfig) -> bool {
     cfg.algorithm.adv_estimator.needs_critic()
 }
 
-/// A checkpoint of the run, its products in `model.precision`.
+/// A checkpoint of the run, its products in `model.precision` (and its
+/// backward recomputing activations under `model.gradient_checkpointing`).
 fn load_in_precision(
     dir: &Path,
     with_value_head: bool,
@@ -200,6 +201,7 @@ fn load_in_precision(
 ) -> Result<PolicyModel, TrainError> {
     let mut model = PolicyModel::load(dir, with_value_head, device)?;
     model.set_precision(cfg.model.precision)?;
+    model.set_gradient_checkpointing(cfg.model.gradient_checkpointing);
     Ok(model)
 }
 

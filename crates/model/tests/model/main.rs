@@ -5,6 +5,7 @@
 mod cache_reuse;
 mod causal_softmax;
 mod checkpoint;
+mod checkpointing;
 mod device;
 mod finite_difference;
 mod fixture;
