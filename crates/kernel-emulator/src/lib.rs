@@ -1,0 +1,199 @@
+//! The model's CUDA kernels (`crates/model/kernels/*.cu`) run on the CPU.
+//!
+//! `build.rs` compiles the kernel sources unchanged as C++ against
+//! `cuda/cuda_emulation.h`, an emulation of the CUDA thread model: a grid's
+//! blocks run one after another, each block's threads as OS threads with
+//! real barriers for `__syncthreads` and the warp shuffles. So a kernel's
+//! indexing, reductions and synchronisation are tested on every machine,
+//! against host references, before a GPU ever runs it; the tests under
+//! `tests/` do that. Timing, and memory ordering finer than a barrier's,
+//! are not modelled: the model crate's cuda tests on a device stay the
+//! final word.
+//!
+//! [`launch`] runs a grid; [`kernels`] declares the kernels by the names
+//! their `extern "C"` definitions give them.
+
+use std::ffi::c_void;
+
+pub use half::bf16;
+
+/// One launch's shape: `grid` blocks of `block` threads (x, y, z).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grid {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+}
+
+impl Grid {
+    /// `blocks` blocks of `threads` threads, both along x.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        Self {
+            grid: [blocks, 1, 1],
+            block: [threads, 1, 1],
+        }
+    }
+}
+
+/// A launch the emulator refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LaunchError {
+    #[error("a block of {0} threads (1 to 1024 allowed)")]
+    BlockSize(u64),
+}
+
+extern "C" {
+    fn agentrl_emulated_launch(
+        grid: *const u32,
+        block: *const u32,
+        body: unsafe extern "C" fn(*const c_void),
+        data: *const c_void,
+    ) -> i32;
+}
+
+unsafe extern "C" fn call<F: Fn()>(data: *const c_void) {
+    // SAFETY: `data` is the `&F` that `launch` passed, alive for the launch.
+    unsafe { (*(data as *const F))() }
+}
+
+/// Runs `kernel_call` once as each thread of `grid` (it calls one kernel
+/// of [`kernels`] with its arguments), returning when every block is done.
+///
+/// # Safety
+/// The call's pointers must cover everything the kernel reads and writes
+/// for this grid, as on a device.
+pub unsafe fn launch<F: Fn() + Sync>(grid: Grid, kernel_call: F) -> Result<(), LaunchError> {
+    let threads: u64 = grid.block.iter().map(|&d| u64::from(d)).product();
+    if threads == 0 || threads > 1024 {
+        return Err(LaunchError::BlockSize(threads));
+    }
+    // SAFETY: the dimensions are three u32s each; `call::<F>` reads back
+    // the closure, which outlives the launch (it returns after the grid).
+    let rc = unsafe {
+        agentrl_emulated_launch(
+            grid.grid.as_ptr(),
+            grid.block.as_ptr(),
+            call::<F>,
+            &kernel_call as *const F as *const c_void,
+        )
+    };
+    debug_assert_eq!(rc, 0, "the block size was checked above");
+    Ok(())
+}
+
+/// A buffer's address that every emulated thread may use (the kernels'
+/// own contract says who writes where).
+#[derive(Clone, Copy, Debug)]
+pub struct Shared<T>(pub *mut T);
+
+// SAFETY: a plain address; what is done through it is the kernel's contract.
+unsafe impl<T> Send for Shared<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// The address of `v`'s elements, for a kernel's input or output.
+    pub fn of(v: &mut [T]) -> Self {
+        Self(v.as_mut_ptr())
+    }
+
+    /// The address.
+    pub fn ptr(self) -> *mut T {
+        self.0
+    }
+}
+
+/// The kernels, by their `extern "C"` names in `crates/model/kernels`
+/// (bf16 as [`bf16`]; the `_f16` instantiations are not declared).
+pub mod kernels {
+    use super::bf16;
+
+    macro_rules! typed {
+        ($t:ty, $adamw:ident, $rms_fwd:ident, $rms_bwd_x:ident, $rms_w_partial:ident,
+         $rms_w_sum:ident, $softmax:ident, $softmax_bwd:ident, $swiglu_fwd:ident,
+         $swiglu_bwd:ident, $loss_fwd:ident, $loss_bwd:ident) => {
+            extern "C" {
+                pub fn $adamw(
+                    theta: *mut $t,
+                    g: *const $t,
+                    mv: *mut $t,
+                    n: u64,
+                    lr: f32,
+                    beta1: f32,
+                    beta2: f32,
+                    eps: f32,
+                    keep: f32,
+                    bc1: f32,
+                    bc2: f32,
+                );
+                pub fn $rms_fwd(x: *const $t, w: *const $t, y: *mut $t, d: i32, eps: f32);
+                pub fn $rms_bwd_x(
+                    x: *const $t,
+                    w: *const $t,
+                    g: *const $t,
+                    dx: *mut $t,
+                    d: i32,
+                    eps: f32,
+                );
+                pub fn $rms_w_partial(
+                    x: *const $t,
+                    g: *const $t,
+                    partial: *mut f32,
+                    rows: i32,
+                    d: i32,
+                    eps: f32,
+                    per: i32,
+                );
+                pub fn $rms_w_sum(partial: *const f32, dw: *mut $t, chunks: i32, d: i32);
+                pub fn $softmax(
+                    x: *const $t,
+                    y: *mut $t,
+                    pads: *const u32,
+                    n_pads: i32,
+                    t: i32,
+                    s: i32,
+                    rows_per_batch: i32,
+                );
+                pub fn $softmax_bwd(p: *const $t, g: *const $t, dx: *mut $t, s: i32);
+                pub fn $swiglu_fwd(a: *const $t, b: *const $t, y: *mut $t, n: u64);
+                pub fn $swiglu_bwd(a: *const $t, b: *const $t, g: *const $t, out: *mut $t, n: u64);
+                pub fn $loss_fwd(logits: *const $t, targets: *const u32, out: *mut $t, v: i32);
+                pub fn $loss_bwd(
+                    logits: *const $t,
+                    targets: *const u32,
+                    aux: *const $t,
+                    dx: *mut $t,
+                    v: i32,
+                );
+            }
+        };
+    }
+
+    typed!(
+        f32,
+        adamw_f32,
+        rms_norm_fwd_f32,
+        rms_norm_bwd_x_f32,
+        rms_norm_bwd_w_partial_f32,
+        rms_norm_bwd_w_sum_f32,
+        causal_softmax_f32,
+        softmax_bwd_f32,
+        swiglu_fwd_f32,
+        swiglu_bwd_f32,
+        token_loss_fwd_f32,
+        token_loss_bwd_f32
+    );
+    typed!(
+        bf16,
+        adamw_bf16,
+        rms_norm_fwd_bf16,
+        rms_norm_bwd_x_bf16,
+        rms_norm_bwd_w_partial_bf16,
+        rms_norm_bwd_w_sum_bf16,
+        causal_softmax_bf16,
+        softmax_bwd_bf16,
+        swiglu_fwd_bf16,
+        swiglu_bwd_bf16,
+        token_loss_fwd_bf16,
+        token_loss_bwd_bf16
+    );
+}
