@@ -6,7 +6,13 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: &[&str] = &["adamw", "rms_norm", "softmax", "swiglu", "token_loss"];
+const KERNELS: &[&str] = &[
+    "multi_tensor",
+    "rms_norm",
+    "softmax",
+    "swiglu",
+    "token_loss",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=kernels");

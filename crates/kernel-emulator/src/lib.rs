@@ -108,23 +108,10 @@ pub mod kernels {
     use super::bf16;
 
     macro_rules! typed {
-        ($t:ty, $adamw:ident, $rms_fwd:ident, $rms_bwd_x:ident, $rms_w_partial:ident,
+        ($t:ty, $rms_fwd:ident, $rms_bwd_x:ident, $rms_w_partial:ident,
          $rms_w_sum:ident, $softmax:ident, $softmax_bwd:ident, $swiglu_fwd:ident,
          $swiglu_bwd:ident, $loss_fwd:ident, $loss_bwd:ident) => {
             extern "C" {
-                pub fn $adamw(
-                    theta: *mut $t,
-                    g: *const $t,
-                    mv: *mut $t,
-                    n: u64,
-                    lr: f32,
-                    beta1: f32,
-                    beta2: f32,
-                    eps: f32,
-                    keep: f32,
-                    bc1: f32,
-                    bc2: f32,
-                );
                 pub fn $rms_fwd(x: *const $t, w: *const $t, y: *mut $t, d: i32, eps: f32);
                 pub fn $rms_bwd_x(
                     x: *const $t,
@@ -168,9 +155,37 @@ pub mod kernels {
         };
     }
 
+    macro_rules! multi_tensor {
+        ($sum_squares:ident, $scale:ident, $adamw:ident) => {
+            extern "C" {
+                pub fn $sum_squares(
+                    tensors: *const u64,
+                    chunks: *const u64,
+                    chunk: u64,
+                    partial: *mut f32,
+                );
+                pub fn $scale(tensors: *const u64, chunks: *const u64, chunk: u64, coef: f32);
+                pub fn $adamw(
+                    tensors: *const u64,
+                    chunks: *const u64,
+                    chunk: u64,
+                    lr: f32,
+                    beta1: f32,
+                    beta2: f32,
+                    eps: f32,
+                    keep: f32,
+                    bc1: f32,
+                    bc2: f32,
+                );
+            }
+        };
+    }
+
+    multi_tensor!(multi_sum_squares_f32, multi_scale_f32, multi_adamw_f32);
+    multi_tensor!(multi_sum_squares_bf16, multi_scale_bf16, multi_adamw_bf16);
+
     typed!(
         f32,
-        adamw_f32,
         rms_norm_fwd_f32,
         rms_norm_bwd_x_f32,
         rms_norm_bwd_w_partial_f32,
@@ -184,7 +199,6 @@ pub mod kernels {
     );
     typed!(
         bf16,
-        adamw_bf16,
         rms_norm_fwd_bf16,
         rms_norm_bwd_x_bf16,
         rms_norm_bwd_w_partial_bf16,

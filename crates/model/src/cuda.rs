@@ -10,10 +10,10 @@ pub(crate) struct Module {
     pub ptx: &'static str,
 }
 
-/// `kernels/adamw.cu`.
-pub(crate) const ADAMW: Module = Module {
-    name: "agentrl_adamw",
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx")),
+/// `kernels/multi_tensor.cu`.
+pub(crate) const MULTI_TENSOR: Module = Module {
+    name: "agentrl_multi_tensor",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/multi_tensor.ptx")),
 };
 
 /// `kernels/rms_norm.cu`.

@@ -24,6 +24,8 @@ mod host;
 mod kernels;
 pub mod lora;
 mod lora_layer;
+#[cfg(feature = "cuda")]
+mod multi_tensor;
 pub mod ops;
 pub mod optim;
 pub mod policy;

@@ -229,34 +229,34 @@ impl AdamW {
         let t = self.step as i32;
         let bc1 = 1.0 - c.beta1.powi(t);
         let bc2 = 1.0 - c.beta2.powi(t);
-        for ((var, m), v) in self
+        let consts = StepConsts {
+            lr: c.lr,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            eps: c.eps,
+            decay: c.weight_decay,
+            bc1,
+            bc2,
+        };
+        let on_device = self.device_step(grads, consts)?;
+        for (((var, m), v), done) in self
             .vars
             .iter()
             .zip(self.m.iter_mut())
             .zip(self.v.iter_mut())
+            .zip(on_device)
         {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
             };
-            let consts = StepConsts {
-                lr: c.lr,
-                beta1: c.beta1,
-                beta2: c.beta2,
-                eps: c.eps,
-                decay: c.weight_decay,
-                bc1,
-                bc2,
-            };
+            if done {
+                continue;
+            }
             let theta = var.as_tensor();
             match (m, v) {
                 (Moment::F32(m), Moment::F32(v)) => fused_step::<f32>(theta, g, m, v, consts)?,
                 (Moment::F64(m), Moment::F64(v)) => fused_step::<f64>(theta, g, m, v, consts)?,
                 (Moment::Tensor(m), Moment::Tensor(v)) => {
-                    if let Some((next_m, next_v)) = device_step(theta, g, m, v, consts)? {
-                        *m = next_m;
-                        *v = next_v;
-                        continue;
-                    }
                     let next_m = ((&*m * c.beta1)? + (g * (1.0 - c.beta1))?)?;
                     let next_v = ((&*v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
                     let denom = ((&next_v / bc2)?.sqrt()? + c.eps)?;
@@ -275,6 +275,59 @@ impl AdamW {
             }
         }
         Ok(())
+    }
+
+    /// The variables updated in one launch per dtype on a CUDA device
+    /// (`kernels/multi_tensor.cu`): those with a gradient, on CUDA, whose θ,
+    /// gradient and moments share one float dtype. All `false` elsewhere.
+    fn device_step(&self, grads: &GradStore, c: StepConsts) -> Result<Vec<bool>, ModelError> {
+        #[cfg(feature = "cuda")]
+        {
+            let mut done = vec![false; self.vars.len()];
+            let mut picked = Vec::new();
+            for (i, ((var, m), v)) in self.vars.iter().zip(&self.m).zip(&self.v).enumerate() {
+                let (Moment::Tensor(m), Moment::Tensor(v), Some(g)) =
+                    (m, v, grads.get(var.as_tensor()))
+                else {
+                    continue;
+                };
+                let theta = var.as_tensor();
+                let fits = theta.device().is_cuda()
+                    && crate::multi_tensor::supports(theta.dtype())
+                    && [g, m, v]
+                        .iter()
+                        .all(|t| t.dtype() == theta.dtype() && t.dims() == theta.dims())
+                    && [theta, m, v].iter().all(|t| t.is_contiguous());
+                if fits {
+                    picked.push((i, [theta, m, v], g.contiguous()?));
+                }
+            }
+            let rows: Vec<[&Tensor; 4]> = picked
+                .iter()
+                .map(|(_, [theta, m, v], g)| [*theta, g, *m, *v])
+                .collect();
+            let f = |x: f64| x as f32;
+            let scalars = crate::multi_tensor::AdamWScalars {
+                lr: f(c.lr),
+                beta1: f(c.beta1),
+                beta2: f(c.beta2),
+                eps: f(c.eps),
+                keep: f(1.0 - c.lr * c.decay),
+                bc1: f(c.bc1),
+                bc2: f(c.bc2),
+            };
+            if !rows.is_empty() && crate::multi_tensor::adamw(&rows, scalars)? {
+                for (i, _, _) in &picked {
+                    done[*i] = true;
+                }
+            }
+            Ok(done)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (grads, c);
+            Ok(vec![false; self.vars.len()])
+        }
     }
 
     /// Saves step, m and v (exact bits) to a safetensors file.
@@ -370,40 +423,107 @@ pub fn add_grads(
 /// Scales the gradients of `vars` in `grads` so that their global L2 norm is
 /// at most `max_norm` (PyTorch's `clip_grad_norm_`: factor
 /// `max_norm / (norm + 1e-6)` when that is below 1) and returns the norm
-/// before clipping. Variables without a gradient count as zero.
+/// before clipping. Variables without a gradient count as zero. On a CUDA
+/// device the gradients are summed and scaled in place by one launch each
+/// (`kernels/multi_tensor.cu`), so `grads` must own them.
 pub fn clip_grad_norm(
     grads: &mut GradStore,
     vars: &[Var],
     max_norm: f64,
 ) -> Result<f64, ModelError> {
     let mut sq = 0f64;
-    // Off the CPU the per-parameter sums stay on the device and are read
-    // back once: a read per parameter would wait for the device each time.
-    let mut on_device = Vec::new();
+    let mut off_host = Vec::new();
     for var in vars {
         if let Some(g) = grads.get(var.as_tensor()) {
             match host_sum_of_squares(g)? {
                 Some(s) => sq += s,
-                None => on_device.push(device_sum_of_squares(g)?),
+                None => off_host.push(g.clone()),
             }
         }
     }
-    if !on_device.is_empty() {
-        sq += Tensor::stack(&on_device, 0)?
-            .sum_all()?
-            .to_scalar::<f64>()?;
+    let multi = multi_tensor_grads(&off_host);
+    if let Some(s) = multi_tensor_sum_of_squares(&multi)? {
+        sq += s;
+        off_host.retain(|g| !multi.iter().any(|m| m.id() == g.id()));
+    }
+    // Off the CPU the per-parameter sums stay on the device and are read
+    // back once: a read per parameter would wait for the device each time.
+    if !off_host.is_empty() {
+        let sums = off_host
+            .iter()
+            .map(device_sum_of_squares)
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        sq += Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f64>()?;
     }
     let norm = sq.sqrt();
     let coef = max_norm / (norm + 1e-6);
     if coef < 1.0 {
+        let in_place = multi_tensor_scale(&multi, coef)?;
         for var in vars {
             if let Some(g) = grads.get(var.as_tensor()) {
+                if in_place && multi.iter().any(|m| m.id() == g.id()) {
+                    continue;
+                }
                 let scaled = scale(g, coef)?;
                 grads.insert(var.as_tensor(), scaled);
             }
         }
     }
     Ok(norm)
+}
+
+/// The gradients of `gs` that the multi-tensor kernels take (contiguous,
+/// on a CUDA device, f32/bf16/f16); none without the `cuda` feature.
+fn multi_tensor_grads(gs: &[Tensor]) -> Vec<Tensor> {
+    #[cfg(feature = "cuda")]
+    {
+        gs.iter()
+            .filter(|g| {
+                g.device().is_cuda()
+                    && g.is_contiguous()
+                    && crate::multi_tensor::supports(g.dtype())
+            })
+            .cloned()
+            .collect()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = gs;
+        Vec::new()
+    }
+}
+
+/// Σ g² over `gs` by one launch per dtype; `None` for no tensors or where
+/// the kernels do not apply.
+fn multi_tensor_sum_of_squares(gs: &[Tensor]) -> candle_core::Result<Option<f64>> {
+    if gs.is_empty() {
+        return Ok(None);
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let refs: Vec<&Tensor> = gs.iter().collect();
+        crate::multi_tensor::sum_of_squares(&refs)
+    }
+    #[cfg(not(feature = "cuda"))]
+    Ok(None)
+}
+
+/// `gs` scaled by `coef` in place by one launch per dtype; `false` (nothing
+/// changed) for no tensors or where the kernels do not apply.
+fn multi_tensor_scale(gs: &[Tensor], coef: f64) -> candle_core::Result<bool> {
+    if gs.is_empty() {
+        return Ok(false);
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let refs: Vec<&Tensor> = gs.iter().collect();
+        crate::multi_tensor::scale_in_place(&refs, coef)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = coef;
+        Ok(false)
+    }
 }
 
 /// Σ g² in f64 by one host pass, for f32/f64 gradients on the CPU; `None`
@@ -461,135 +581,6 @@ fn scale(g: &Tensor, coef: f64) -> candle_core::Result<Tensor> {
         (true, DType::F32) => host::<f32>(g, coef),
         (true, DType::F64) => host::<f64>(g, coef),
         _ => g * coef,
-    }
-}
-
-/// One parameter's update by the GPU kernel (`kernels/adamw.cu`): θ in
-/// place, and the new moments as views of one `[2, ..]` buffer; `None`
-/// where the kernel does not apply (not CUDA, not f32/bf16/f16,
-/// non-contiguous θ), so the caller uses candle's ops.
-fn device_step(
-    theta: &Tensor,
-    g: &Tensor,
-    m: &Tensor,
-    v: &Tensor,
-    c: StepConsts,
-) -> candle_core::Result<Option<(Tensor, Tensor)>> {
-    #[cfg(feature = "cuda")]
-    {
-        let fits = theta.device().is_cuda()
-            && theta.is_contiguous()
-            && matches!(theta.dtype(), DType::F32 | DType::BF16 | DType::F16)
-            && [g, m, v]
-                .iter()
-                .all(|t| t.dtype() == theta.dtype() && t.dims() == theta.dims());
-        if fits {
-            // Both moments in one buffer: the op takes θ and two more inputs.
-            let mv = Tensor::stack(&[m, v], 0)?;
-            theta.inplace_op3(&g.contiguous()?, &mv, &cuda_adamw::Step(c))?;
-            return Ok(Some((mv.get(0)?, mv.get(1)?)));
-        }
-    }
-    let _ = (theta, g, m, v, c);
-    Ok(None)
-}
-
-/// The AdamW kernel as candle's in-place op on θ.
-#[cfg(feature = "cuda")]
-mod cuda_adamw {
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
-    use candle_core::cuda_backend::CudaDType;
-    use candle_core::{CpuStorage, CudaDevice, CudaStorage, InplaceOp3, Layout, Result};
-
-    use super::StepConsts;
-    use crate::cuda::{elementwise_blocks, launch, on_float_slice, view, ADAMW};
-
-    /// θ ← AdamW(θ, g, [m; v]), rewriting `[m; v]` too.
-    pub struct Step(pub StepConsts);
-
-    impl InplaceOp3 for Step {
-        fn name(&self) -> &'static str {
-            "agentrl-adamw-cuda"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> Result<()> {
-            candle_core::bail!(
-                "agentrl-adamw-cuda runs on CUDA only (the CPU has its own fused step)"
-            )
-        }
-
-        fn cuda_fwd(
-            &self,
-            theta: &mut CudaStorage,
-            tl: &Layout,
-            g: &CudaStorage,
-            gl: &Layout,
-            mv: &CudaStorage,
-            ml: &Layout,
-        ) -> Result<()> {
-            let dev = theta.device().clone();
-            let args = Args {
-                dev: &dev,
-                tl,
-                g: (g, gl),
-                mv: (mv, ml),
-                c: self.0,
-            };
-            on_float_slice!(&mut theta.slice, "adamw", |t, suffix| {
-                args.run(&format!("adamw_{suffix}"), t)
-            })
-        }
-    }
-
-    struct Args<'a> {
-        dev: &'a CudaDevice,
-        tl: &'a Layout,
-        g: (&'a CudaStorage, &'a Layout),
-        mv: (&'a CudaStorage, &'a Layout),
-        c: StepConsts,
-    }
-
-    impl Args<'_> {
-        fn run<T: DeviceRepr + CudaDType>(
-            &self,
-            kernel: &str,
-            theta: &mut CudaSlice<T>,
-        ) -> Result<()> {
-            let n = self.tl.shape().elem_count();
-            let ((g, gl), (mv, ml)) = (self.g, self.mv);
-            if gl.shape().elem_count() != n || ml.shape().elem_count() != 2 * n {
-                candle_core::bail!("adamw: parameter, gradient and moments differ in size")
-            }
-            let g = view(T::as_cuda_slice(g)?, gl, "adamw gradient")?;
-            let mv = view(T::as_cuda_slice(mv)?, ml, "adamw moments")?;
-            let Some((a, b)) = self.tl.contiguous_offsets() else {
-                candle_core::bail!("adamw: the parameter must be contiguous")
-            };
-            let mut theta = theta.slice_mut(a..b);
-            let cfg = elementwise_blocks(n);
-            let c = self.c;
-            let f = |x: f64| x as f32;
-            let (lr, b1, b2, eps) = (f(c.lr), f(c.beta1), f(c.beta2), f(c.eps));
-            let (keep, bc1, bc2, n) = (f(1.0 - c.lr * c.decay), f(c.bc1), f(c.bc2), n as u64);
-            // adamw_T(θ, g, mv, n, lr, β1, β2, ε, keep, bc1, bc2) over n
-            // parameters and 2n moments, grid-strided. `mv` is written
-            // through although candle hands it over shared: it is the
-            // optimizer's own fresh buffer, and the one stream orders it.
-            let dev = self.dev;
-            launch!(
-                dev, ADAMW, kernel, cfg, &mut theta, &g, &mv, &n, &lr, &b1, &b2, &eps, &keep, &bc1,
-                &bc2
-            )
-        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! the CUDA thread model, against an f64 reference written from the
 //! kernel's formula (f32 storage to ~1e-5, bf16 storage to its rounding).
 
-mod adamw;
+mod multi_tensor;
 mod rms_norm;
 mod softmax;
 mod swiglu;
@@ -39,11 +39,6 @@ pub fn row_blocks(rows: usize, width: usize) -> Grid {
         rows as u32,
         (width.div_ceil(32) * 32).clamp(32, 1024) as u32,
     )
-}
-
-/// The model crate's `elementwise_blocks`: 256 threads a block, grid-strided.
-pub fn elementwise_blocks(n: usize) -> Grid {
-    Grid::linear(n.div_ceil(256).clamp(1, 1 << 16) as u32, 256)
 }
 
 /// Panics naming the first element where |got − want| > tol·(1 + |want|).

@@ -409,7 +409,7 @@ fn adamw_matches_pytorch_update_rule() {
     assert_eq!(opt.step_count(), 3);
 }
 
-/// The AdamW step on the test device (on a GPU, `kernels/adamw.cu`)
+/// The AdamW step on the test device (on a GPU, `kernels/multi_tensor.cu`)
 /// against the f64 rule on the host, over enough parameters for many
 /// blocks; then a save and reload of its moments continues bit for bit.
 #[test]
@@ -485,6 +485,84 @@ fn adamw_on_the_test_device_follows_the_update_rule_and_resumes() {
             .unwrap()
     };
     assert_eq!(host(&var), host(&twin));
+}
+
+/// Clipping then AdamW over several parameters on the test device (on a
+/// GPU, one launch each for the sum of squares, the scaling and the update,
+/// `kernels/multi_tensor.cu`), against the f64 rules on the host; one
+/// parameter spans more than one 65,536-element chunk.
+#[test]
+fn clipping_and_adamw_on_the_test_device_cover_several_parameters() {
+    let dev = crate::device::test_device();
+    let cfg = AdamWConfig {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.99,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let sizes = [3usize, 70_001, 1000];
+    let init: Vec<Vec<f64>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| {
+            (0..n)
+                .map(|i| (((i * 37 + k * 11) % 101) as f64 - 50.0) / 25.0)
+                .collect()
+        })
+        .collect();
+    let vars: Vec<Var> = init
+        .iter()
+        .map(|v| {
+            let host: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+            Var::from_tensor(&Tensor::from_vec(host, v.len(), &dev).unwrap()).unwrap()
+        })
+        .collect();
+    // loss = Σ θ² / 2 over all parameters → g = θ.
+    let loss = vars
+        .iter()
+        .map(|v| v.as_tensor().sqr().unwrap().sum_all().unwrap())
+        .reduce(|a, b| (a + b).unwrap())
+        .unwrap();
+    let mut grads = loss.affine(0.5, 0.0).unwrap().backward().unwrap();
+    let norm: f64 = init.iter().flatten().map(|x| x * x).sum::<f64>().sqrt();
+    let max_norm = 10.0;
+    let got = clip_grad_norm(&mut grads, &vars, max_norm).unwrap();
+    assert!(
+        (got - norm).abs() < 1e-6 * norm,
+        "norm {got} against {norm}"
+    );
+    let coef = max_norm / (norm + 1e-6);
+    let mut opt = AdamW::new(vars.clone(), cfg).unwrap();
+    opt.step(&grads).unwrap();
+    for (var, theta0) in vars.iter().zip(&init) {
+        let g_host: Vec<f32> = grads
+            .get(var.as_tensor())
+            .unwrap()
+            .to_device(&Device::Cpu)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let got: Vec<f32> = var
+            .as_tensor()
+            .to_device(&Device::Cpu)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        for i in 0..theta0.len() {
+            let g = theta0[i] * coef;
+            assert!(
+                (g_host[i] as f64 - g).abs() < 1e-6 * (1.0 + g.abs()),
+                "g[{i}]"
+            );
+            let m = (1.0 - cfg.beta1) * g / (1.0 - cfg.beta1);
+            let v = (1.0 - cfg.beta2) * g * g / (1.0 - cfg.beta2);
+            let want =
+                theta0[i] * (1.0 - cfg.lr * cfg.weight_decay) - cfg.lr * m / (v.sqrt() + cfg.eps);
+            let d = (got[i] as f64 - want).abs();
+            assert!(d < 1e-5 * (1.0 + want.abs()), "θ[{i}] off by {d}");
+        }
+    }
 }
 
 fn nll(model: &PolicyModel) -> Tensor {
