@@ -181,6 +181,26 @@ pub mod kernels {
         };
     }
 
+    macro_rules! sample {
+        ($t:ty, $name:ident) => {
+            extern "C" {
+                pub fn $name(
+                    logits: *const $t,
+                    v: i32,
+                    u: *const f64,
+                    inv_t: f32,
+                    token: *mut u32,
+                    logprob: *mut f32,
+                    bad: *mut i32,
+                    bad_value: *mut f32,
+                );
+            }
+        };
+    }
+
+    sample!(f32, sample_rows_f32);
+    sample!(bf16, sample_rows_bf16);
+
     multi_tensor!(multi_sum_squares_f32, multi_scale_f32, multi_adamw_f32);
     multi_tensor!(multi_sum_squares_bf16, multi_scale_bf16, multi_adamw_bf16);
 

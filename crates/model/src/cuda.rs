@@ -22,6 +22,12 @@ pub(crate) const RMS_NORM: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/rms_norm.ptx")),
 };
 
+/// `kernels/sample.cu`.
+pub(crate) const SAMPLE: Module = Module {
+    name: "agentrl_sample",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/sample.ptx")),
+};
+
 /// `kernels/softmax.cu`.
 pub(crate) const SOFTMAX: Module = Module {
     name: "agentrl_softmax",

@@ -8,7 +8,10 @@
 //! preallocated per-layer KV caches ([`LayerKvCache`]), then decoded one
 //! token per step. Only each step's last-position logits `[B, V]` come to
 //! the host, where [`crate::sampling::sample_rows`] picks the tokens, so the draws, the
-//! untempered log-probs and the stop rule are those of the host decoder.
+//! untempered log-probs and the stop rule are those of the host decoder. On
+//! a CUDA device plain sampling (no steering, top-k or top-p) picks them
+//! there instead (`device_sampling`), with the same uniform draws, and
+//! brings back a token and a log-prob per row.
 //!
 //! Finished sequences stay in the batch (their rows are computed and
 //! ignored): a fixed-shape batch keeps the caches contiguous, and a GPU's
@@ -70,17 +73,21 @@ pub(crate) fn generate(
         let rope = model.rotary().tables_for(&step_positions)?;
         let h = model.forward_hidden(&step_ids, &rope, &pads, Some(&mut kv))?;
         let t = h.dim(1)?;
-        let logits = model
-            .logits(&h.narrow(1, t - 1, 1)?)?
-            .squeeze(1)?
-            .to_dtype(DType::F32)?
-            .to_device(&Device::Cpu)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let vocab = logits.len() / b;
-        // A real vocabulary (Qwen2.5's 151,936) makes the token choice a
-        // host pass per row worth spreading over the cores.
-        let picks = steer.choose_rows(&logits, vocab, &active, &row_of, &gens, params, &mut rng)?;
+        let logits = model.logits(&h.narrow(1, t - 1, 1)?)?.squeeze(1)?;
+        let picks = match device_picks(&logits, &active, params, steer, &mut rng)? {
+            Some(picks) => picks,
+            None => {
+                let logits = logits
+                    .to_dtype(DType::F32)?
+                    .to_device(&Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                let vocab = logits.len() / b;
+                // A real vocabulary (Qwen2.5's 151,936) makes the token choice a
+                // host pass per row worth spreading over the cores.
+                steer.choose_rows(&logits, vocab, &active, &row_of, &gens, params, &mut rng)?
+            }
+        };
         let mut still = Vec::with_capacity(active.len());
         for (&i, (tok, lp, go_on)) in active.iter().zip(picks) {
             if push_token(&mut gens[i], tok, lp, params) && go_on {
@@ -103,5 +110,56 @@ pub(crate) fn generate(
             .unzip();
         step_ids = Tensor::from_vec(last, (b, 1), &dev)?;
         step_positions = Tensor::from_vec(pos, (b, 1), &dev)?;
+    }
+}
+
+/// A sequence's next token, its log-prob, and whether it may go on.
+type Choice = (u32, f32, bool);
+
+/// The choices of the sequences `active` (sequence i on row i of `logits`,
+/// `[B, V]`) made on a CUDA device (`kernels/sample.cu`), with the uniform
+/// draws the host sampler would take in the same order; `None` where the
+/// host must choose: off CUDA, with steering, top-k or top-p.
+fn device_picks(
+    logits: &Tensor,
+    active: &[usize],
+    params: &SamplingParams,
+    steer: &Steer<'_>,
+    rng: &mut SamplingRng<'_>,
+) -> Result<Option<Vec<Choice>>, ModelError> {
+    #[cfg(feature = "cuda")]
+    {
+        use rand::Rng;
+
+        use crate::device_sampling::{sample_rows, DeviceChoice};
+        let vocab = logits.dim(1)?;
+        let plain =
+            steer.is_plain() && (params.top_k == 0 || params.top_k >= vocab) && params.top_p >= 1.0;
+        if !(logits.device().is_cuda() && plain) {
+            return Ok(None);
+        }
+        // Finished rows are computed too (the batch keeps its shape), greedily.
+        let mut draws = vec![-1.0; logits.dim(0)?];
+        if params.temperature != 0.0 {
+            for &i in active {
+                draws[i] = rng.for_sequence(i).random::<f64>();
+            }
+        }
+        let choices = sample_rows(logits, &draws, (1.0 / params.temperature) as f32)?;
+        active
+            .iter()
+            .map(|&i| match choices[i] {
+                DeviceChoice::Token(tok, lp) => Ok((tok, lp, true)),
+                DeviceChoice::NonFinite { token, value } => {
+                    Err(ModelError::NonFiniteLogits { token, value })
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (logits, active, params, steer, rng);
+        Ok(None)
     }
 }

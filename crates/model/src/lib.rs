@@ -14,6 +14,8 @@ pub mod config;
 mod cuda;
 pub mod decode;
 pub mod device;
+#[cfg(feature = "cuda")]
+mod device_sampling;
 pub mod error;
 #[cfg(target_arch = "x86_64")]
 mod gemm_bf16;

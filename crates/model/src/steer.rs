@@ -32,6 +32,12 @@ impl<'a> Steer<'a> {
         }
     }
 
+    /// Whether every choice is the plain sampler's (no steering).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn is_plain(&self) -> bool {
+        self.steering.is_none()
+    }
+
     /// Steered by `steering`.
     pub(crate) fn by(steering: &'a mut dyn Steering) -> Self {
         Self {

@@ -4,6 +4,7 @@
 
 mod multi_tensor;
 mod rms_norm;
+mod sample;
 mod softmax;
 mod swiglu;
 mod token_loss;

@@ -244,8 +244,10 @@ fn generation_builds_no_autograd_graph() {
 
 /// The graph decoder (what runs off the CPU) against the host decoder on
 /// ragged prompts: greedy with a stop token one prompt meets early (so a
-/// finished row rides along in the batch), and seeded sampling with top-k.
-/// On `AGENTRL_TEST_DEVICE=cuda` the graph side runs on the GPU.
+/// finished row rides along in the batch), seeded sampling with top-k, and
+/// plain seeded sampling. On `AGENTRL_TEST_DEVICE=cuda` the graph side runs
+/// on the GPU, where greedy and plain sampling choose there
+/// (`kernels/sample.cu`) with the host's uniform draws.
 #[test]
 fn graph_decode_on_the_test_device_equals_the_host_decoder() {
     let host = fixture_model();
@@ -267,7 +269,12 @@ fn graph_decode_on_the_test_device_equals_the_host_decoder() {
         top_k: 20,
         ..SamplingParams::default()
     };
-    for params in [greedy, sampled] {
+    let plain = SamplingParams {
+        max_new_tokens: 10,
+        temperature: 0.8,
+        ..SamplingParams::default()
+    };
+    for params in [greedy, sampled, plain] {
         let want = host
             .generate(&prompts, &params, &mut ChaCha8Rng::seed_from_u64(7))
             .unwrap();
