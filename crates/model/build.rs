@@ -1,18 +1,10 @@
-//! With the `cuda` feature, compiles `kernels/*.cu` to PTX (loaded at run
-//! time by `token_loss`), using the CUDA toolkit candle's kernels need too:
+//! With the `cuda` feature, compiles `kernels/*.cu` to PTX (included and
+//! loaded at run time through `src/cuda.rs`), using the CUDA toolkit candle's kernels need too:
 //! `nvcc` from `$CUDA_HOME/bin` or the PATH, for `$CUDA_COMPUTE_CAP`
 //! (candle's variable; default 70, whose PTX every later GPU can run).
 
 use std::path::PathBuf;
 use std::process::Command;
-
-const KERNELS: &[&str] = &[
-    "multi_tensor",
-    "rms_norm",
-    "softmax",
-    "swiglu",
-    "token_loss",
-];
 
 fn main() {
     println!("cargo:rerun-if-changed=kernels");
@@ -28,7 +20,15 @@ fn main() {
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "70".into());
     let cap: String = cap.chars().filter(char::is_ascii_digit).collect();
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    for name in KERNELS {
+    // Every `.cu` file of kernels/ (src/cuda.rs includes each one's PTX).
+    let mut names: Vec<String> = std::fs::read_dir("kernels")
+        .expect("kernels/ is readable")
+        .map(|e| e.expect("a readable directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .filter_map(|p| Some(p.file_stem()?.to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    for name in &names {
         let src = format!("kernels/{name}.cu");
         let ptx = out_dir.join(format!("{name}.ptx"));
         let status = Command::new(&nvcc)

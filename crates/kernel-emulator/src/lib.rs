@@ -198,6 +198,33 @@ pub mod kernels {
         };
     }
 
+    macro_rules! decode {
+        ($t:ty, $softmax:ident, $kv_write:ident) => {
+            extern "C" {
+                pub fn $softmax(
+                    x: *const $t,
+                    y: *mut $t,
+                    pads: *const u32,
+                    n_pads: i32,
+                    last: *const u32,
+                    s: i32,
+                    rows_per_batch: i32,
+                );
+                pub fn $kv_write(
+                    cache: *mut $t,
+                    fresh: *const $t,
+                    slot: *const u32,
+                    rows: u64,
+                    cap: u32,
+                    hd: u32,
+                );
+            }
+        };
+    }
+
+    decode!(f32, decode_softmax_f32, kv_write_f32);
+    decode!(bf16, decode_softmax_bf16, kv_write_bf16);
+
     sample!(f32, sample_rows_f32);
     sample!(bf16, sample_rows_bf16);
 

@@ -1,5 +1,5 @@
-// Attention's causal softmax on a GPU (crate::ops, CausalSoftmax and
-// SoftmaxBwd): one block per row of s keys, f32 arithmetic whatever the
+// Attention's causal softmax on a GPU (crate::ops, CausalSoftmax,
+// DecodeSoftmax and SoftmaxBwd): one block per row of s keys, f32 arithmetic whatever the
 // storage type. Row r is query i = r % t of batch element r / rows_per_batch,
 // which sees keys pads[b] ..= i + s - t (no pads when n_pads is 0); masked
 // keys get exactly 0, and a row that sees no key is all zeros.
@@ -30,14 +30,18 @@ __device__ float block_reduce(float v, bool is_max) {
     return part[0];
 }
 
+// `last` null: the causal rule above. Otherwise every row sees keys
+// pads[b] ..= *last (read on the device: a decode step over a whole cache
+// whose newest key's position is not a launch parameter, so that a captured
+// CUDA graph can replay it).
 template <typename T>
 __device__ void causal_softmax(const T *x, T *y, const uint32_t *pads, int n_pads, int t, int s,
-                               int rows_per_batch) {
+                               int rows_per_batch, const uint32_t *last = nullptr) {
     size_t row = blockIdx.x;
     int i = row % t;
     int b = row / rows_per_batch;
     int lo = (n_pads > 0 && b < n_pads) ? (int)pads[b] : 0;
-    int hi = min(i + s - t + 1, s);
+    int hi = last ? (int)min((uint32_t)s, *last + 1u) : min(i + s - t + 1, s);
     const T *xr = x + row * s;
     T *yr = y + row * s;
     if (lo >= hi) {
@@ -75,6 +79,11 @@ template <typename T> __device__ void softmax_bwd(const T *p, const T *g, T *dx,
                                                      int n_pads, int t, int s,                     \
                                                      int rows_per_batch) {                         \
         causal_softmax<T>(x, y, pads, n_pads, t, s, rows_per_batch);                               \
+    }                                                                                              \
+    extern "C" __global__ void decode_softmax_##NAME(const T *x, T *y, const uint32_t *pads,      \
+                                                     int n_pads, const uint32_t *last, int s,      \
+                                                     int rows_per_batch) {                         \
+        causal_softmax<T>(x, y, pads, n_pads, 1, s, rows_per_batch, last);                         \
     }                                                                                              \
     extern "C" __global__ void softmax_bwd_##NAME(const T *p, const T *g, T *dx, int s) {         \
         softmax_bwd<T>(p, g, dx, s);                                                               \

@@ -10,6 +10,12 @@ pub(crate) struct Module {
     pub ptx: &'static str,
 }
 
+/// `kernels/kv_cache.cu`.
+pub(crate) const KV_CACHE: Module = Module {
+    name: "agentrl_kv_cache",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/kv_cache.ptx")),
+};
+
 /// `kernels/multi_tensor.cu`.
 pub(crate) const MULTI_TENSOR: Module = Module {
     name: "agentrl_multi_tensor",

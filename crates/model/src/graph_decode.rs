@@ -64,16 +64,16 @@ pub(crate) fn generate(
         ids.extend(std::iter::repeat_n(0u32, pad).chain(ctx.iter().copied()));
         positions.extend((0..longest).map(|j| j.saturating_sub(pad) as u32));
     }
-    let mut step_ids = Tensor::from_vec(ids, (b, longest), &dev)?;
-    let mut step_positions = Tensor::from_vec(positions, (b, longest), &dev)?;
+    let prompt_ids = Tensor::from_vec(ids, (b, longest), &dev)?;
+    let prompt_positions = Tensor::from_vec(positions, (b, longest), &dev)?;
+    let rope = model.rotary().tables_for(&prompt_positions)?;
+    let h = model.forward_hidden(&prompt_ids, &rope, &pads, Some(&mut kv))?;
+    let mut logits = model.logits(&h.narrow(1, longest - 1, 1)?)?.squeeze(1)?;
+    let mut steps = DecodeSteps::new(model, b, &pads)?;
     let mut active: Vec<usize> = (0..b).collect();
     // Sequence i's logits are row i.
     let row_of = active.clone();
     loop {
-        let rope = model.rotary().tables_for(&step_positions)?;
-        let h = model.forward_hidden(&step_ids, &rope, &pads, Some(&mut kv))?;
-        let t = h.dim(1)?;
-        let logits = model.logits(&h.narrow(1, t - 1, 1)?)?.squeeze(1)?;
         let picks = match device_picks(&logits, &active, params, steer, &mut rng)? {
             Some(picks) => picks,
             None => {
@@ -99,7 +99,9 @@ pub(crate) fn generate(
             return Ok(gens);
         }
         // Every row steps on its newest token (finished ones too, ignored):
-        // the prefill gave every sequence one.
+        // the prefill gave every sequence one. Step n writes cache slot
+        // longest + n - 1, the same for every row (all are left-padded to
+        // the longest context).
         let (last, pos): (Vec<u32>, Vec<u32>) = contexts
             .iter()
             .zip(&gens)
@@ -108,8 +110,177 @@ pub(crate) fn generate(
                 (g.tokens[n - 1], (c.len() + n - 1) as u32)
             })
             .unzip();
-        step_ids = Tensor::from_vec(last, (b, 1), &dev)?;
-        step_positions = Tensor::from_vec(pos, (b, 1), &dev)?;
+        let slot = (longest + gens[active[0]].tokens.len() - 1) as u32;
+        logits = steps.next(model, &mut kv, &last, &pos, slot)?;
+    }
+}
+
+/// The decode steps after the prefill: fixed-shape ones ([`crate::fixed_step`])
+/// where the model's device and dtype have their ops (CUDA; f32/f64 on
+/// the CPU), replayed from a CUDA graph captured on the first step when the
+/// device is a GPU; else steps that append to the caches.
+struct DecodeSteps<'a> {
+    pads: &'a [usize],
+    /// The step's inputs, rewritten in place each step: ids and positions
+    /// `[B, 1]`, the cache slot `[1]` (u32).
+    fixed: Option<[Tensor; 3]>,
+    #[cfg(feature = "cuda")]
+    graph: cuda_graph::StepGraph,
+}
+
+impl<'a> DecodeSteps<'a> {
+    fn new(model: &Model, b: usize, pads: &'a [usize]) -> Result<Self, ModelError> {
+        let dev = model.device();
+        let fits = match dev {
+            Device::Cpu => matches!(model.dtype(), DType::F32 | DType::F64),
+            _ => dev.is_cuda() && matches!(model.dtype(), DType::F32 | DType::BF16 | DType::F16),
+        };
+        let fixed = match fits {
+            true => Some([
+                Tensor::zeros((b, 1), DType::U32, dev)?,
+                Tensor::zeros((b, 1), DType::U32, dev)?,
+                Tensor::zeros(1, DType::U32, dev)?,
+            ]),
+            false => None,
+        };
+        Ok(Self {
+            pads,
+            fixed,
+            #[cfg(feature = "cuda")]
+            graph: cuda_graph::StepGraph::default(),
+        })
+    }
+
+    /// The logits `[B, V]` after feeding `ids` (one per row) at `positions`,
+    /// their keys and values cached at `slot`.
+    fn next(
+        &mut self,
+        model: &Model,
+        kv: &mut [LayerKvCache],
+        ids: &[u32],
+        positions: &[u32],
+        slot: u32,
+    ) -> Result<Tensor, ModelError> {
+        let b = ids.len();
+        let Some(inputs) = &self.fixed else {
+            let dev = model.device();
+            let ids = Tensor::from_vec(ids.to_vec(), (b, 1), dev)?;
+            let positions = Tensor::from_vec(positions.to_vec(), (b, 1), dev)?;
+            let rope = model.rotary().tables_for(&positions)?;
+            let h = model.forward_hidden(&ids, &rope, self.pads, Some(kv))?;
+            return Ok(model.logits(&h)?.squeeze(1)?);
+        };
+        if slot as usize >= kv.first().map_or(0, LayerKvCache::capacity) {
+            return Err(ModelError::InvalidInput(format!(
+                "decode step: cache slot {slot} past the caches' capacity"
+            )));
+        }
+        crate::fixed_step::upload(&inputs[0], ids)?;
+        crate::fixed_step::upload(&inputs[1], positions)?;
+        crate::fixed_step::upload(&inputs[2], &[slot])?;
+        #[cfg(feature = "cuda")]
+        if let Some(logits) = self.graph.step(model, kv, inputs, self.pads)? {
+            return Ok(logits);
+        }
+        Ok(fixed_step(model, kv, inputs, self.pads)?)
+    }
+}
+
+/// One fixed-shape step: the logits `[B, V]` of `inputs` = (ids, positions,
+/// slot), every varying value read from those tensors on the device.
+fn fixed_step(
+    model: &Model,
+    kv: &mut [LayerKvCache],
+    [ids, positions, slot]: &[Tensor; 3],
+    pads: &[usize],
+) -> candle_core::Result<Tensor> {
+    let rope = model.rotary().tables_for(positions)?;
+    let h = model.forward_hidden_at_slot(ids, &rope, pads, kv, slot)?;
+    model.logits(&h)?.squeeze(1)
+}
+
+/// The fixed-shape step as a CUDA graph: warmed up uncaptured on the first
+/// step (candle's parameter uploads cached on the way), captured right
+/// after it with the same inputs (capture records, it runs nothing), then
+/// replayed for every later step, its logits copied into one buffer that
+/// outlives the graph's own allocations. If capturing fails, the steps run
+/// uncaptured: same results, more launches from the host.
+#[cfg(feature = "cuda")]
+mod cuda_graph {
+    use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
+    use candle_core::Tensor;
+
+    use super::fixed_step;
+    use crate::qwen2::{LayerKvCache, Model};
+
+    #[derive(Default)]
+    pub(super) enum StepGraph {
+        /// No step has run yet.
+        #[default]
+        Cold,
+        /// Captured: the graph and the buffer its logits land in.
+        Ready(CudaGraph, Tensor),
+        /// Capturing failed; every step runs uncaptured.
+        Off,
+    }
+
+    impl StepGraph {
+        /// The step's logits from the graph, or `None` where the caller
+        /// runs the step itself (on the first step, which warms up, and
+        /// once capturing has failed).
+        pub(super) fn step(
+            &mut self,
+            model: &Model,
+            kv: &mut [LayerKvCache],
+            inputs: &[Tensor; 3],
+            pads: &[usize],
+        ) -> candle_core::Result<Option<Tensor>> {
+            let dev = model.device().as_cuda_device()?.clone();
+            match self {
+                StepGraph::Ready(graph, logits) => {
+                    use candle_core::cuda_backend::WrapErr;
+                    graph.launch().w()?;
+                    Ok(Some(logits.clone()))
+                }
+                StepGraph::Off => Ok(None),
+                StepGraph::Cold => {
+                    let cached = dev.enable_cuda_graph_htod_cache();
+                    let warm = fixed_step(model, kv, inputs, pads)?;
+                    *self = match capture(&dev, model, kv, inputs, pads, &warm) {
+                        Some((graph, out)) => StepGraph::Ready(graph, out),
+                        None => StepGraph::Off,
+                    };
+                    drop(cached);
+                    Ok(Some(warm))
+                }
+            }
+        }
+    }
+
+    /// The step captured as a graph writing its logits into a buffer shaped
+    /// like `like`; `None` where capturing fails.
+    fn capture(
+        dev: &candle_core::CudaDevice,
+        model: &Model,
+        kv: &mut [LayerKvCache],
+        inputs: &[Tensor; 3],
+        pads: &[usize],
+        like: &Tensor,
+    ) -> Option<(CudaGraph, Tensor)> {
+        let out = like.zeros_like().ok()?;
+        let stream = dev.cuda_stream();
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .ok()?;
+        // Recorded, not run: every allocation and free of the step becomes
+        // a node of the graph; only `out` (allocated before) outlives it.
+        let recorded = fixed_step(model, kv, inputs, pads).and_then(|l| out.slice_set(&l, 0, 0));
+        let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+        let graph = stream.end_capture(flags);
+        match (recorded, graph) {
+            (Ok(()), Ok(Some(graph))) => Some((graph, out)),
+            _ => None,
+        }
     }
 }
 

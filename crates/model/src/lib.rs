@@ -17,6 +17,7 @@ pub mod device;
 #[cfg(feature = "cuda")]
 mod device_sampling;
 pub mod error;
+mod fixed_step;
 #[cfg(target_arch = "x86_64")]
 mod gemm_bf16;
 pub mod gguf;

@@ -421,6 +421,50 @@ mod softmax_on_gpu {
         Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
     }
 
+    /// Rows of `s` scores, one query each, `rows_per_batch` rows per batch
+    /// element, element b's row seeing keys `pads[b] ..= *last` (`last` a
+    /// one-element u32 buffer on the device).
+    pub fn decode(
+        (x, layout): (&CudaStorage, &Layout),
+        (last, last_layout): (&CudaStorage, &Layout),
+        pads: &[usize],
+        s: usize,
+        rows_per_batch: usize,
+    ) -> Result<CudaStorage> {
+        let dev = x.device();
+        let host: Vec<u32> = pads.iter().map(|&p| p as u32).collect();
+        let pads_on_gpu = dev.clone_htod(&host)?;
+        let last = view(
+            u32::as_cuda_slice(last)?,
+            last_layout,
+            "decode softmax bound",
+        )?;
+        on_float_slice!(&x.slice, "decode softmax", |v, suffix| {
+            let x = view(v, layout, "decode softmax scores")?;
+            let n = layout.shape().elem_count();
+            // SAFETY: the kernel writes every element of every row.
+            let y = unsafe { dev.alloc(n)? };
+            let cfg = row_blocks(n / s.max(1), s)?;
+            let (n_pads, s32, rpb) = (pads.len() as i32, s as i32, rows_per_batch as i32);
+            // decode_softmax_T(x, y, pads, n_pads, last, s, rows_per_batch):
+            // one block per row of s.
+            launch!(
+                dev,
+                SOFTMAX,
+                &format!("decode_softmax_{suffix}"),
+                cfg,
+                &x,
+                &y,
+                &pads_on_gpu,
+                &n_pads,
+                &last,
+                &s32,
+                &rpb
+            )?;
+            Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+        })
+    }
+
     /// `dx = p ⊙ (g − Σ p g)` over rows of `s`.
     pub fn backward(
         (p, pl): (&CudaStorage, &Layout),
@@ -463,6 +507,18 @@ mod softmax_on_gpu {
         )?;
         Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
     }
+}
+
+/// The decode step's bounded softmax on a GPU (see `crate::fixed_step`).
+#[cfg(feature = "cuda")]
+pub(crate) fn decode_softmax_on_gpu(
+    scores: (&CudaStorage, &Layout),
+    last: (&CudaStorage, &Layout),
+    pads: &[usize],
+    s: usize,
+    rows_per_batch: usize,
+) -> Result<CudaStorage> {
+    softmax_on_gpu::decode(scores, last, pads, s, rows_per_batch)
 }
 
 fn softmax_bwd(p: &Tensor, g: &Tensor) -> Result<Tensor> {

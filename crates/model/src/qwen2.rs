@@ -346,6 +346,11 @@ impl LayerKvCache {
         self.len == 0
     }
 
+    /// Most positions the cache holds.
+    pub fn capacity(&self) -> usize {
+        self.k.dims()[2]
+    }
+
     /// Appends `k, v: [B, kv, T, hd]` and returns views of everything cached,
     /// `[B, kv, len, hd]` (strided views; candle's matmul takes them without a copy).
     fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -366,6 +371,16 @@ impl LayerKvCache {
             self.v.narrow(2, 0, self.len)?,
         ))
     }
+
+    /// Writes one step's `k, v: [B, kv, 1, hd]` at the position `slot` (a
+    /// one-element u32 tensor on the cache's device) holds and returns the
+    /// whole caches, `[B, kv, capacity, hd]`: a fixed-shape decode step
+    /// ([`crate::fixed_step`]). The count of cached positions is left alone.
+    fn write_at(&self, k: &Tensor, v: &Tensor, slot: &Tensor) -> Result<(Tensor, Tensor)> {
+        crate::fixed_step::write_at_slot(&self.k, k, slot)?;
+        crate::fixed_step::write_at_slot(&self.v, v, slot)?;
+        Ok((self.k.clone(), self.v.clone()))
+    }
 }
 
 /// What a layer's attention attends over besides its input `[B, T, d]`: the
@@ -379,6 +394,12 @@ pub struct AttentionScope<'a> {
     pub pads: &'a [usize],
     /// The layer's cache of earlier keys and values.
     pub cache: Option<&'a mut LayerKvCache>,
+    /// For a one-token step with a cache: the cache position (a one-element
+    /// u32 tensor on the device) the token's key and value go to; attention
+    /// then runs over the whole cache, each row seeing keys `pads[b] ..=`
+    /// that position (a fixed-shape step, [`crate::fixed_step`]). `None`:
+    /// the keys are appended and attention runs over those cached.
+    pub slot: Option<&'a Tensor>,
 }
 
 /// Grouped-query self-attention with optional q/k/v biases.
@@ -446,7 +467,12 @@ impl Attention {
     /// element b are left padding no query sees (empty = no padding).
     /// Returns `[B, T, d]`.
     pub fn forward(&self, x: &Tensor, scope: AttentionScope<'_>) -> Result<Tensor> {
-        let AttentionScope { rope, pads, cache } = scope;
+        let AttentionScope {
+            rope,
+            pads,
+            cache,
+            slot,
+        } = scope;
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
         let rep = nh / nkv;
@@ -459,9 +485,10 @@ impl Attention {
         let q = rope_to_heads(&q, rope, 1.0 / (hd as f64).sqrt(), self.inference)?;
         let k = rope_to_heads(&k, rope, 1.0, self.inference)?;
         let v = v.transpose(1, 2)?.contiguous()?;
-        let (k, v) = match cache {
-            Some(c) => c.append(&k, &v)?,
-            None => (k, v),
+        let (k, v) = match (cache, slot) {
+            (Some(c), Some(slot)) => c.write_at(&k, &v, slot)?,
+            (Some(c), None) => c.append(&k, &v)?,
+            (None, _) => (k, v),
         };
         let s = k.dim(2)?;
         // Grouped-query attention without copying k/v `rep` times: query head
@@ -472,7 +499,10 @@ impl Attention {
         // grad: matmul's backward is two matmuls; reshape is a view.
         let scores = q.matmul(&k.t()?)?.reshape((b, nh, t, s))?;
         // grad: the fused causal softmax has its own bwd (crate::ops).
-        let probs = crate::ops::left_padded_causal_softmax(&scores, pads)?;
+        let probs = match slot {
+            Some(slot) => crate::fixed_step::decode_softmax(&scores, pads, slot)?,
+            None => crate::ops::left_padded_causal_softmax(&scores, pads)?,
+        };
         // [B, kv, rep*T, S] @ [B, kv, S, hd] → [B, kv, rep*T, hd] → [B, heads, T, hd] → [B, T, heads*hd].
         let out = probs
             .reshape((b, nkv, rep * t, s))?
@@ -736,6 +766,34 @@ impl Model {
         pads: &[usize],
         caches: Option<&mut [LayerKvCache]>,
     ) -> Result<Tensor> {
+        self.hidden(ids, rope, pads, caches, None)
+    }
+
+    /// [`Model::forward_hidden`] of a one-token step `ids: [B, 1]` whose
+    /// keys and values go to the cache position `slot` holds (a one-element
+    /// u32 tensor on the device), attending over the whole caches: every
+    /// launch of one such step is a launch of the next, only the contents
+    /// of `ids`, the rope tables' positions and `slot` differ
+    /// ([`crate::fixed_step`]).
+    pub(crate) fn forward_hidden_at_slot(
+        &self,
+        ids: &Tensor,
+        rope: &RopeTables,
+        pads: &[usize],
+        caches: &mut [LayerKvCache],
+        slot: &Tensor,
+    ) -> Result<Tensor> {
+        self.hidden(ids, rope, pads, Some(caches), Some(slot))
+    }
+
+    fn hidden(
+        &self,
+        ids: &Tensor,
+        rope: &RopeTables,
+        pads: &[usize],
+        caches: Option<&mut [LayerKvCache]>,
+        slot: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         // grad: index_select's backward is index_add into the embedding rows.
         let mut h = self
@@ -751,7 +809,15 @@ impl Model {
         };
         for layer in &self.layers {
             let cache = layer_caches.as_mut().and_then(Iterator::next);
-            h = layer.forward(&h, AttentionScope { rope, pads, cache })?;
+            h = layer.forward(
+                &h,
+                AttentionScope {
+                    rope,
+                    pads,
+                    cache,
+                    slot,
+                },
+            )?;
         }
         self.norm.forward(&h)
     }

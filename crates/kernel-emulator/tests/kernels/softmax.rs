@@ -106,3 +106,50 @@ fn softmax_backward_is_p_times_g_minus_its_mean() {
     .unwrap();
     assert_close("softmax backward", &f64s(&dx), &want, 1e-6);
 }
+
+#[test]
+fn decode_softmax_sees_keys_from_the_pad_to_the_device_held_last() {
+    // 2 batch elements × 3 heads, one query each, over a cache of 90 keys of
+    // which positions ..= 61 are written; element 1 is padded by 10.
+    let (b, h, s) = (2, 3, 90);
+    let rows = b * h;
+    let pads = [0u32, 10];
+    let mut last = vec![61u32];
+    let x = random(rows * s, 4.0, 60);
+    let mut want = vec![0f64; rows * s];
+    for r in 0..rows {
+        let lo = pads[r / h] as usize;
+        let xr = &x[r * s..][..s];
+        let m = xr[lo..=61]
+            .iter()
+            .fold(f64::NEG_INFINITY, |m, &v| m.max(v.into()));
+        let z: f64 = xr[lo..=61].iter().map(|&v| (f64::from(v) - m).exp()).sum();
+        for j in lo..=61 {
+            want[r * s + j] = (f64::from(xr[j]) - m).exp() / z;
+        }
+    }
+    let (mut xs, mut pads_buf) = (x.clone(), pads.to_vec());
+    let mut y = vec![f32::NAN; rows * s];
+    let (xp, yp, pp, lp) = (
+        Shared::of(&mut xs),
+        Shared::of(&mut y),
+        Shared::of(&mut pads_buf),
+        Shared::of(&mut last),
+    );
+    // SAFETY: x and y hold rows × s values, pads one per batch element, last one.
+    unsafe {
+        launch(row_blocks(rows, s), || {
+            decode_softmax_f32(
+                xp.ptr(),
+                yp.ptr(),
+                pp.ptr(),
+                2,
+                lp.ptr(),
+                s as i32,
+                h as i32,
+            )
+        })
+    }
+    .unwrap();
+    assert_close("decode softmax", &f64s(&y), &want, 1e-6);
+}
