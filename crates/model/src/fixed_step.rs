@@ -58,11 +58,15 @@ impl InplaceOp1 for Upload<'_> {
         if b - a != self.0.len() {
             candle_core::bail!("upload: {} values into {} elements", self.0.len(), b - a)
         }
-        let dev = s.device().clone();
+        use candle_core::cuda_backend::WrapErr;
+        // The stream's own copy, not candle's: under candle's graph-capture
+        // cache a copy would keep every distinct upload's bytes.
+        let stream = s.device().cuda_stream();
         let candle_core::cuda_backend::CudaStorageSlice::U32(v) = &mut s.slice else {
             candle_core::bail!("upload: the target must be u32")
         };
-        dev.memcpy_htod(self.0, &mut v.slice_mut(a..b))
+        let mut dst = v.slice_mut(a..b);
+        stream.memcpy_htod(self.0, &mut dst).w()
     }
 }
 

@@ -344,7 +344,7 @@ impl HostKernel for SoftmaxBwd {
 #[cfg(feature = "cuda")]
 mod softmax_on_gpu {
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{CudaDevice, CudaStorage, Layout, Result};
 
@@ -439,30 +439,47 @@ mod softmax_on_gpu {
             last_layout,
             "decode softmax bound",
         )?;
+        let sh = Shape {
+            t: 1,
+            s,
+            rows_per_batch,
+            n_pads: pads.len(),
+        };
         on_float_slice!(&x.slice, "decode softmax", |v, suffix| {
-            let x = view(v, layout, "decode softmax scores")?;
-            let n = layout.shape().elem_count();
-            // SAFETY: the kernel writes every element of every row.
-            let y = unsafe { dev.alloc(n)? };
-            let cfg = row_blocks(n / s.max(1), s)?;
-            let (n_pads, s32, rpb) = (pads.len() as i32, s as i32, rows_per_batch as i32);
-            // decode_softmax_T(x, y, pads, n_pads, last, s, rows_per_batch):
-            // one block per row of s.
-            launch!(
-                dev,
-                SOFTMAX,
-                &format!("decode_softmax_{suffix}"),
-                cfg,
-                &x,
-                &y,
-                &pads_on_gpu,
-                &n_pads,
-                &last,
-                &s32,
-                &rpb
-            )?;
-            Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+            decode_typed(dev, suffix, (v, layout), &pads_on_gpu, &last, sh)
         })
+    }
+
+    fn decode_typed<T: DeviceRepr + CudaDType>(
+        dev: &CudaDevice,
+        suffix: &str,
+        (x, layout): (&CudaSlice<T>, &Layout),
+        pads: &CudaSlice<u32>,
+        last: &CudaView<'_, u32>,
+        sh: Shape,
+    ) -> Result<CudaStorage> {
+        let x = view(x, layout, "decode softmax scores")?;
+        let n = layout.shape().elem_count();
+        // SAFETY: the kernel writes every element of every row.
+        let y = unsafe { dev.alloc::<T>(n)? };
+        let cfg = row_blocks(n / sh.s.max(1), sh.s)?;
+        let (n_pads, s, rpb) = (sh.n_pads as i32, sh.s as i32, sh.rows_per_batch as i32);
+        // decode_softmax_T(x, y, pads, n_pads, last, s, rows_per_batch):
+        // one block per row of s.
+        launch!(
+            dev,
+            SOFTMAX,
+            &format!("decode_softmax_{suffix}"),
+            cfg,
+            &x,
+            &y,
+            pads,
+            &n_pads,
+            last,
+            &s,
+            &rpb
+        )?;
+        Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
     }
 
     /// `dx = p ⊙ (g − Σ p g)` over rows of `s`.
