@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The checks a GPU machine exists for, in one run: the model crate's tests on
-# GPU 0, then `bench model --device cuda` against PyTorch (bf16 and f32
-# training at 16×256 and 8×1024, sampling at batch 16 and 128), each step
-# under its own time limit so one hang cannot eat the rest. For a machine
+# GPU 0, `bench model --device cuda` against PyTorch (bf16 and f32 training
+# at 16×256 and 8×1024, sampling at batch 16 and 128), then two whole RL
+# steps at Qwen2.5-0.5B's shape (`bench rollout --rl-steps`), each step
+# under its own time limit so one hang cannot eat the rest (~20 minutes at
+# most; ONLY="tests bench-bf16-16x256" runs just the steps named). For a machine
 # with a GPU, Python with torch's CUDA 13 wheels, and no Rust: it runs the
 # binaries scripts/build-cuda.sh packed elsewhere.
 #
@@ -42,6 +44,9 @@ fi
 step() {
   local name=$1 limit=$2
   shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+    return
+  fi
   local start=$SECONDS
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
@@ -58,5 +63,10 @@ step bench-bf16-16x256 240 "$A" "${BENCH[@]}" --dtype bf16
 step bench-bf16-8x1024 240 "$A" "${BENCH[@]}" --dtype bf16 --batch 8 --seq-len 1024 --sample-runs 1
 step bench-f32-16x256 240 "$A" "${BENCH[@]}" --dtype f32
 step bench-bf16-sample128 240 "$A" "${BENCH[@]}" --dtype bf16 --batch 128 --steps 1
+# Whole RL steps of the default recipe with a random model of Qwen2.5-0.5B's
+# body (the tiny tokenizer's vocabulary), each phase timed.
+step rl-steps-0.5b 300 "$A" bench rollout --rl-steps 2 --device cuda --json trainer.val_tasks=8 \
+  model.hidden_size=896 model.num_hidden_layers=24 model.num_attention_heads=14 \
+  model.num_key_value_heads=2 model.intermediate_size=4864 model.rope_theta=1000000
 grep -h -E "passed|failed|test result" "$OUT/tests.log" | tail -3 >>"$SUMMARY"
 cat "$SUMMARY"

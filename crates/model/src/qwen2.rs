@@ -397,7 +397,7 @@ pub struct AttentionScope<'a> {
     /// For a one-token step with a cache: the cache position (a one-element
     /// u32 tensor on the device) the token's key and value go to; attention
     /// then runs over the whole cache, each row seeing keys `pads[b] ..=`
-    /// that position (a fixed-shape step, [`crate::fixed_step`]). `None`:
+    /// that position (a fixed-shape step, see the `fixed_step` module). `None`:
     /// the keys are appended and attention runs over those cached.
     pub slot: Option<&'a Tensor>,
 }

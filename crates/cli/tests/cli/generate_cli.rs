@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::common::{agentrl, agentrl_line, failure_stderr, json_stdout};
+use crate::common::{agentrl, agentrl_line, failure_stderr, json_stdout, SMOKE};
 
 #[path = "../../../model/tests/model/qwen2_tiny/mod.rs"]
 mod qwen2_tiny;
@@ -190,4 +190,34 @@ fn bench_model_rounds_report_the_median_round() {
     assert_eq!(v["train_tokens_per_s"].as_f64(), Some(each[1]), "{v}");
     let err = failure_stderr(&agentrl(&[&tiny[..], &["--rounds", "0"]].concat()));
     assert!(err.contains("--rounds"), "{err}");
+}
+
+/// `bench rollout --rl-steps N` times N whole RL steps of a config through
+/// the trainer, each phase; 0 steps is refused by name.
+#[test]
+fn bench_rollout_times_whole_rl_steps_phase_by_phase() {
+    let v = json_stdout(&agentrl(&[
+        "bench",
+        "rollout",
+        SMOKE,
+        "--rl-steps",
+        "2",
+        "--json",
+    ]));
+    let steps = v["steps"].as_array().expect("the steps' phases");
+    assert_eq!(steps.len(), 2, "{v}");
+    for s in steps {
+        let (rollout, update) = (
+            s["rollout"].as_f64().unwrap(),
+            s["update"].as_f64().unwrap(),
+        );
+        assert!(rollout > 0.0 && update > 0.0, "{s}");
+        let total = s["total"].as_f64().unwrap();
+        let parts = rollout + update + s["scoring"].as_f64().unwrap();
+        assert!((total - parts).abs() < 1e-9, "{s}");
+    }
+    assert_eq!(v["device"], "cpu");
+    assert!(v["parameters"].as_u64().unwrap() > 0);
+    let err = failure_stderr(&agentrl(&["bench", "rollout", SMOKE, "--rl-steps", "0"]));
+    assert!(err.contains("--rl-steps"), "{err}");
 }

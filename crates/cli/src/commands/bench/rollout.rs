@@ -1,6 +1,9 @@
 //! `agentrl bench rollout`: the rollout phase of a training step (B tasks × G
 //! samples, every turn to the end) with each dialogue's KV cache kept between
-//! turns and with every turn re-encoded, on the same seeds.
+//! turns and with every turn re-encoded, on the same seeds; or, with
+//! `--rl-steps N`, N whole RL steps of the config (rollout, the no-grad
+//! scoring, the update) with each phase's time. `--device cuda` runs the
+//! policy on GPU 0.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -9,9 +12,12 @@ use agentrl_env_core::{Env, Split, TaskSpec};
 use agentrl_rollout::{run_rollouts, RolloutConfig, Trajectory};
 use agentrl_tokenizer::ChatTokenizer;
 use agentrl_trainer::bootstrap::starting_policy;
+use agentrl_trainer::config::TrainDevice;
 use agentrl_trainer::trainer::env_maker;
-use agentrl_trainer::{LocalPolicy, PromptTokens, TrainConfig, TrainedPolicy};
+use agentrl_trainer::{LocalPolicy, PromptTokens, Silent, TrainConfig, TrainedPolicy, Trainer};
 use candle_core::Device;
+
+use crate::commands::device::DeviceArg;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -32,6 +38,39 @@ pub struct BenchRolloutArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Where the policy runs (with `--rl-steps`, the trainer's device).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
+    /// Time N whole RL steps of the config instead (rollout, the no-grad
+    /// scoring of old and reference log-probs, the update), in a temporary
+    /// run directory after the run's start (its first evaluation included).
+    #[arg(long, value_name = "N", conflicts_with = "policy")]
+    rl_steps: Option<usize>,
+}
+
+/// One RL step's phases, in seconds.
+#[derive(Debug, Clone, Serialize)]
+struct StepPhases {
+    step: usize,
+    rollout: f64,
+    /// The no-grad scoring of the kept trajectories (part of the update).
+    scoring: f64,
+    /// The PPO epochs (the update without the scoring).
+    update: f64,
+    total: f64,
+    /// Mean tokens the policy generated per trajectory.
+    generated_tokens: f64,
+}
+
+/// What `agentrl bench rollout --rl-steps N --json` prints.
+#[derive(Debug, Clone, Serialize)]
+struct RlStepReport {
+    env: String,
+    device: &'static str,
+    parameters: u64,
+    steps: Vec<StepPhases>,
+    /// Per phase, the median over the steps.
+    median: StepPhases,
 }
 
 /// One mode's figures.
@@ -122,14 +161,22 @@ pub fn run(args: BenchRolloutArgs) -> anyhow::Result<()> {
     if cfg!(debug_assertions) {
         eprintln!("note: debug build; use `cargo run --release -p agentrl -- bench rollout` for real figures");
     }
+    if let Some(steps) = args.rl_steps {
+        return rl_steps(cfg, steps, args.device, args.json);
+    }
+    let dev = args.device.open()?;
     let (tokenizer, model, rollout) = match &args.policy {
         Some(path) => {
             let p = TrainedPolicy::open(path)?;
-            (p.tokenizer, p.model, p.rollout)
+            let model = match dev {
+                Device::Cpu => p.model,
+                _ => agentrl_model::PolicyModel::load(&p.checkpoint, false, &dev)?,
+            };
+            (p.tokenizer, model, p.rollout)
         }
         None => {
             let make = env_maker(&cfg)?;
-            let (tok, model) = starting_policy(&cfg, make.as_ref(), false, &Device::Cpu)?;
+            let (tok, model) = starting_policy(&cfg, make.as_ref(), false, &dev)?;
             (tok, model, cfg.rollout.clone())
         }
     };
@@ -176,5 +223,81 @@ pub fn run(args: BenchRolloutArgs) -> anyhow::Result<()> {
         "speed-up {:.2}x; same trajectories: {}",
         report.speedup, report.same_trajectories
     );
+    Ok(())
+}
+
+/// `--rl-steps`: `steps` RL steps of `cfg` on `device` in a temporary run
+/// directory, each phase timed.
+fn rl_steps(
+    mut cfg: TrainConfig,
+    steps: usize,
+    device: DeviceArg,
+    json: bool,
+) -> anyhow::Result<()> {
+    if steps == 0 {
+        anyhow::bail!("--rl-steps must be at least 1");
+    }
+    cfg.trainer.device = match device {
+        DeviceArg::Cpu => TrainDevice::Cpu,
+        DeviceArg::Cuda => TrainDevice::Cuda,
+    };
+    cfg.trainer.total_training_steps = cfg.trainer.total_training_steps.max(steps);
+    let dir = tempfile::tempdir()?;
+    let env = format!("{}/{}", cfg.env.name, cfg.env.difficulty);
+    let mut trainer = Trainer::start(cfg, &dir.path().join("run"), &mut Silent)?;
+    let mut phases = Vec::with_capacity(steps);
+    for step in 1..=steps {
+        let m = trainer.rl_step(step)?;
+        let scoring = m.update.scoring_seconds;
+        phases.push(StepPhases {
+            step,
+            rollout: m.rollout_seconds,
+            scoring,
+            update: m.update_seconds - scoring,
+            total: m.rollout_seconds + m.update_seconds,
+            generated_tokens: m.generated_tokens,
+        });
+    }
+    let median = |f: fn(&StepPhases) -> f64| {
+        let mut v: Vec<f64> = phases.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let report = RlStepReport {
+        env,
+        device: match device {
+            DeviceArg::Cpu => "cpu",
+            DeviceArg::Cuda => "cuda",
+        },
+        parameters: trainer.model.config.parameter_count().unwrap_or(0),
+        median: StepPhases {
+            step: 0,
+            rollout: median(|p| p.rollout),
+            scoring: median(|p| p.scoring),
+            update: median(|p| p.update),
+            total: median(|p| p.total),
+            generated_tokens: median(|p| p.generated_tokens),
+        },
+        steps: phases,
+    };
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{}: {} RL steps on {}, a policy of {} parameters",
+        report.env, steps, report.device, report.parameters
+    );
+    println!("step   rollout s  scoring s   update s    total s  generated tokens/trajectory");
+    for p in report.steps.iter().chain([&report.median]) {
+        let name = match p.step {
+            0 => "median".to_string(),
+            n => n.to_string(),
+        };
+        println!(
+            "{name:>6} {:10.2} {:10.2} {:10.2} {:10.2} {:10.1}",
+            p.rollout, p.scoring, p.update, p.total, p.generated_tokens
+        );
+    }
     Ok(())
 }
