@@ -277,10 +277,20 @@ mod cuda_graph {
         let recorded = fixed_step(model, kv, inputs, pads).and_then(|l| out.slice_set(&l, 0, 0));
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let graph = stream.end_capture(flags);
-        match (recorded, graph) {
-            (Ok(()), Ok(Some(graph))) => Some((graph, out)),
-            _ => None,
-        }
+        let why = match (recorded, graph) {
+            (Ok(()), Ok(Some(graph))) => return Some((graph, out)),
+            (Err(e), _) => e.to_string(),
+            (_, Err(e)) => e.to_string(),
+            (_, Ok(None)) => "an empty graph".to_string(),
+        };
+        // Once per process: every later call would fail the same way.
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "decoding without a CUDA graph: capturing the decode step failed ({why})"
+            );
+        });
+        None
     }
 }
 
