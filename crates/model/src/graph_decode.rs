@@ -179,8 +179,10 @@ impl<'a> DecodeSteps<'a> {
         crate::fixed_step::upload(&inputs[1], positions)?;
         crate::fixed_step::upload(&inputs[2], &[slot])?;
         #[cfg(feature = "cuda")]
-        if let Some(logits) = self.graph.step(model, kv, inputs, self.pads)? {
-            return Ok(logits);
+        if model.device().is_cuda() {
+            if let Some(logits) = self.graph.step(model, kv, inputs, self.pads)? {
+                return Ok(logits);
+            }
         }
         Ok(fixed_step(model, kv, inputs, self.pads)?)
     }
@@ -235,7 +237,6 @@ mod cuda_graph {
             inputs: &[Tensor; 3],
             pads: &[usize],
         ) -> candle_core::Result<Option<Tensor>> {
-            let dev = model.device().as_cuda_device()?.clone();
             match self {
                 StepGraph::Ready(graph, logits) => {
                     use candle_core::cuda_backend::WrapErr;
@@ -244,6 +245,7 @@ mod cuda_graph {
                 }
                 StepGraph::Off => Ok(None),
                 StepGraph::Cold => {
+                    let dev = model.device().as_cuda_device()?.clone();
                     let cached = dev.enable_cuda_graph_htod_cache();
                     let warm = fixed_step(model, kv, inputs, pads)?;
                     *self = match capture(&dev, model, kv, inputs, pads, &warm) {
