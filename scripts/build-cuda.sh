@@ -15,7 +15,10 @@
 # It builds a private clone of the committed tree (HEAD) in $CUDA_BUILD_DIR
 # (default /tmp/agentrl-cuda), so uncommitted edits are not in the binaries.
 # Rerunning skips the finished steps (venv, toolkit links, stub) and
-# rebuilds incrementally. Output, in $CUDA_BUILD_DIR/out:
+# rebuilds incrementally. Last, it runs the model tests and a one-step RL
+# bench with the cuda binaries on this machine's CPU (the link stub stands
+# in for libcuda.so.1), which catches code only a cuda build compiles.
+# Output, in $CUDA_BUILD_DIR/out:
 #   agentrl, model_tests      stripped binaries
 #   cuda_bins.tar.xz          both, one archive (Python's tarfile unpacks it)
 #   MANIFEST                  commit, toolkit versions, sha256 sums and the
@@ -46,13 +49,13 @@ for tool in git python3 gcc cargo strip xz; do
 done
 mkdir -p "$W"
 
-echo "== 1/5 the committed tree at HEAD in $SRC"
+echo "== 1/6 the committed tree at HEAD in $SRC"
 [ -d "$SRC/.git" ] || git clone -q "$TOP" "$SRC"
 git -C "$SRC" fetch -q "$TOP" HEAD
 git -C "$SRC" checkout -q --detach FETCH_HEAD
 REV=$(git -C "$SRC" rev-parse HEAD)
 
-echo "== 2/5 the CUDA 13.0 toolkit from PyPI"
+echo "== 2/6 the CUDA 13.0 toolkit from PyPI"
 [ -x "$W/venv/bin/pip" ] || python3 -m venv "$W/venv"
 nice -n 19 "$W/venv/bin/pip" install -q --no-cache-dir "${WHEELS[@]}"
 C=$("$W/venv/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')
@@ -77,7 +80,7 @@ for f in "$C"/lib/*.so.* "$C"/lib/*.a; do ln -sfn "$f" "$H/lib64/"; done
   ln -sfn libcublasLt.so.13 libcublasLt.so
 )
 
-echo "== 3/5 the link-time stub of libcuda.so.1"
+echo "== 3/6 the link-time stub of libcuda.so.1"
 if [ ! -f "$H/lib64/stubs/libcuda.so" ]; then
   CUDARC=$(cd "$SRC" && cargo metadata --format-version 1 --features agentrl-model/cuda 2>/dev/null |
     python3 -c 'import json, sys
@@ -93,7 +96,7 @@ print([p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"]
   nice -n 19 gcc -shared -fPIC -O0 -Wl,-soname,libcuda.so.1 -o "$H/lib64/stubs/libcuda.so" "$W/stub/cuda_stub.c"
 fi
 
-echo "== 4/5 cargo build --features cuda (sm_$CAP)"
+echo "== 4/6 cargo build --features cuda (sm_$CAP)"
 export CUDA_HOME=$H               # build.rs, cudarc's link paths, candle's kernels
 export PATH=$H/bin:$PATH          # nvcc
 export CUDA_COMPUTE_CAP=$CAP      # candle turns 90 into sm_90a / compute_90a
@@ -111,7 +114,7 @@ for line in sys.stdin:
         print(m["executable"])')
 [ -n "$TEST_EXE" ] || { echo "build-cuda: the model test binary was not built" >&2; exit 1; }
 
-echo "== 5/5 stripped binaries, archive and manifest in $W/out"
+echo "== 5/6 stripped binaries, archive and manifest in $W/out"
 mkdir -p "$W/out"
 cp "$CARGO_TARGET_DIR/release/agentrl" "$W/out/agentrl"
 cp "$TEST_EXE" "$W/out/model_tests"
@@ -131,3 +134,16 @@ nice -n 19 strip "$W/out/agentrl" "$W/out/model_tests"
   done
 } >"$W/out/MANIFEST"
 cat "$W/out/MANIFEST"
+
+echo "== 6/6 the cuda binaries on this CPU (the stub as libcuda.so.1; no GPU is touched)"
+# The model tests on the CPU device and a one-step RL bench: code that only
+# a cuda build compiles runs here too before a GPU machine sees it.
+mkdir -p "$W/stub/run"
+ln -sfn "$H/lib64/stubs/libcuda.so" "$W/stub/run/libcuda.so.1"
+(
+  export LD_LIBRARY_PATH=$W/stub/run:$H/lib64
+  cd "$W"
+  "$W/out/model_tests" --quiet
+  "$W/out/agentrl" bench rollout --rl-steps 1 "$SRC/configs/smoke.toml" >/dev/null
+)
+echo "the cuda build's model tests and a one-step RL bench pass on the CPU"
