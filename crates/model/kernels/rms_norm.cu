@@ -5,23 +5,7 @@
 // over the chunks in a fixed order (the same bits on every run).
 
 #include "convert.cuh"
-
-// The block's sum of v, returned to every thread (blockDim.x a multiple of 32).
-__device__ float block_sum(float v) {
-    __shared__ float part[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // part[] may still be read by an earlier call
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < (int)(blockDim.x / 32) ? part[lane] : 0.f;
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-        if (lane == 0) part[0] = v;
-    }
-    __syncthreads();
-    return part[0];
-}
+#include "block_sum.cuh"
 
 template <typename T> __device__ float inv_rms(const T *xr, int d, float eps) {
     float ss = 0.f;

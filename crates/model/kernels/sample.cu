@@ -13,6 +13,7 @@
 // the segments, whatever the storage type.
 
 #include "convert.cuh"
+#include "block_sum.cuh"
 
 // A candidate for the maximum: its value and index (lower index wins ties).
 struct Best {
@@ -65,22 +66,6 @@ __device__ int block_min(int v) {
     if (warp == 0) {
         v = lane < (int)(blockDim.x / 32) ? part[lane] : 0x7fffffff;
         for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffff, v, o));
-        if (lane == 0) part[0] = v;
-    }
-    __syncthreads();
-    return part[0];
-}
-
-__device__ float block_sum(float v) {
-    __shared__ float part[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < (int)(blockDim.x / 32) ? part[lane] : 0.f;
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
         if (lane == 0) part[0] = v;
     }
     __syncthreads();

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice};
 use candle_core::{DType, Result, Storage, Tensor};
 
@@ -62,6 +62,14 @@ impl Tables {
         self.tensors.push(n);
         self.chunks
             .extend((0..n).step_by(CHUNK as usize).flat_map(|start| [k, start]));
+    }
+
+    /// Both tables on the device.
+    fn upload(&self) -> Result<(CudaSlice<u64>, CudaSlice<u64>)> {
+        Ok((
+            self.dev.clone_htod(&self.tensors)?,
+            self.dev.clone_htod(&self.chunks)?,
+        ))
     }
 
     fn blocks(&self) -> usize {
@@ -127,8 +135,7 @@ pub(crate) fn sum_of_squares(grads: &[&Tensor]) -> Result<Option<f64>> {
     let mut total = 0f64;
     for t in &groups {
         let dev = &t.dev;
-        let tensors = dev.clone_htod(&t.tensors)?;
-        let chunks = dev.clone_htod(&t.chunks)?;
+        let (tensors, chunks) = t.upload()?;
         // SAFETY: the kernel writes one partial per block.
         let partial = unsafe { dev.alloc::<f32>(t.blocks())? };
         // multi_sum_squares_T(tensors, chunks, chunk, partial): block b sums
@@ -180,8 +187,7 @@ pub(crate) fn scale_in_place(grads: &[&Tensor], coef: f64) -> Result<bool> {
     let coef = coef as f32;
     for t in &groups {
         let dev = &t.dev;
-        let tensors = dev.clone_htod(&t.tensors)?;
-        let chunks = dev.clone_htod(&t.chunks)?;
+        let (tensors, chunks) = t.upload()?;
         // multi_scale_T(tensors, chunks, chunk, coef): each element of each
         // (distinct, non-overlapping) tensor once.
         launch!(
@@ -223,8 +229,7 @@ pub(crate) fn adamw(params: &[[&Tensor; 4]], c: AdamWScalars) -> Result<bool> {
     };
     for t in &groups {
         let dev = &t.dev;
-        let tensors = dev.clone_htod(&t.tensors)?;
-        let chunks = dev.clone_htod(&t.chunks)?;
+        let (tensors, chunks) = t.upload()?;
         // multi_adamw_T(tensors, chunks, chunk, lr, β1, β2, ε, keep, bc1,
         // bc2): rows (θ, g, m, v, n), each element of each row once.
         launch!(
