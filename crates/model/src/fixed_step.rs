@@ -93,10 +93,13 @@ impl InplaceOp3 for WriteAtSlot {
         slot: &CpuStorage,
         sl: &Layout,
     ) -> Result<()> {
-        let (rows, cap, hd) = cache_shape(cl, fl)?;
+        let (_, cap, hd) = cache_shape(cl, fl)?;
         let at = host_u32(slot, sl, "kv write slot")? as usize;
         if at >= cap {
             candle_core::bail!("kv write: slot {at} past a cache of {cap}")
+        }
+        if hd == 0 {
+            return Ok(());
         }
         let (Some((c0, _)), Some((f0, f1))) = (cl.contiguous_offsets(), fl.contiguous_offsets())
         else {
@@ -116,7 +119,6 @@ impl InplaceOp3 for WriteAtSlot {
             };
         }
         copy_rows!(F32, F64, BF16, F16);
-        let _ = rows;
         Ok(())
     }
 
@@ -230,6 +232,9 @@ fn decode_softmax_rows<T: Real>(
     last: usize,
 ) -> Vec<T> {
     let mut y = vec![T::ZERO; x.len()];
+    if s == 0 {
+        return y;
+    }
     for (r, (xr, yr)) in x.chunks(s).zip(y.chunks_mut(s)).enumerate() {
         let lo = pads[r / rows_per_batch];
         let hi = (last + 1).min(s);
@@ -298,4 +303,64 @@ pub(crate) fn decode_softmax(scores: &Tensor, pads: &[usize], last: &Tensor) -> 
     scores
         .contiguous()?
         .apply_op2_no_bwd(last, &DecodeSoftmax { pads })
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor};
+
+    use super::*;
+
+    #[test]
+    fn a_step_writes_its_slot_and_attends_up_to_it() {
+        let dev = Device::Cpu;
+        // [B = 1, kv = 1, cap = 4, hd = 2], positions 0 and 1 written.
+        let cache = Tensor::new(&[[[[1f32, 1.], [2., 2.], [0., 0.], [0., 0.]]]], &dev).unwrap();
+        let slot = Tensor::zeros(1, DType::U32, &dev).unwrap();
+        upload(&slot, &[2]).unwrap();
+        let fresh = Tensor::new(&[[[[3f32, 4.]]]], &dev).unwrap();
+        write_at_slot(&cache, &fresh, &slot).unwrap();
+        let rows: Vec<Vec<f32>> = cache
+            .squeeze(0)
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        assert_eq!(rows, [[1., 1.], [2., 2.], [3., 4.], [0., 0.]]);
+        // Keys 0..=2 share the mass; key 3 (not yet written) gets exactly 0,
+        // and a pad of 1 hides key 0 too.
+        let scores = Tensor::zeros((2, 1, 1, 4), DType::F32, &dev).unwrap();
+        let p: Vec<f32> = decode_softmax(&scores, &[0, 1], &slot)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let third = 1.0 / 3.0;
+        assert_eq!(p, [third, third, third, 0.0, 0.0, 0.5, 0.5, 0.0]);
+    }
+
+    #[test]
+    fn bad_steps_are_errors_naming_the_problem() {
+        let dev = Device::Cpu;
+        let slot = Tensor::zeros(1, DType::U32, &dev).unwrap();
+        let e = upload(&slot, &[1, 2]).unwrap_err().to_string();
+        assert!(e.contains("2 values into 1"), "{e}");
+        let cache = Tensor::zeros((1, 1, 4, 2), DType::F32, &dev).unwrap();
+        upload(&slot, &[4]).unwrap();
+        let fresh = Tensor::zeros((1, 1, 1, 2), DType::F32, &dev).unwrap();
+        let e = write_at_slot(&cache, &fresh, &slot)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("slot 4 past a cache of 4"), "{e}");
+        let wide = Tensor::zeros((1, 1, 1, 3), DType::F32, &dev).unwrap();
+        let e = write_at_slot(&cache, &wide, &slot).unwrap_err().to_string();
+        assert!(e.contains("kv write"), "{e}");
+        let scores = Tensor::zeros((2, 1, 1, 4), DType::F32, &dev).unwrap();
+        let e = decode_softmax(&scores, &[0], &slot)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("1 pads"), "{e}");
+    }
 }
