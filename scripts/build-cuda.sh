@@ -52,7 +52,9 @@ mkdir -p "$W"
 echo "== 1/6 the committed tree at HEAD in $SRC"
 [ -d "$SRC/.git" ] || git clone -q "$TOP" "$SRC"
 git -C "$SRC" fetch -q "$TOP" HEAD
-git -C "$SRC" checkout -q --detach FETCH_HEAD
+# The clone is this script's own: whatever was left in it gives way.
+git -C "$SRC" checkout -q --force --detach FETCH_HEAD
+git -C "$SRC" clean -qfd
 REV=$(git -C "$SRC" rev-parse HEAD)
 
 echo "== 2/6 the CUDA 13.0 toolkit from PyPI"
