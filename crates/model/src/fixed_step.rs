@@ -18,6 +18,7 @@ use candle_core::{CpuStorage, CustomOp2, InplaceOp1, InplaceOp3, Layout, Result,
 
 use crate::host::storage_slice;
 use crate::kernels::Real;
+use crate::ops::{causal_softmax_rows, ScoreRows};
 
 /// The u32 a one-element tensor on the CPU holds.
 fn host_u32(s: &CpuStorage, l: &Layout, what: &str) -> Result<u32> {
@@ -224,6 +225,8 @@ impl DecodeSoftmax<'_> {
     }
 }
 
+/// [`DecodeSoftmax`] on the host: the attention softmax's rows with every
+/// row bounded at `last`.
 fn decode_softmax_rows<T: Real>(
     x: &[T],
     pads: &[usize],
@@ -232,25 +235,15 @@ fn decode_softmax_rows<T: Real>(
     last: usize,
 ) -> Vec<T> {
     let mut y = vec![T::ZERO; x.len()];
-    if s == 0 {
-        return y;
-    }
-    for (r, (xr, yr)) in x.chunks(s).zip(y.chunks_mut(s)).enumerate() {
-        let lo = pads[r / rows_per_batch];
-        let hi = (last + 1).min(s);
-        if lo >= hi {
-            continue;
-        }
-        let m = xr[lo..hi].iter().fold(T::NEG_INFINITY, |m, &v| m.max(v));
-        let mut sum = 0f64;
-        for j in lo..hi {
-            yr[j] = (xr[j] - m).exp();
-            sum += yr[j].to_f64();
-        }
-        let inv = T::from_f64(1.0 / sum);
-        for v in &mut yr[lo..hi] {
-            *v *= inv;
-        }
+    if s > 0 {
+        let rows = ScoreRows {
+            t: 1,
+            s,
+            rows_per_batch,
+            pads,
+            last: Some(last),
+        };
+        causal_softmax_rows(0, x, &mut y, rows);
     }
     y
 }
@@ -292,7 +285,7 @@ impl CustomOp2 for DecodeSoftmax<'_> {
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (per, s) = self.geometry(l1.dims())?;
-        let y = crate::ops::decode_softmax_on_gpu((s1, l1), (s2, l2), self.pads, s, per)?;
+        let y = crate::ops::softmax_on_gpu::decode((s1, l1), (s2, l2), self.pads, s, per)?;
         Ok((y, l1.shape().clone()))
     }
 }

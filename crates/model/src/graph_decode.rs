@@ -66,9 +66,7 @@ pub(crate) fn generate(
     }
     let prompt_ids = Tensor::from_vec(ids, (b, longest), &dev)?;
     let prompt_positions = Tensor::from_vec(positions, (b, longest), &dev)?;
-    let rope = model.rotary().tables_for(&prompt_positions)?;
-    let h = model.forward_hidden(&prompt_ids, &rope, &pads, Some(&mut kv))?;
-    let mut logits = model.logits(&h.narrow(1, longest - 1, 1)?)?.squeeze(1)?;
+    let mut logits = appending_step(model, &mut kv, &prompt_ids, &prompt_positions, &pads)?;
     let mut steps = DecodeSteps::new(model, b, &pads)?;
     let mut active: Vec<usize> = (0..b).collect();
     // Sequence i's logits are row i.
@@ -166,9 +164,7 @@ impl<'a> DecodeSteps<'a> {
             let dev = model.device();
             let ids = Tensor::from_vec(ids.to_vec(), (b, 1), dev)?;
             let positions = Tensor::from_vec(positions.to_vec(), (b, 1), dev)?;
-            let rope = model.rotary().tables_for(&positions)?;
-            let h = model.forward_hidden(&ids, &rope, self.pads, Some(kv))?;
-            return Ok(model.logits(&h)?.squeeze(1)?);
+            return Ok(appending_step(model, kv, &ids, &positions, self.pads)?);
         };
         if slot as usize >= kv.first().map_or(0, LayerKvCache::capacity) {
             return Err(ModelError::InvalidInput(format!(
@@ -186,6 +182,22 @@ impl<'a> DecodeSteps<'a> {
         }
         Ok(fixed_step(model, kv, inputs, self.pads)?)
     }
+}
+
+/// The logits `[B, V]` at the last position of `ids: [B, T]` (at
+/// `positions`), their keys and values appended to the caches: the prefill,
+/// and the steps where the fixed-shape ops do not apply.
+fn appending_step(
+    model: &Model,
+    kv: &mut [LayerKvCache],
+    ids: &Tensor,
+    positions: &Tensor,
+    pads: &[usize],
+) -> candle_core::Result<Tensor> {
+    let rope = model.rotary().tables_for(positions)?;
+    let h = model.forward_hidden(ids, &rope, pads, Some(kv))?;
+    let t = h.dim(1)?;
+    model.logits(&h.narrow(1, t - 1, 1)?)?.squeeze(1)
 }
 
 /// One fixed-shape step: the logits `[B, V]` of `inputs` = (ids, positions,

@@ -24,10 +24,22 @@ const CHUNK: u64 = 1 << 16;
 /// Threads per block.
 const THREADS: u32 = 512;
 
-/// A tensor's first element on its CUDA device: the device, the address,
-/// the kernel-name suffix of its dtype and its element count; `None` off
-/// CUDA, for other dtypes and for non-contiguous tensors.
-fn address(t: &Tensor) -> Option<(CudaDevice, u64, &'static str, u64)> {
+/// Where a contiguous tensor's elements live on its CUDA device.
+struct Address {
+    dev: CudaDevice,
+    /// The first element's address.
+    at: u64,
+    /// The kernel-name suffix of the dtype.
+    suffix: &'static str,
+    /// Bytes per element.
+    size: u64,
+    /// Elements.
+    n: u64,
+}
+
+/// `t`'s [`Address`]; `None` off CUDA, for other dtypes and for
+/// non-contiguous tensors.
+fn address(t: &Tensor) -> Option<Address> {
     if !t.is_contiguous() {
         return None;
     }
@@ -42,8 +54,13 @@ fn address(t: &Tensor) -> Option<(CudaDevice, u64, &'static str, u64)> {
         CudaStorageSlice::F16(s) => (s.device_ptr(&stream).0, 2, "f16"),
         _ => return None,
     };
-    let at = base + (layout.start_offset() * size) as u64;
-    Some((cs.device().clone(), at, suffix, t.elem_count() as u64))
+    Some(Address {
+        dev: cs.device().clone(),
+        at: base + (layout.start_offset() * size) as u64,
+        suffix,
+        size: size as u64,
+        n: t.elem_count() as u64,
+    })
 }
 
 /// One launch's tables: `fields` u64 per tensor (addresses, then the count)
@@ -94,7 +111,9 @@ fn tables(rows: &[Vec<&Tensor>]) -> Option<Vec<Tables>> {
         let mut addresses = Vec::with_capacity(row.len());
         let mut first: Option<(CudaDevice, &'static str, u64)> = None;
         for t in row {
-            let (dev, at, suffix, n) = address(t)?;
+            let Address {
+                dev, at, suffix, n, ..
+            } = address(t)?;
             match &first {
                 None => first = Some((dev, suffix, n)),
                 Some((d, s, m)) if d.id() == dev.id() && *s == suffix && *m == n => {}
@@ -169,11 +188,10 @@ pub(crate) fn sum_of_squares(grads: &[&Tensor]) -> Result<Option<f64>> {
 pub(crate) fn scale_in_place(grads: &[&Tensor], coef: f64) -> Result<bool> {
     let mut spans: Vec<(u64, u64, &Tensor)> = Vec::with_capacity(grads.len());
     for &g in grads {
-        let Some((_, at, suffix, n)) = address(g) else {
+        let Some(a) = address(g) else {
             return Ok(false);
         };
-        let size = if suffix == "f32" { 4 } else { 2 };
-        spans.push((at, at + n * size, g));
+        spans.push((a.at, a.at + a.n * a.size, g));
     }
     spans.sort_by_key(|&(start, end, _)| (start, end));
     spans.dedup_by_key(|&mut (start, end, _)| (start, end));

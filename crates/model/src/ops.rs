@@ -221,20 +221,30 @@ struct CausalSoftmax {
 /// The kernel's view of one score tensor: rows of `s` keys, `t` queries per
 /// (batch, head), `rows_per_batch` rows per batch element.
 #[derive(Clone, Copy)]
-struct ScoreRows<'a> {
-    t: usize,
-    s: usize,
-    rows_per_batch: usize,
-    pads: &'a [usize],
+pub(crate) struct ScoreRows<'a> {
+    pub t: usize,
+    pub s: usize,
+    pub rows_per_batch: usize,
+    pub pads: &'a [usize],
+    /// `Some(l)`: every row sees keys up to `l` instead of the causal
+    /// bound (a decode step over a whole cache, `crate::fixed_step`).
+    pub last: Option<usize>,
 }
 
-fn causal_softmax_rows<T: Real>(first_row: usize, src: &[T], dst: &mut [T], g: ScoreRows) {
+/// Softmax of rows `first_row..` of scores `src` into `dst`, each row over
+/// the keys `g` lets it see; the others get exactly 0.
+pub(crate) fn causal_softmax_rows<T: Real>(
+    first_row: usize,
+    src: &[T],
+    dst: &mut [T],
+    g: ScoreRows,
+) {
     let (t, s) = (g.t, g.s);
     for (k, (x, y)) in src.chunks(s).zip(dst.chunks_mut(s)).enumerate() {
         let row = first_row + k;
         let i = row % t;
         let lo = g.pads.get(row / g.rows_per_batch).copied().unwrap_or(0);
-        let hi = (i + s - t + 1).min(s);
+        let hi = g.last.map_or(i + s - t + 1, |l| l + 1).min(s);
         if lo >= hi {
             y.iter_mut().for_each(|v| *v = T::ZERO);
             continue;
@@ -289,6 +299,7 @@ impl HostKernel for CausalSoftmax {
             s,
             rows_per_batch: rows / dims[0].max(1),
             pads: &self.pads,
+            last: None,
         };
         let mut y = vec![T::ZERO; inputs[0].len()];
         par_rows(inputs, &mut y, s, |r, x, y| {
@@ -342,13 +353,23 @@ impl HostKernel for SoftmaxBwd {
 
 /// [`CausalSoftmax`] and [`SoftmaxBwd`] by the kernels of `kernels/softmax.cu`.
 #[cfg(feature = "cuda")]
-mod softmax_on_gpu {
+pub(crate) mod softmax_on_gpu {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{CudaDevice, CudaStorage, Layout, Result};
 
     use crate::cuda::{launch, on_float_slice, row_blocks, view, SOFTMAX};
+
+    /// `pads` as the kernels read them: one u32 per batch element (they
+    /// read pads[b] only when n_pads > 0; one 0 stands in for none).
+    fn upload_pads(dev: &CudaDevice, pads: &[usize]) -> Result<CudaSlice<u32>> {
+        let host: Vec<u32> = match pads {
+            [] => vec![0],
+            _ => pads.iter().map(|&p| p as u32).collect(),
+        };
+        dev.clone_htod(&host)
+    }
 
     /// Rows of `s` scores, `t` queries per (batch, head), `rows_per_batch`
     /// rows per batch element, the first `pads[b]` keys of element b masked.
@@ -360,12 +381,7 @@ mod softmax_on_gpu {
         rows_per_batch: usize,
     ) -> Result<CudaStorage> {
         let dev = x.device();
-        // The kernel reads pads[b] only when n_pads > 0; one 0 stands in for none.
-        let host: Vec<u32> = match pads {
-            [] => vec![0],
-            _ => pads.iter().map(|&p| p as u32).collect(),
-        };
-        let pads_on_gpu = dev.clone_htod(&host)?;
+        let pads_on_gpu = upload_pads(dev, pads)?;
         let shape = Shape {
             t,
             s,
@@ -432,8 +448,7 @@ mod softmax_on_gpu {
         rows_per_batch: usize,
     ) -> Result<CudaStorage> {
         let dev = x.device();
-        let host: Vec<u32> = pads.iter().map(|&p| p as u32).collect();
-        let pads_on_gpu = dev.clone_htod(&host)?;
+        let pads_on_gpu = upload_pads(dev, pads)?;
         let last = view(
             u32::as_cuda_slice(last)?,
             last_layout,
@@ -524,18 +539,6 @@ mod softmax_on_gpu {
         )?;
         Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
     }
-}
-
-/// The decode step's bounded softmax on a GPU (see `crate::fixed_step`).
-#[cfg(feature = "cuda")]
-pub(crate) fn decode_softmax_on_gpu(
-    scores: (&CudaStorage, &Layout),
-    last: (&CudaStorage, &Layout),
-    pads: &[usize],
-    s: usize,
-    rows_per_batch: usize,
-) -> Result<CudaStorage> {
-    softmax_on_gpu::decode(scores, last, pads, s, rows_per_batch)
 }
 
 fn softmax_bwd(p: &Tensor, g: &Tensor) -> Result<Tensor> {
