@@ -81,9 +81,15 @@ impl TrainedPolicy {
     /// products in the run's `model.precision` where this CPU has it (else
     /// f32: a bf16 run's policy still acts on a CPU without AVX512-BF16).
     pub fn open(path: &Path) -> Result<Self, TrainError> {
+        Self::open_on(path, &Device::Cpu)
+    }
+
+    /// [`TrainedPolicy::open`] with the weights loaded on `device` (the
+    /// run's precision applies to CPU products only).
+    pub fn open_on(path: &Path, device: &Device) -> Result<Self, TrainError> {
         let s = PolicySettings::open(path)?;
-        let mut model = PolicyModel::load(&s.checkpoint, false, &Device::Cpu)?;
-        if let Some(c) = &s.config {
+        let mut model = PolicyModel::load(&s.checkpoint, false, device)?;
+        if let (Some(c), true) = (&s.config, device.is_cpu()) {
             model.set_precision(c.model.precision_here())?;
         }
         Ok(Self {

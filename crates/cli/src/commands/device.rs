@@ -13,6 +13,14 @@ pub enum DeviceArg {
 }
 
 impl DeviceArg {
+    /// The name `--device` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceArg::Cpu => "cpu",
+            DeviceArg::Cuda => "cuda",
+        }
+    }
+
     /// The candle device; an error naming the build flag when there is no CUDA.
     pub fn open(self) -> anyhow::Result<Device> {
         match self {

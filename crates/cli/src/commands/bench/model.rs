@@ -554,7 +554,7 @@ fn measure_torch(
     let mut flags = vec![
         ("--shape", args.shape.name().to_string()),
         ("--threads", threads.to_string()),
-        ("--device", if on_gpu { "cuda" } else { "cpu" }.to_string()),
+        ("--device", args.device.name().to_string()),
         // On the CPU bf16 is autocast over f32 weights, as agentrl's.
         (
             "--dtype",
@@ -787,7 +787,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             "config": {"vocab": cfg.vocab_size, "d": cfg.hidden_size, "layers": cfg.num_hidden_layers,
                        "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads(), "ffn": cfg.intermediate_size},
             "parameters": parameters,
-            "device": if on_gpu { "cuda" } else { "cpu" },
+            "device": args.device.name(),
             "dtype": args.dtype.torch(),
             "threads": threads,
             "gemm_backend": agentrl_model::gemm_backend(),

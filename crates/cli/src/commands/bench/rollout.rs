@@ -15,7 +15,6 @@ use agentrl_trainer::bootstrap::starting_policy;
 use agentrl_trainer::config::TrainDevice;
 use agentrl_trainer::trainer::env_maker;
 use agentrl_trainer::{LocalPolicy, PromptTokens, Silent, TrainConfig, TrainedPolicy, Trainer};
-use candle_core::Device;
 
 use crate::commands::device::DeviceArg;
 use rand::SeedableRng;
@@ -167,12 +166,8 @@ pub fn run(args: BenchRolloutArgs) -> anyhow::Result<()> {
     let dev = args.device.open()?;
     let (tokenizer, model, rollout) = match &args.policy {
         Some(path) => {
-            let p = TrainedPolicy::open(path)?;
-            let model = match dev {
-                Device::Cpu => p.model,
-                _ => agentrl_model::PolicyModel::load(&p.checkpoint, false, &dev)?,
-            };
-            (p.tokenizer, model, p.rollout)
+            let p = TrainedPolicy::open_on(path, &dev)?;
+            (p.tokenizer, p.model, p.rollout)
         }
         None => {
             let make = env_maker(&cfg)?;
@@ -265,10 +260,7 @@ fn rl_steps(
     };
     let report = RlStepReport {
         env,
-        device: match device {
-            DeviceArg::Cpu => "cpu",
-            DeviceArg::Cuda => "cuda",
-        },
+        device: device.name(),
         parameters: trainer.model.config.parameter_count().unwrap_or(0),
         median: StepPhases {
             step: 0,
