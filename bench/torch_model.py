@@ -149,13 +149,22 @@ def main(argv):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    # The timed steps are one profiled range (cudaProfilerStart/Stop, read by
+    # bench/kernel-profile), the timed sampling runs the next: as the Rust side.
+    def profiled(start):
+        if dev.type == "cuda":
+            sync()
+            (torch.cuda.profiler.start if start else torch.cuda.profiler.stop)()
+
     train_step()
     sync()
+    profiled(True)
     t0 = time.perf_counter()
     for _ in range(args.steps):
         train_step()
     sync()
     train_s = (time.perf_counter() - t0) / args.steps
+    profiled(False)
 
     # ---- sample: KV-cache generation, temperature 1, exactly N new tokens.
     model.eval()
@@ -181,10 +190,12 @@ def main(argv):
 
     sample()
     sync()
+    profiled(True)
     t0 = time.perf_counter()
     new_tokens = sum(sample() for _ in range(args.sample_runs))
     sync()
     sample_s = time.perf_counter() - t0
+    profiled(False)
 
     print(
         json.dumps(

@@ -20,7 +20,9 @@
 # in for libcuda.so.1), which catches code only a cuda build compiles.
 # Output, in $CUDA_BUILD_DIR/out:
 #   agentrl, model_tests      stripped binaries
-#   cuda_bins.tar.xz          both, one archive (Python's tarfile unpacks it)
+#   libkernel_profile.so      the per-kernel profiler (bench/kernel-profile),
+#   libcupti.so.13            with the CUPTI it was built against beside it
+#   cuda_bins.tar.xz          all four, one archive (Python's tarfile unpacks it)
 #   MANIFEST                  commit, toolkit versions, sha256 sums and the
 #                             shared libraries the binaries load at run time
 #
@@ -42,7 +44,7 @@ CAP=${CUDA_COMPUTE_CAP:-90}
 WHEELS=(
   nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88
   nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 nvidia-cuda-nvrtc==13.0.88
-  nvidia-curand==10.4.0.35 nvidia-cublas==13.1.0.3
+  nvidia-curand==10.4.0.35 nvidia-cublas==13.1.0.3 nvidia-cuda-cupti==13.0.85
 )
 for tool in git python3 gcc cargo strip xz; do
   command -v "$tool" >/dev/null || { echo "build-cuda: needs $tool on PATH" >&2; exit 1; }
@@ -116,22 +118,32 @@ for line in sys.stdin:
         print(m["executable"])')
 [ -n "$TEST_EXE" ] || { echo "build-cuda: the model test binary was not built" >&2; exit 1; }
 
-echo "== 5/6 stripped binaries, archive and manifest in $W/out"
+echo "== 5/6 stripped binaries, the kernel profiler, archive and manifest in $W/out"
 mkdir -p "$W/out"
 cp "$CARGO_TARGET_DIR/release/agentrl" "$W/out/agentrl"
 cp "$TEST_EXE" "$W/out/model_tests"
 chmod u+w "$W/out/agentrl" "$W/out/model_tests"
 nice -n 19 strip "$W/out/agentrl" "$W/out/model_tests"
-(cd "$W/out" && nice -n 19 tar cf - agentrl model_tests |
+# The profiler's bookkeeping is tested here; its CUPTI half needs a GPU.
+KP=$SRC/bench/kernel-profile
+gcc -O2 -Wall -Werror -o "$W/out/kernel_profile_test" "$KP/kernel_profile_test.c" -ldl -lpthread
+"$W/out/kernel_profile_test"
+# RPATH (not RUNPATH): the libcupti.so.13 beside it wins over LD_LIBRARY_PATH's.
+gcc -O2 -Wall -Werror -shared -fPIC -I"$C/include" -o "$W/out/libkernel_profile.so" \
+  "$KP/kernel_profile.c" -L"$C/lib" -l:libcupti.so.13 -ldl -lpthread \
+  -Wl,--disable-new-dtags,-rpath,'$ORIGIN'
+cp "$C/lib/libcupti.so.13" "$W/out/libcupti.so.13"
+BINS=(agentrl model_tests libkernel_profile.so libcupti.so.13)
+(cd "$W/out" && nice -n 19 tar cf - "${BINS[@]}" |
   nice -n 19 xz -T1 --lzma2=preset=9,dict=256MiB >cuda_bins.tar.xz)
 {
   echo "commit $REV"
   echo "compute capability $CAP; CUDA wheels: ${WHEELS[*]}"
   echo
-  (cd "$W/out" && sha256sum agentrl model_tests cuda_bins.tar.xz)
+  (cd "$W/out" && sha256sum "${BINS[@]}" cuda_bins.tar.xz)
   echo
   echo "shared libraries the binaries load (NEEDED entries):"
-  for b in agentrl model_tests; do
+  for b in agentrl model_tests libkernel_profile.so; do
     echo "$b: $(readelf -d "$W/out/$b" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | tr '\n' ' ')"
   done
 } >"$W/out/MANIFEST"

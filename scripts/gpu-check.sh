@@ -1,36 +1,44 @@
 #!/usr/bin/env bash
 # The checks a GPU machine exists for, in one run: the model crate's tests on
 # GPU 0, `bench model --device cuda` against PyTorch (bf16 and f32 training
-# at 16×256 and 8×1024, sampling at batch 16 and 128), then two whole RL
-# steps at Qwen2.5-0.5B's shape (`bench rollout --rl-steps`), each step
-# under its own time limit so one hang cannot eat the rest (~20 minutes at
-# most; ONLY="tests bench-bf16-16x256" runs just the steps named). For a machine
-# with a GPU, Python with torch's CUDA 13 wheels, and no Rust: it runs the
-# binaries scripts/build-cuda.sh packed elsewhere.
+# at 16×256 and 8×1024, sampling at batch 16 and 128), a per-kernel profile
+# of both sides' bf16 training step and sampling (bench/kernel-profile),
+# then two whole RL steps at Qwen2.5-0.5B's shape (`bench rollout
+# --rl-steps`), each step under its own time limit so one hang cannot eat
+# the rest (~22 minutes at most; ONLY="tests bench-bf16-16x256" runs just
+# the steps named). For a machine with a GPU, Python with torch's CUDA 13
+# wheels, and no Rust: it runs the binaries scripts/build-cuda.sh packed
+# elsewhere.
 #
 #   scripts/gpu-check.sh [ARCHIVE] [OUT]
 #     ARCHIVE  cuda_bins.tar.xz from scripts/build-cuda.sh
 #              (default: target/cuda-bins/cuda_bins.tar.xz)
-#     OUT      where the logs and JSON figures go (default: $OUT, else
-#              /tmp/gpu-check); summary.txt lists every step's exit status
+#     OUT      where the results go (default: $OUT, else /tmp/gpu-check):
+#              summary.txt (every step's exit status and wall time) and
+#              logs.tar.gz (every step's log and the profiles), repacked
+#              after each step so a run cut short still returns what it did
 #
-# Run it from a checkout of the commit the binaries were built from: the
-# test binary reads its fixtures from the build's path
-# ($CUDA_BUILD_DIR/src, default /tmp/agentrl-cuda/src), which this script
-# points at the checkout when nothing is there. Only torch's
-# site-packages/nvidia/cu13/lib goes on LD_LIBRARY_PATH: adding every nvidia/
-# folder can pull in a second C++ runtime and crash every program.
+# The binaries and logs are unpacked and written under $GPU_CHECK_WORK
+# (default /tmp/gpu-check-work). Run it from a checkout of the commit the
+# binaries were built from: the test binary reads its fixtures from the
+# build's path ($CUDA_BUILD_DIR/src, default /tmp/agentrl-cuda/src), which
+# this script points at the checkout when nothing is there. Only torch's
+# site-packages/nvidia/cu13/lib goes on LD_LIBRARY_PATH: adding every
+# nvidia/ folder can pull in a second C++ runtime and crash every program.
 set -uo pipefail
 
 ARCHIVE=${1:-target/cuda-bins/cuda_bins.tar.xz}
 OUT=${2:-${OUT:-/tmp/gpu-check}}
+WORK=${GPU_CHECK_WORK:-/tmp/gpu-check-work}
 BUILD_SRC=${CUDA_BUILD_DIR:-/tmp/agentrl-cuda}/src
-mkdir -p "$OUT/bin"
+BIN=$WORK/bin
+LOGS=$WORK/logs
+mkdir -p "$OUT" "$BIN" "$LOGS"
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 
 python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-  "$ARCHIVE" "$OUT/bin" || { echo "gpu-check: cannot unpack $ARCHIVE" >&2; exit 1; }
+  "$ARCHIVE" "$BIN" || { echo "gpu-check: cannot unpack $ARCHIVE" >&2; exit 1; }
 LIB=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))') ||
   { echo "gpu-check: no nvidia wheels in python3 (pip install torch)" >&2; exit 1; }
 export LD_LIBRARY_PATH=$LIB
@@ -40,7 +48,8 @@ if [ ! -e "$BUILD_SRC" ]; then
 fi
 
 # step NAME SECONDS COMMAND...: runs COMMAND with a time limit, its output
-# in $OUT/NAME.log, and its exit status and wall time in the summary.
+# in $LOGS/NAME.log, its exit status and wall time in the summary, and
+# repacks the logs into $OUT/logs.tar.gz.
 step() {
   local name=$1 limit=$2
   shift 2
@@ -48,25 +57,38 @@ step() {
     return
   fi
   local start=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
   echo "$name: exit $rc in $((SECONDS - start)) s" | tee -a "$SUMMARY"
+  tar czf "$OUT/logs.tar.gz" -C "$WORK" logs
 }
 
 step gpu 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-step tests 300 env AGENTRL_TEST_DEVICE=cuda "$OUT/bin/model_tests" --test-threads 1 \
+step tests 300 env AGENTRL_TEST_DEVICE=cuda "$BIN/model_tests" --test-threads 1 \
   fixture:: generation:: token_loss causal_softmax norm_and_mlp \
   adamw_on_the_test_device clipping_and_adamw
-A=$OUT/bin/agentrl
+A=$BIN/agentrl
 BENCH=(bench model --device cuda --shape qwen2.5-0.5b --python python3 --json)
 step bench-bf16-16x256 240 "$A" "${BENCH[@]}" --dtype bf16
 step bench-bf16-8x1024 240 "$A" "${BENCH[@]}" --dtype bf16 --batch 8 --seq-len 1024 --sample-runs 1
 step bench-f32-16x256 240 "$A" "${BENCH[@]}" --dtype f32
 step bench-bf16-sample128 240 "$A" "${BENCH[@]}" --dtype bf16 --batch 128 --steps 1
+# Where each side's GPU time goes: both processes of a bf16 16×256 bench
+# under the CUPTI profiler, one report each (profile-PID.txt, naming its
+# program). Range 1 is the timed training steps, range 2 the sampling run.
+mkdir -p "$LOGS/profile-bf16-16x256"
+step profile-bf16-16x256 300 env CUDA_INJECTION64_PATH="$BIN/libkernel_profile.so" \
+  KERNEL_PROFILE_OUT="$LOGS/profile-bf16-16x256" KERNEL_PROFILE_TOP=25 \
+  "$A" "${BENCH[@]}" --dtype bf16 --steps 2 --sample-runs 1
 # Whole RL steps of the default recipe with a random model of Qwen2.5-0.5B's
 # body (the tiny tokenizer's vocabulary), each phase timed.
 step rl-steps-0.5b 300 "$A" bench rollout --rl-steps 2 --device cuda --json trainer.val_tasks=8 \
   model.hidden_size=896 model.num_hidden_layers=24 model.num_attention_heads=14 \
   model.num_key_value_heads=2 model.intermediate_size=4864 model.rope_theta=1000000
-grep -h -E "passed|failed|test result" "$OUT/tests.log" | tail -3 >>"$SUMMARY"
+[ -f "$LOGS/tests.log" ] && grep -h -E "passed|failed|test result" "$LOGS/tests.log" | tail -3 >>"$SUMMARY"
+# The figures, in the output too: the start of each profile and the JSON lines.
+for f in "$LOGS"/profile-*/profile-*.txt; do
+  [ -f "$f" ] && head -45 "$f"
+done
+grep -h '^{' "$LOGS"/bench-*.log "$LOGS"/rl-steps-*.log 2>/dev/null
 cat "$SUMMARY"

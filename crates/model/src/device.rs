@@ -52,3 +52,75 @@ fn tune_cuda(device: &Device) -> Result<()> {
     }
     Ok(())
 }
+
+/// A span of GPU work that a profiler attached to the process measures on
+/// its own: `cuProfilerStart` at [`ProfiledRange::start`], `cuProfilerStop`
+/// at [`ProfiledRange::end`] (or on drop), each after synchronising so the
+/// span holds exactly the work between them. `bench/kernel-profile` turns
+/// each span into a numbered range of its report; `ncu --profile-from-start
+/// off` and `nsys --capture-range=cudaProfilerApi` read the same calls.
+/// Without a profiler the calls do nothing; on the CPU this is a no-op.
+#[derive(Debug)]
+pub struct ProfiledRange {
+    device: Option<Device>,
+}
+
+impl ProfiledRange {
+    /// Waits for `device`'s queued work, then opens the span.
+    pub fn start(device: &Device) -> Result<Self> {
+        if !device.is_cuda() {
+            return Ok(Self { device: None });
+        }
+        device.synchronize()?;
+        profiler_call(device, true)?;
+        Ok(Self {
+            device: Some(device.clone()),
+        })
+    }
+
+    /// Waits for the span's work, then closes it.
+    pub fn end(mut self) -> Result<()> {
+        match self.device.take() {
+            Some(device) => {
+                device.synchronize()?;
+                profiler_call(&device, false)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ProfiledRange {
+    fn drop(&mut self) {
+        // An early return (an error inside the span) still closes it.
+        if let Some(device) = self.device.take() {
+            let _ = device
+                .synchronize()
+                .and_then(|()| profiler_call(&device, false));
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn profiler_call(device: &Device, start: bool) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::{profiler_start, profiler_stop};
+    use candle_core::cuda_backend::WrapErr;
+
+    // The driver's profiler calls act on the thread's current context.
+    device
+        .as_cuda_device()?
+        .cuda_stream()
+        .context()
+        .bind_to_thread()
+        .w()?;
+    if start {
+        profiler_start().w()
+    } else {
+        profiler_stop().w()
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn profiler_call(_device: &Device, _start: bool) -> Result<()> {
+    Ok(())
+}

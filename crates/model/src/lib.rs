@@ -47,7 +47,7 @@ pub use candle_nn;
 pub use agentrl_sampling::{steering, LogitAdjustment, Steering};
 pub use config::{ModelConfig, RopeParameters, MAX_PARAMETERS, MAX_POSITIONS};
 pub use decode::SequenceCache;
-pub use device::open_cuda;
+pub use device::{open_cuda, ProfiledRange};
 pub use error::ModelError;
 pub use lora::{LoraAdapter, LoraConfig, LoraTarget};
 pub use optim::{add_grads, clip_grad_norm, AdamW, AdamWConfig};

@@ -10,7 +10,9 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use agentrl_model::candle_core::{self, DType, Device, Tensor};
-use agentrl_model::{clip_grad_norm, AdamW, AdamWConfig, ModelConfig, PolicyModel, SamplingParams};
+use agentrl_model::{
+    clip_grad_norm, AdamW, AdamWConfig, ModelConfig, PolicyModel, ProfiledRange, SamplingParams,
+};
 use anyhow::{bail, Context};
 
 use crate::commands::device::DeviceArg;
@@ -472,11 +474,15 @@ fn measure_agentrl(args: &BenchModelArgs, model: &PolicyModel) -> anyhow::Result
         Ok(())
     };
     train_step(None)?;
+    // The timed steps are one profiled range (bench/kernel-profile), the
+    // timed sampling runs the next.
+    let profiled = ProfiledRange::start(&model.device)?;
     let t0 = Instant::now();
     for _ in 0..args.steps {
         train_step(None)?;
     }
     let train_step_s = t0.elapsed().as_secs_f64() / args.steps as f64;
+    profiled.end()?;
     let mut train_phases_s = [0.0; 4];
     train_step(Some(&mut train_phases_s))?;
 
@@ -488,6 +494,7 @@ fn measure_agentrl(args: &BenchModelArgs, model: &PolicyModel) -> anyhow::Result
         ..SamplingParams::default()
     };
     model.generate(&prompts, &params, &mut rng)?;
+    let profiled = ProfiledRange::start(&model.device)?;
     let t0 = Instant::now();
     let mut new_tokens = 0usize;
     for _ in 0..args.sample_runs {
@@ -498,6 +505,7 @@ fn measure_agentrl(args: &BenchModelArgs, model: &PolicyModel) -> anyhow::Result
             .sum::<usize>();
     }
     let sample_s = t0.elapsed().as_secs_f64() / args.sample_runs as f64;
+    profiled.end()?;
     Ok(Measured {
         train_step_s,
         train_phases_s,

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use agentrl_env_core::{Env, Split, TaskSpec};
+use agentrl_model::ProfiledRange;
 use agentrl_rollout::{run_rollouts, RolloutConfig, Trajectory};
 use agentrl_tokenizer::ChatTokenizer;
 use agentrl_trainer::bootstrap::starting_policy;
@@ -242,7 +243,10 @@ fn rl_steps(
     let mut trainer = Trainer::start(cfg, &dir.path().join("run"), &mut Silent)?;
     let mut phases = Vec::with_capacity(steps);
     for step in 1..=steps {
+        // Each RL step is one profiled range (bench/kernel-profile).
+        let profiled = ProfiledRange::start(&trainer.model.device)?;
         let m = trainer.rl_step(step)?;
+        profiled.end()?;
         let scoring = m.update.scoring_seconds;
         phases.push(StepPhases {
             step,
