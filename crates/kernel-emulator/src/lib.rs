@@ -222,6 +222,28 @@ pub mod kernels {
         };
     }
 
+    macro_rules! rope {
+        ($t:ty, $name:ident) => {
+            extern "C" {
+                pub fn $name(
+                    x: *const $t,
+                    cos: *const $t,
+                    sin: *const $t,
+                    out: *mut $t,
+                    b: u32,
+                    t: u32,
+                    h: u32,
+                    d: u32,
+                    scale: f32,
+                    adjoint: i32,
+                );
+            }
+        };
+    }
+
+    rope!(f32, rope_heads_f32);
+    rope!(bf16, rope_heads_bf16);
+
     decode!(f32, decode_softmax_f32, kv_write_f32);
     decode!(bf16, decode_softmax_bf16, kv_write_bf16);
 

@@ -28,6 +28,12 @@ pub(crate) const RMS_NORM: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/rms_norm.ptx")),
 };
 
+/// `kernels/rope.cu`.
+pub(crate) const ROPE: Module = Module {
+    name: "agentrl_rope",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/rope.ptx")),
+};
+
 /// `kernels/sample.cu`.
 pub(crate) const SAMPLE: Module = Module {
     name: "agentrl_sample",

@@ -84,10 +84,18 @@ trait HostKernel: Send + Sync {
     fn bwd2(&self, _args: [&Tensor; 2], _res: &Tensor, _grad: &Tensor) -> Result<Grads2> {
         candle_core::bail!("{} has no backward pass", Self::NAME)
     }
+
+    /// The gradients of a three-input op (candle's `CustomOp3::bwd`).
+    fn bwd3(&self, _args: [&Tensor; 3], _res: &Tensor, _grad: &Tensor) -> Result<Grads3> {
+        candle_core::bail!("{} has no backward pass", Self::NAME)
+    }
 }
 
 /// The gradients of a two-input op, one per input.
 type Grads2 = (Option<Tensor>, Option<Tensor>);
+
+/// The gradients of a three-input op, one per input.
+type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
 
 /// A [`HostKernel`] as a candle op of one, two or three inputs.
 struct Fused<K>(K);
@@ -203,6 +211,17 @@ impl<K: HostKernel> candle_core::CustomOp3 for Fused<K> {
             self.0.cuda(&[(s1, l1), (s2, l2), (s3, l3)], l1.dims())?,
             shape,
         ))
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> Result<Grads3> {
+        self.0.bwd3([a, b, c], res, grad_res)
     }
 }
 
@@ -1141,15 +1160,15 @@ mod swiglu_on_gpu {
 // ------------------------------------------------------------------- RoPE
 
 /// Rotary embedding (rotate-half convention) fused with the head transpose
-/// and a scale: `[B, T, H, D]` → `[B, H, T, D]`,
+/// and a scale, of inputs `(x, cos, sin)` with tables `[T, D/2]`:
+/// `[B, T, H, D]` → `[B, H, T, D]`,
 /// `out = scale · [x1·cos − x2·sin, x2·cos + x1·sin]`. With `adjoint` it is
 /// the transpose map (its own gradient): `[B, H, T, D]` → `[B, T, H, D]`,
-/// `dx = scale · [g1·cos + g2·sin, g2·cos − g1·sin]`.
-#[derive(Clone)]
+/// `dx = scale · [g1·cos + g2·sin, g2·cos − g1·sin]`. On a GPU
+/// `kernels/rope.cu`; the tables are inputs (constants, no gradient) so
+/// they stay on the device.
+#[derive(Clone, Copy)]
 struct RopeHeads {
-    /// `[T, D/2]`, row-major.
-    cos: Vec<f64>,
-    sin: Vec<f64>,
     scale: f64,
     adjoint: bool,
 }
@@ -1161,23 +1180,25 @@ impl HostKernel for RopeHeads {
         if dims.len() != 4 || !dims[3].is_multiple_of(2) {
             candle_core::bail!("rope: expected [B, T, H, D] with even D, got {dims:?}")
         }
-        let t = if self.adjoint { dims[2] } else { dims[1] };
-        if self.cos.len() != t * dims[3] / 2 {
-            candle_core::bail!("rope: tables do not fit {dims:?}")
-        }
         Ok(Shape::from((dims[0], dims[2], dims[1], dims[3])))
     }
 
-    fn bwd1(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+    fn bwd3(
+        &self,
+        [_x, cos, sin]: [&Tensor; 3],
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> Result<Grads3> {
         let adj = RopeHeads {
             adjoint: !self.adjoint,
-            ..self.clone()
+            ..*self
         };
-        Ok(Some(grad_res.contiguous()?.apply_op1(Fused(adj))?))
+        let dx = grad_res.contiguous()?.apply_op3(cos, sin, Fused(adj))?;
+        Ok((Some(dx), None, None))
     }
 
     fn run<T: Real>(&self, inputs: &[&[T]], dims: &[usize]) -> Vec<T> {
-        let x = inputs[0];
+        let (x, cos, sin) = (inputs[0], inputs[1], inputs[2]);
         let mut out = vec![T::ZERO; x.len()];
         // dims are the input's: [B, T, H, D] forward, [B, H, T, D] adjoint.
         let (b, d) = (dims[0], dims[3]);
@@ -1191,8 +1212,8 @@ impl HostKernel for RopeHeads {
         let bhtd = |bi: usize, hi: usize, ti: usize| ((bi * h + hi) * t + ti) * d;
         for bi in 0..b {
             for ti in 0..t {
-                let cs = &self.cos[ti * half..(ti + 1) * half];
-                let sn = &self.sin[ti * half..(ti + 1) * half];
+                let cs = &cos[ti * half..(ti + 1) * half];
+                let sn = &sin[ti * half..(ti + 1) * half];
                 for hi in 0..h {
                     let (src, dst) = if self.adjoint {
                         (bhtd(bi, hi, ti), bthd(bi, ti, hi))
@@ -1201,11 +1222,12 @@ impl HostKernel for RopeHeads {
                     };
                     for i in 0..half {
                         let a = x[src + i].to_f64();
-                        let c = x[src + half + i].to_f64();
+                        let e = x[src + half + i].to_f64();
+                        let (c, s) = (cs[i].to_f64(), sn[i].to_f64());
                         let (o1, o2) = if self.adjoint {
-                            (a * cs[i] + c * sn[i], c * cs[i] - a * sn[i])
+                            (a * c + e * s, e * c - a * s)
                         } else {
-                            (a * cs[i] - c * sn[i], c * cs[i] + a * sn[i])
+                            (a * c - e * s, e * c + a * s)
                         };
                         out[dst + i] = T::from_f64(o1 * self.scale);
                         out[dst + half + i] = T::from_f64(o2 * self.scale);
@@ -1215,31 +1237,116 @@ impl HostKernel for RopeHeads {
         }
         out
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(&self, inputs: &[(&CudaStorage, &Layout)], dims: &[usize]) -> Result<CudaStorage> {
+        rope_on_gpu::run(*self, inputs, dims)
+    }
+}
+
+/// [`RopeHeads`] by the kernels of `kernels/rope.cu`.
+#[cfg(feature = "cuda")]
+mod rope_on_gpu {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr};
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result};
+
+    use super::RopeHeads;
+    use crate::cuda::{elementwise_blocks, launch, on_float_slice, view, ROPE};
+
+    /// `inputs` are (x, cos, sin); `dims` are x's.
+    pub fn run(
+        op: RopeHeads,
+        inputs: &[(&CudaStorage, &Layout)],
+        dims: &[usize],
+    ) -> Result<CudaStorage> {
+        let dev = inputs[0].0.device();
+        on_float_slice!(&inputs[0].0.slice, "rope", |x, suffix| {
+            typed(dev, suffix, op, (x, inputs[0].1), &inputs[1..], dims)
+        })
+    }
+
+    fn typed<T: DeviceRepr + CudaDType>(
+        dev: &CudaDevice,
+        suffix: &str,
+        op: RopeHeads,
+        (x, xl): (&CudaSlice<T>, &Layout),
+        tables: &[(&CudaStorage, &Layout)],
+        dims: &[usize],
+    ) -> Result<CudaStorage> {
+        let n = xl.shape().elem_count();
+        let x = view(x, xl, "rope input")?;
+        let table = |k: usize, what: &str| -> Result<_> {
+            let (s, l) = tables[k];
+            view(T::as_cuda_slice(s)?, l, what)
+        };
+        let (cos, sin) = (table(0, "rope cos")?, table(1, "rope sin")?);
+        let (b, t, h) = if op.adjoint {
+            (dims[0], dims[2], dims[1])
+        } else {
+            (dims[0], dims[1], dims[2])
+        };
+        let as_u32 = |v: usize| -> Result<u32> {
+            u32::try_from(v)
+                .map_err(|_| candle_core::Error::Msg(format!("rope: {dims:?} is too large")))
+        };
+        let (b, t, h, d) = (as_u32(b)?, as_u32(t)?, as_u32(h)?, as_u32(dims[3])?);
+        let scale = op.scale as f32;
+        let adjoint = i32::from(op.adjoint);
+        // SAFETY: the kernel writes both values of every pair, so all n.
+        let out = unsafe { dev.alloc::<T>(n)? };
+        // rope_heads_T(x, cos, sin, out, b, t, h, d, scale, adjoint):
+        // grid-strided over the n / 2 pairs.
+        launch!(
+            dev,
+            ROPE,
+            &format!("rope_heads_{suffix}"),
+            elementwise_blocks(n / 2),
+            &x,
+            &cos,
+            &sin,
+            &out,
+            &b,
+            &t,
+            &h,
+            &d,
+            &scale,
+            &adjoint
+        )?;
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
 }
 
 /// Rotates `x: [B, T, H, D]` with tables `cos, sin: [T, D/2]` (the same
 /// positions for every sequence), scales by `scale` and returns
-/// `[B, H, T, D]` contiguous, differentiably; `None` when the fused CPU
-/// kernel does not apply (other device/dtype or per-sequence tables).
+/// `[B, H, T, D]` contiguous, differentiably (the tables are constants);
+/// `None` when neither the fused CPU kernel nor the GPU one applies (other
+/// dtypes, or per-sequence tables).
 pub fn rope_to_heads(x: &Tensor, cos: &Tensor, sin: &Tensor, scale: f64) -> Option<Result<Tensor>> {
     let x = match x.contiguous() {
         Ok(x) => x,
         Err(e) => return Some(Err(e)),
     };
-    if !fused_ok(&x) || cos.rank() != 2 {
+    let dims = x.dims();
+    let fits = fused_or_gpu_ok(&x)
+        && dims.len() == 4
+        && dims[3].is_multiple_of(2)
+        && [cos, sin].iter().all(|tab| {
+            tab.dims() == [dims[1], dims[3] / 2]
+                && tab.dtype() == x.dtype()
+                && tab.device().same_device(x.device())
+        });
+    if !fits {
         return None;
     }
-    let host = |t: &Tensor| -> Result<Vec<f64>> {
-        t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()
-    };
     Some((|| {
+        let (cos, sin) = (cos.contiguous()?, sin.contiguous()?);
         let op = RopeHeads {
-            cos: host(cos)?,
-            sin: host(sin)?,
             scale,
             adjoint: false,
         };
-        x.apply_op1(Fused(op))
+        x.apply_op3(&cos, &sin, Fused(op))
     })())
 }
 

@@ -293,7 +293,8 @@ fn apply_rope(x: &Tensor, tab: &RopeTables, inference: bool) -> Result<Tensor> {
 /// Rotates `x: [B, T, heads, hd]`, scales it and returns `[B, heads, T, hd]` contiguous.
 fn rope_to_heads(x: &Tensor, tab: &RopeTables, scale: f64, inference: bool) -> Result<Tensor> {
     if !inference && tab.cos.dim(0)? == 1 {
-        // grad: fused CPU kernel whose bwd is its adjoint rotation (crate::ops).
+        // grad: one op (CPU, or kernels/rope.cu on a GPU) whose bwd is its
+        // adjoint rotation (crate::ops).
         if let Some(y) =
             crate::ops::rope_to_heads(x, &tab.cos.squeeze(0)?, &tab.sin.squeeze(0)?, scale)
         {

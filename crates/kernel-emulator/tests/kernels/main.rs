@@ -5,6 +5,7 @@
 mod kv_cache;
 mod multi_tensor;
 mod rms_norm;
+mod rope;
 mod sample;
 mod softmax;
 mod swiglu;
