@@ -151,6 +151,11 @@ pub struct BenchModelArgs {
     /// products. No PyTorch reference (it would need PEFT).
     #[arg(long, value_name = "R")]
     lora: Option<usize>,
+    /// Train through candle's composite graph, the one a GPU step runs,
+    /// instead of the CPU's fused decoder layers: on the CPU, a measure of
+    /// what the GPU's graph costs around its kernels.
+    #[arg(long)]
+    composite: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -734,6 +739,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         };
         let mut model = model;
         model.set_precision(precision)?;
+        model.set_fused_training(!args.composite);
         if let Some(r) = args.lora {
             let lora = agentrl_model::LoraConfig {
                 r,
@@ -791,6 +797,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             "shape": name,
             "reply_len": args.reply_len,
             "lora_rank": args.lora,
+            "composite": args.composite,
             "group": args.group,
             "config": {"vocab": cfg.vocab_size, "d": cfg.hidden_size, "layers": cfg.num_hidden_layers,
                        "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads(), "ffn": cfg.intermediate_size},
@@ -850,6 +857,9 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     );
     if let Some(r) = args.lora {
         println!("training a LoRA adapter of rank {r} on every projection (the base frozen)");
+    }
+    if args.composite && !on_gpu {
+        println!("training through candle's composite graph (a GPU step's), not the fused layers");
     }
     println!("load average (1 min): {load_start} at the start, {load_end} at the end");
     if on_gpu {
