@@ -241,6 +241,18 @@ pub mod kernels {
         };
     }
 
+    macro_rules! embedding {
+        ($t:ty, $fwd:ident, $bwd:ident) => {
+            extern "C" {
+                pub fn $fwd(w: *const $t, ids: *const u32, out: *mut $t, n: u64, d: u32, v: u32);
+                pub fn $bwd(ids: *const u32, g: *const $t, dw: *mut $t, n: u32, d: u32, v: u32);
+            }
+        };
+    }
+
+    embedding!(f32, embedding_fwd_f32, embedding_bwd_f32);
+    embedding!(bf16, embedding_fwd_bf16, embedding_bwd_bf16);
+
     rope!(f32, rope_heads_f32);
     rope!(bf16, rope_heads_bf16);
 

@@ -10,6 +10,12 @@ pub(crate) struct Module {
     pub ptx: &'static str,
 }
 
+/// `kernels/embedding.cu`.
+pub(crate) const EMBEDDING: Module = Module {
+    name: "agentrl_embedding",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/embedding.ptx")),
+};
+
 /// `kernels/kv_cache.cu`.
 pub(crate) const KV_CACHE: Module = Module {
     name: "agentrl_kv_cache",

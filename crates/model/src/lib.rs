@@ -16,6 +16,7 @@ pub mod decode;
 pub mod device;
 #[cfg(feature = "cuda")]
 mod device_sampling;
+mod embedding;
 pub mod error;
 mod fixed_step;
 #[cfg(target_arch = "x86_64")]

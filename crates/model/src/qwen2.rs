@@ -796,11 +796,15 @@ impl Model {
         slot: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        // grad: index_select's backward is index_add into the embedding rows.
-        let mut h = self
-            .embed
-            .index_select(&ids.flatten_all()?, 0)?
-            .reshape((b, t, ()))?;
+        let flat = ids.flatten_all()?;
+        // grad: on a GPU one op whose backward sums each id's rows in f32
+        // (crate::embedding); elsewhere index_select, whose backward is
+        // index_add into the embedding rows.
+        let rows = match crate::embedding::embedding(&self.embed, &flat) {
+            Some(rows) => rows?,
+            None => self.embed.index_select(&flat, 0)?,
+        };
+        let mut h = rows.reshape((b, t, ()))?;
         let mut layer_caches = match caches {
             Some(caches) if caches.len() != self.layers.len() => {
                 candle_core::bail!("expected {} layer caches", self.layers.len())
