@@ -34,6 +34,7 @@ pub mod ops;
 pub mod optim;
 pub mod policy;
 pub mod precision;
+mod projection;
 pub mod qwen2;
 pub mod sampling;
 mod steer;

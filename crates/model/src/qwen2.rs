@@ -109,9 +109,9 @@ fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let in_dim = *last;
     *last = w.dim(0)?;
     let rows = x.elem_count() / in_dim.max(1);
-    // grad: reshape and transpose are views with backward; matmul's backward
-    // is two matmuls (candle handles the transposed rhs through strides, no copy).
-    let y = x.reshape((rows, in_dim))?.matmul(&w.t()?)?;
+    // grad: reshape is a view with backward; the projection's backward is two
+    // GEMMs, the weight's gradient in the weight's layout (crate::projection).
+    let y = crate::projection::project(&x.reshape((rows, in_dim))?, w)?;
     // grad: broadcast_add sums the gradient over the broadcast rows for the bias.
     let y = match b {
         Some(b) => y.broadcast_add(b)?,
