@@ -4,11 +4,11 @@
 # at 16×256 and 8×1024, sampling at batch 16 and 128), a per-kernel profile
 # of both sides' bf16 training step and sampling (bench/kernel-profile),
 # then two whole RL steps at Qwen2.5-0.5B's shape (`bench rollout
-# --rl-steps`), each step under its own time limit so one hang cannot eat
-# the rest (~22 minutes at most; ONLY="tests bench-bf16-16x256" runs just
-# the steps named). For a machine with a GPU, Python with torch's CUDA 13
-# wheels, and no Rust: it runs the binaries scripts/build-cuda.sh packed
-# elsewhere.
+# --rl-steps`) and a profile of one, each step under its own time limit so
+# one hang cannot eat the rest (~27 minutes at most; ONLY="tests
+# bench-bf16-16x256" runs just the steps named). For a machine with a GPU,
+# Python with torch's CUDA 13 wheels, and no Rust: it runs the binaries
+# scripts/build-cuda.sh packed elsewhere.
 #
 #   scripts/gpu-check.sh [ARCHIVE] [OUT]
 #     ARCHIVE  cuda_bins.tar.xz from scripts/build-cuda.sh
@@ -83,6 +83,14 @@ step profile-bf16-16x256 300 env CUDA_INJECTION64_PATH="$BIN/libkernel_profile.s
 # Whole RL steps of the default recipe with a random model of Qwen2.5-0.5B's
 # body (the tiny tokenizer's vocabulary), each phase timed.
 step rl-steps-0.5b 300 "$A" bench rollout --rl-steps 2 --device cuda --json trainer.val_tasks=8 \
+  model.hidden_size=896 model.num_hidden_layers=24 model.num_attention_heads=14 \
+  model.num_key_value_heads=2 model.intermediate_size=4864 model.rope_theta=1000000
+# Where a whole RL step's GPU time goes at that shape: one step, profiled
+# (range 1: rollout, scoring and update together).
+mkdir -p "$LOGS/profile-rl-step-0.5b"
+step profile-rl-step-0.5b 300 env CUDA_INJECTION64_PATH="$BIN/libkernel_profile.so" \
+  KERNEL_PROFILE_OUT="$LOGS/profile-rl-step-0.5b" KERNEL_PROFILE_TOP=25 \
+  "$A" bench rollout --rl-steps 1 --device cuda --json trainer.val_tasks=8 \
   model.hidden_size=896 model.num_hidden_layers=24 model.num_attention_heads=14 \
   model.num_key_value_heads=2 model.intermediate_size=4864 model.rope_theta=1000000
 [ -f "$LOGS/tests.log" ] && grep -h -E "passed|failed|test result" "$LOGS/tests.log" | tail -3 >>"$SUMMARY"
