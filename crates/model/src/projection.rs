@@ -71,7 +71,9 @@ impl CustomOp2 for Projection {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         // dx = g · w ([m, n] · [n, k]); dw = gᵀ · x ([n, m] · [m, k]), the
-        // transposed g read through its strides.
+        // transposed g read through its strides (which the GEMMs take for
+        // a contiguous g: a no-op for the gradients candle hands over).
+        let grad = grad.contiguous()?;
         let dx = grad.matmul(w)?;
         let dw = grad.t()?.matmul(x)?;
         Ok((Some(dx), Some(dw)))
