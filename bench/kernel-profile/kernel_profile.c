@@ -360,20 +360,20 @@ int InitializeInjection(void) {
   warn_on(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "memset records");
   CUptiResult r = cuptiSubscribe(&subscriber, on_api, NULL);
   warn_on(r, "subscribing to cuProfilerStart/Stop (no ranges: everything is range 0)");
-  if (r == CUPTI_SUCCESS) {
-    warn_on(cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API,
-                                CUPTI_DRIVER_TRACE_CBID_cuProfilerStart),
-            "cuProfilerStart callback");
-    warn_on(cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API,
-                                CUPTI_DRIVER_TRACE_CBID_cuProfilerStop),
-            "cuProfilerStop callback");
-    warn_on(cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API,
-                                CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000),
-            "cudaProfilerStart callback");
-    warn_on(cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API,
-                                CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000),
-            "cudaProfilerStop callback");
-  }
+  static const struct {
+    CUpti_CallbackDomain domain;
+    CUpti_CallbackId id;
+    const char *what;
+  } marks[] = {
+      {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuProfilerStart, "cuProfilerStart callback"},
+      {CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuProfilerStop, "cuProfilerStop callback"},
+      {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000,
+       "cudaProfilerStart callback"},
+      {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000,
+       "cudaProfilerStop callback"},
+  };
+  for (size_t i = 0; r == CUPTI_SUCCESS && i < sizeof marks / sizeof marks[0]; i++)
+    warn_on(cuptiEnableCallback(1, subscriber, marks[i].domain, marks[i].id), marks[i].what);
   atexit(at_exit);
   return 1;
 }

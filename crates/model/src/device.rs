@@ -80,6 +80,11 @@ impl ProfiledRange {
 
     /// Waits for the span's work, then closes it.
     pub fn end(mut self) -> Result<()> {
+        self.close()
+    }
+
+    /// Synchronises and stops the profiler once (later calls do nothing).
+    fn close(&mut self) -> Result<()> {
         match self.device.take() {
             Some(device) => {
                 device.synchronize()?;
@@ -93,11 +98,7 @@ impl ProfiledRange {
 impl Drop for ProfiledRange {
     fn drop(&mut self) {
         // An early return (an error inside the span) still closes it.
-        if let Some(device) = self.device.take() {
-            let _ = device
-                .synchronize()
-                .and_then(|()| profiler_call(&device, false));
-        }
+        let _ = self.close();
     }
 }
 

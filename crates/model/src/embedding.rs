@@ -13,6 +13,7 @@
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::kernels::Real;
+use crate::ops::contiguous_slice;
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 
@@ -31,21 +32,12 @@ fn host_ids<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
     let CpuStorage::U32(v) = s else {
         candle_core::bail!("embedding: ids must be u32")
     };
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&v[a..b]),
-        None => candle_core::bail!("embedding: ids must be contiguous"),
-    }
+    contiguous_slice(v, l)
 }
 
 /// A contiguous CPU float input as `T`, or `None` for another type.
 fn host_rows<'a, T: Real>(s: &'a CpuStorage, l: &Layout) -> Result<Option<&'a [T]>> {
-    let Some(v) = T::slice(s) else {
-        return Ok(None);
-    };
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(Some(&v[a..b])),
-        None => candle_core::bail!("embedding: rows must be contiguous"),
-    }
+    T::slice(s).map(|v| contiguous_slice(v, l)).transpose()
 }
 
 fn gather<T: Real>(w: &[T], ids: &[u32], d: usize) -> Result<Vec<T>> {
@@ -296,6 +288,7 @@ mod on_gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::tests::{max_abs_diff, weighted_grad};
     use candle_core::{DType, Device, Var};
 
     /// The op's forward and gradient against candle's `index_select`, whose
@@ -311,29 +304,11 @@ mod tests {
         let weights = Tensor::from_vec(weights, (7, d), &dev).unwrap();
         let ours = w.as_tensor().apply_op2(&ids, Embedding).unwrap();
         let theirs = w.as_tensor().index_select(&ids, 0).unwrap();
-        let diff = |a: &Tensor, b: &Tensor| -> f64 {
-            (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap()
-        };
-        assert_eq!(diff(&ours, &theirs), 0.0);
-        let grad = |y: &Tensor| {
-            let g = (y * &weights)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            g.get(w.as_tensor()).unwrap().clone()
-        };
-        let (go, gt) = (grad(&ours), grad(&theirs));
+        assert_eq!(max_abs_diff(&ours, &theirs), 0.0);
+        let go = weighted_grad(&ours, &weights, &w);
+        let gt = weighted_grad(&theirs, &weights, &w);
         assert_eq!(go.dims(), &[v, d]);
-        assert!(diff(&go, &gt) < 1e-12);
+        assert!(max_abs_diff(&go, &gt) < 1e-12);
         // Row 3 sums three tokens' weights; row 1 has none.
         assert!(
             go.get(1)

@@ -45,7 +45,7 @@ where
     });
 }
 
-fn contiguous_slice<'a, T>(v: &'a [T], l: &Layout) -> Result<&'a [T]> {
+pub(crate) fn contiguous_slice<'a, T>(v: &'a [T], l: &Layout) -> Result<&'a [T]> {
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&v[a..b]),
         None => candle_core::bail!("fused op needs a contiguous input"),
@@ -1351,11 +1351,12 @@ pub fn rope_to_heads(x: &Tensor, cos: &Tensor, sin: &Tensor, scale: f64) -> Opti
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use candle_core::{Device, Var};
 
-    fn rand_tensor(shape: &[usize], seed: u64) -> Tensor {
+    /// Values uniform in [-3, 3) of `shape`, from `seed` (f64, CPU).
+    pub(crate) fn rand_tensor(shape: &[usize], seed: u64) -> Tensor {
         let n: usize = shape.iter().product();
         let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
         let v: Vec<f64> = (0..n)
@@ -1369,7 +1370,8 @@ mod tests {
         Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
     }
 
-    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    /// max |a − b| over every element.
+    pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
         (a - b)
             .unwrap()
             .abs()
@@ -1383,7 +1385,7 @@ mod tests {
     }
 
     /// d(Σ y ⊙ w)/dx: the gradient a fused op and its composite must agree on.
-    fn weighted_grad(y: &Tensor, w: &Tensor, x: &Var) -> Tensor {
+    pub(crate) fn weighted_grad(y: &Tensor, w: &Tensor, x: &Var) -> Tensor {
         let g = (y * w).unwrap().sum_all().unwrap().backward().unwrap();
         g.get(x.as_tensor()).unwrap().clone()
     }

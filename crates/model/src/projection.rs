@@ -89,6 +89,7 @@ pub(crate) fn project(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::tests::{max_abs_diff, weighted_grad};
     use candle_core::{Device, Var};
 
     fn values(n: usize, seed: f64) -> Vec<f64> {
@@ -106,35 +107,20 @@ mod tests {
         let weights = Tensor::from_vec(values(m * n, 3.0), (m, n), &dev).unwrap();
         let ours = project(x.as_tensor(), w.as_tensor()).unwrap();
         let theirs = x.as_tensor().matmul(&w.as_tensor().t().unwrap()).unwrap();
-        let max_diff = |a: &Tensor, b: &Tensor| -> f64 {
-            (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap()
-        };
         assert_eq!(ours.dims(), &[m, n]);
-        assert_eq!(max_diff(&ours, &theirs), 0.0);
-        let grads = |y: &Tensor| {
-            let g = (y * &weights)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            (
-                g.get(x.as_tensor()).unwrap().clone(),
-                g.get(w.as_tensor()).unwrap().clone(),
-            )
-        };
-        let ((dx, dw), (dx_ref, dw_ref)) = (grads(&ours), grads(&theirs));
+        assert_eq!(max_abs_diff(&ours, &theirs), 0.0);
+        let (dx, dw) = (
+            weighted_grad(&ours, &weights, &x),
+            weighted_grad(&ours, &weights, &w),
+        );
+        let (dx_ref, dw_ref) = (
+            weighted_grad(&theirs, &weights, &x),
+            weighted_grad(&theirs, &weights, &w),
+        );
         assert_eq!(dw.dims(), &[n, k]);
         assert!(dw.is_contiguous());
-        assert!(max_diff(&dx, &dx_ref) < 1e-12);
-        assert!(max_diff(&dw, &dw_ref) < 1e-12);
+        assert!(max_abs_diff(&dx, &dx_ref) < 1e-12);
+        assert!(max_abs_diff(&dw, &dw_ref) < 1e-12);
     }
 
     #[test]

@@ -22,6 +22,42 @@ fn scatter_sum(ids: &[u32], g: &[f64], v: usize, d: usize) -> Vec<f64> {
     dw
 }
 
+/// Both f32 kernels on a table `w` of `v` rows of `d`: the gathered rows
+/// (a grid of 3 × 64, strided) and the table's gradient from `g` (one
+/// block of 32 per token, so d > 32 has each thread sum several columns).
+fn run_f32(
+    w: &mut [f32],
+    tokens: &mut [u32],
+    g: &mut [f32],
+    v: usize,
+    d: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let n = tokens.len();
+    let (mut out, mut dw) = (vec![f32::NAN; n * d], vec![0f32; v * d]);
+    let (wp, ip, gp, op, dp) = (
+        Shared::of(w),
+        Shared::of(tokens),
+        Shared::of(g),
+        Shared::of(&mut out),
+        Shared::of(&mut dw),
+    );
+    let (n32, d32, v32) = (n as u32, d as u32, v as u32);
+    // SAFETY: w holds v·d values, out and g n·d, dw v·d (zeroed), ids n.
+    unsafe {
+        launch(Grid::linear(3, 64), || {
+            embedding_fwd_f32(wp.ptr(), ip.ptr(), op.ptr(), n as u64, d32, v32)
+        })
+    }
+    .unwrap();
+    unsafe {
+        launch(Grid::linear(n32, 32), || {
+            embedding_bwd_f32(ip.ptr(), gp.ptr(), dp.ptr(), n32, d32, v32)
+        })
+    }
+    .unwrap();
+    (out, dw)
+}
+
 #[test]
 fn embedding_gathers_rows_and_sums_their_gradient_per_id() {
     // d past one block's width: each thread sums several columns.
@@ -29,28 +65,7 @@ fn embedding_gathers_rows_and_sums_their_gradient_per_id() {
     let mut w = random(v * d, 1.0, 41);
     let mut tokens = ids(n, v as u32);
     let mut g = random(n * d, 1.0, 42);
-    let (mut out, mut dw) = (vec![f32::NAN; n * d], vec![0f32; v * d]);
-    let (wp, ip, gp, op, dp) = (
-        Shared::of(&mut w),
-        Shared::of(&mut tokens),
-        Shared::of(&mut g),
-        Shared::of(&mut out),
-        Shared::of(&mut dw),
-    );
-    let (n64, d32, v32) = (n as u64, d as u32, v as u32);
-    // SAFETY: w holds v·d values, out and g n·d, dw v·d (zeroed), ids n.
-    unsafe {
-        launch(Grid::linear(3, 64), || {
-            embedding_fwd_f32(wp.ptr(), ip.ptr(), op.ptr(), n64, d32, v32)
-        })
-    }
-    .unwrap();
-    unsafe {
-        launch(Grid::linear(n as u32, 32), || {
-            embedding_bwd_f32(ip.ptr(), gp.ptr(), dp.ptr(), n as u32, d32, v32)
-        })
-    }
-    .unwrap();
+    let (out, dw) = run_f32(&mut w, &mut tokens, &mut g, v, d);
     let want_out: Vec<f64> = (0..n * d)
         .map(|i| f64::from(w[tokens[i / d] as usize * d + i % d]))
         .collect();
@@ -98,27 +113,7 @@ fn an_id_past_the_table_reads_as_nan_and_adds_no_gradient() {
     let mut w = random(v * d, 1.0, 44);
     let mut tokens = vec![1u32, 7];
     let mut g = random(2 * d, 1.0, 45);
-    let (mut out, mut dw) = (vec![0f32; 2 * d], vec![0f32; v * d]);
-    let (wp, ip, gp, op, dp) = (
-        Shared::of(&mut w),
-        Shared::of(&mut tokens),
-        Shared::of(&mut g),
-        Shared::of(&mut out),
-        Shared::of(&mut dw),
-    );
-    // SAFETY: as above, for 2 tokens.
-    unsafe {
-        launch(Grid::linear(1, 64), || {
-            embedding_fwd_f32(wp.ptr(), ip.ptr(), op.ptr(), 2, d as u32, v as u32)
-        })
-    }
-    .unwrap();
-    unsafe {
-        launch(Grid::linear(2, 32), || {
-            embedding_bwd_f32(ip.ptr(), gp.ptr(), dp.ptr(), 2, d as u32, v as u32)
-        })
-    }
-    .unwrap();
+    let (out, dw) = run_f32(&mut w, &mut tokens, &mut g, v, d);
     assert!(out[..d].iter().zip(&w[d..2 * d]).all(|(a, b)| a == b));
     assert!(out[d..].iter().all(|x| x.is_nan()));
     assert!(dw[d..2 * d].iter().zip(&g[..d]).all(|(a, b)| a == b));
