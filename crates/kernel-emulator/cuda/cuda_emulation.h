@@ -13,7 +13,10 @@
 //
 // What it does not model: timing, memory ordering weaker than a barrier's,
 // warps that diverge (a shuffle or `__syncwarp` is for the whole warp), and
-// dynamic shared memory (the kernels use none).
+// dynamic shared memory (the kernels use none). Tensor-core fragments (wmma)
+// hold their whole tile in every lane, so a fragment's element layout is
+// not modelled either: the kernels only go through load, store, fill and
+// mma, whose results do not depend on it.
 #pragma once
 
 #include <math.h>
@@ -31,6 +34,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 // One block is alive at a time (see above).
 #define __shared__ static
 
@@ -145,3 +149,86 @@ struct __half {
 };
 inline float __half2float(__half h) { return (float)h.value; }
 inline __half __float2half(float f) { return {(_Float16)f}; }
+
+namespace agentrl_emulation {
+inline float as_float(float x) { return x; }
+inline float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+inline float as_float(__half x) { return __half2float(x); }
+}  // namespace agentrl_emulation
+
+// mma.h's warp-wide matrix tiles. A tile is loaded whole by every lane (it
+// may read what other lanes wrote, so a missing __syncwarp before a load
+// shows), an mma is computed by every lane on its own copy (f32 sums in k
+// order, as exact products of the 16-bit inputs), and a store is shared out:
+// lane L writes the elements e with e % 32 == L, as a warp's lanes each
+// write their part on a device (so reading another lane's part without a
+// __syncwarp after the store shows too).
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment {
+    static constexpr int rows = std::is_same_v<Use, matrix_b> ? K : M;
+    static constexpr int cols = std::is_same_v<Use, matrix_a> ? K : N;
+    static constexpr int num_elements = rows * cols;
+    float x[num_elements];
+};
+
+template <typename Use, int M, int N, int K, typename T, typename L>
+inline void fill_fragment(fragment<Use, M, N, K, T, L> &f, float v) {
+    for (float &e : f.x) e = v;
+}
+
+template <typename Frag, typename P>
+inline void load_tile(Frag &f, const P *p, unsigned ldm, bool row_major_memory) {
+    for (int r = 0; r < Frag::rows; ++r)
+        for (int c = 0; c < Frag::cols; ++c)
+            f.x[r * Frag::cols + c] = agentrl_emulation::as_float(
+                row_major_memory ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]);
+}
+
+template <typename Use, int M, int N, int K, typename T, typename P>
+inline void load_matrix_sync(fragment<Use, M, N, K, T, row_major> &f, const P *p, unsigned ldm) {
+    load_tile(f, p, ldm, true);
+}
+template <typename Use, int M, int N, int K, typename T, typename P>
+inline void load_matrix_sync(fragment<Use, M, N, K, T, col_major> &f, const P *p, unsigned ldm) {
+    load_tile(f, p, ldm, false);
+}
+template <int M, int N, int K>
+inline void load_matrix_sync(fragment<accumulator, M, N, K, float> &f, const float *p,
+                             unsigned ldm, layout_t layout) {
+    load_tile(f, p, ldm, layout == mem_row_major);
+}
+
+template <int M, int N, int K>
+inline void store_matrix_sync(float *p, const fragment<accumulator, M, N, K, float> &f,
+                              unsigned ldm, layout_t layout) {
+    unsigned lane = threadIdx.x % 32;
+    for (int e = (int)lane; e < M * N; e += 32) {
+        int r = e / N, c = e % N;
+        p[layout == mem_row_major ? (size_t)r * ldm + c : (size_t)c * ldm + r] = f.x[e];
+    }
+}
+
+template <int M, int N, int K, typename T, typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, M, N, K, float> &d,
+                     const fragment<matrix_a, M, N, K, T, LA> &a,
+                     const fragment<matrix_b, M, N, K, T, LB> &b,
+                     const fragment<accumulator, M, N, K, float> &c) {
+    float out[M * N];
+    for (int r = 0; r < M; ++r)
+        for (int n = 0; n < N; ++n) {
+            float acc = c.x[r * N + n];
+            for (int k = 0; k < K; ++k) acc += a.x[r * K + k] * b.x[k * N + n];
+            out[r * N + n] = acc;
+        }
+    for (int e = 0; e < M * N; ++e) d.x[e] = out[e];
+}
+}  // namespace wmma
+}  // namespace nvcuda

@@ -102,10 +102,112 @@ impl<T> Shared<T> {
     }
 }
 
+/// Element strides (batch, head, row) of a `[batch, head, row, dim]` view
+/// with a contiguous last dim: `Strides` of `flash_attention.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strides {
+    pub b: i64,
+    pub h: i64,
+    pub i: i64,
+}
+
+/// An attention's sizes: `Sizes` of `flash_attention.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sizes {
+    pub heads: i32,
+    pub kv_heads: i32,
+    pub t: i32,
+    pub s: i32,
+    pub n_pads: i32,
+    pub scale: f32,
+}
+
 /// The kernels, by their `extern "C"` names in `crates/model/kernels`
 /// (bf16 as [`bf16`]; the `_f16` instantiations are not declared).
 pub mod kernels {
-    use super::bf16;
+    use super::{bf16, Sizes, Strides};
+
+    macro_rules! flash {
+        ($t:ty, $fwd:ident, $dkdv:ident, $dq:ident) => {
+            extern "C" {
+                pub fn $fwd(
+                    q: *const $t,
+                    k: *const $t,
+                    v: *const $t,
+                    o: *mut $t,
+                    lse: *mut f32,
+                    pads: *const u32,
+                    z: Sizes,
+                    qs: Strides,
+                    ks: Strides,
+                    vs: Strides,
+                    os: Strides,
+                );
+                pub fn $dkdv(
+                    q: *const $t,
+                    k: *const $t,
+                    v: *const $t,
+                    dout: *const $t,
+                    lse: *const f32,
+                    delta: *const f32,
+                    dk: *mut $t,
+                    dv: *mut $t,
+                    pads: *const u32,
+                    z: Sizes,
+                    qs: Strides,
+                    ks: Strides,
+                    vs: Strides,
+                    ds: Strides,
+                    dks: Strides,
+                    dvs: Strides,
+                );
+                pub fn $dq(
+                    q: *const $t,
+                    k: *const $t,
+                    v: *const $t,
+                    dout: *const $t,
+                    lse: *const f32,
+                    delta: *const f32,
+                    dq: *mut $t,
+                    pads: *const u32,
+                    z: Sizes,
+                    qs: Strides,
+                    ks: Strides,
+                    vs: Strides,
+                    ds: Strides,
+                    dqs: Strides,
+                );
+            }
+        };
+    }
+
+    flash!(
+        bf16,
+        flash_fwd_bf16_hd64,
+        flash_dkdv_bf16_hd64,
+        flash_dq_bf16_hd64
+    );
+    flash!(
+        bf16,
+        flash_fwd_bf16_hd128,
+        flash_dkdv_bf16_hd128,
+        flash_dq_bf16_hd128
+    );
+
+    extern "C" {
+        pub fn flash_delta_bf16(
+            o: *const bf16,
+            dout: *const bf16,
+            delta: *mut f32,
+            heads: i32,
+            t: i32,
+            hd: i32,
+            os: Strides,
+            ds: Strides,
+        );
+    }
 
     macro_rules! typed {
         ($t:ty, $rms_fwd:ident, $rms_bwd_x:ident, $rms_w_partial:ident,

@@ -3,6 +3,7 @@
 //! kernel's formula (f32 storage to ~1e-5, bf16 storage to its rounding).
 
 mod embedding;
+mod flash_attention;
 mod kv_cache;
 mod multi_tensor;
 mod rms_norm;
