@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks a GPU machine exists for, in one run: the model crate's tests on
 # GPU 0, `bench model --device cuda` against PyTorch (bf16 and f32 training
-# at 16×256 and 8×1024, sampling at batch 16 and 128), a per-kernel profile
+# at 16×256 and 8×1024, flash attention against the materialised scores at
+# both, sampling at batch 16 and 128), a per-kernel profile
 # of both sides' bf16 training step and sampling (bench/kernel-profile),
 # then two whole RL steps at Qwen2.5-0.5B's shape (`bench rollout
 # --rl-steps`) and a profile of one, each step under its own time limit so
@@ -65,12 +66,18 @@ step() {
 
 step gpu 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 step tests 300 env AGENTRL_TEST_DEVICE=cuda "$BIN/model_tests" --test-threads 1 \
-  fixture:: generation:: token_loss causal_softmax norm_and_mlp \
+  fixture:: generation:: token_loss causal_softmax norm_and_mlp flash_attention:: \
   adamw_on_the_test_device clipping_and_adamw
 A=$BIN/agentrl
 BENCH=(bench model --device cuda --shape qwen2.5-0.5b --python python3 --json)
 step bench-bf16-16x256 240 "$A" "${BENCH[@]}" --dtype bf16
 step bench-bf16-8x1024 240 "$A" "${BENCH[@]}" --dtype bf16 --batch 8 --seq-len 1024 --sample-runs 1
+# The same two bf16 shapes with attention materialised instead of the flash
+# kernels (agentrl alone): the op's gain, within one run.
+OURS=(bench model --device cuda --shape qwen2.5-0.5b --no-torch --json --dtype bf16)
+step bench-bf16-16x256-materialized 180 "$A" "${OURS[@]}" --attention materialized --sample-runs 1
+step bench-bf16-8x1024-materialized 180 "$A" "${OURS[@]}" --attention materialized \
+  --batch 8 --seq-len 1024 --sample-runs 1
 step bench-f32-16x256 240 "$A" "${BENCH[@]}" --dtype f32
 step bench-bf16-sample128 240 "$A" "${BENCH[@]}" --dtype bf16 --batch 128 --steps 1
 # Where each side's GPU time goes: both processes of a bf16 16×256 bench

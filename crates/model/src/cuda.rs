@@ -16,6 +16,12 @@ pub(crate) const EMBEDDING: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/embedding.ptx")),
 };
 
+/// `kernels/flash_attention.cu`.
+pub(crate) const FLASH_ATTENTION: Module = Module {
+    name: "agentrl_flash_attention",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/flash_attention.ptx")),
+};
+
 /// `kernels/kv_cache.cu`.
 pub(crate) const KV_CACHE: Module = Module {
     name: "agentrl_kv_cache",

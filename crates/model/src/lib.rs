@@ -19,6 +19,7 @@ mod device_sampling;
 mod embedding;
 pub mod error;
 mod fixed_step;
+pub mod flash_attention;
 #[cfg(target_arch = "x86_64")]
 mod gemm_bf16;
 pub mod gguf;

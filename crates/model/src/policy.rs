@@ -528,6 +528,14 @@ impl PolicyModel {
         self.fused_training = on;
     }
 
+    /// Whether attention runs as the flash op where its GPU kernels apply
+    /// (bf16 on a CUDA device, head dim 64 or 128), in training and in
+    /// sampling's prefill; on by default (see `Model::set_flash_attention`).
+    pub fn set_flash_attention(&mut self, on: bool) {
+        self.model.set_flash_attention(on);
+        self.infer.set_flash_attention(on);
+    }
+
     /// Whether [`PolicyModel::scored_logprobs`] on the fused path computes a
     /// prompt that several sequences share (a GRPO group's: at least 16
     /// leading tokens, none of them scored) once, with each sequence's own

@@ -401,6 +401,10 @@ pub struct AttentionScope<'a> {
     /// that position (a fixed-shape step, see the `fixed_step` module). `None`:
     /// the keys are appended and attention runs over those cached.
     pub slot: Option<&'a Tensor>,
+    /// Whether attention may run as one [`crate::flash_attention`] op where
+    /// its GPU kernels apply (not for a slot step, which a CUDA graph
+    /// replays over the materialised scores).
+    pub flash: bool,
 }
 
 /// Grouped-query self-attention with optional q/k/v biases.
@@ -473,6 +477,7 @@ impl Attention {
             pads,
             cache,
             slot,
+            flash,
         } = scope;
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
@@ -485,12 +490,25 @@ impl Attention {
         // Scaling q (smaller than the scores) by 1/sqrt(hd) inside the rotation.
         let q = rope_to_heads(&q, rope, 1.0 / (hd as f64).sqrt(), self.inference)?;
         let k = rope_to_heads(&k, rope, 1.0, self.inference)?;
-        let v = v.transpose(1, 2)?.contiguous()?;
+        let flash = flash
+            && slot.is_none()
+            && crate::flash_attention::flash_attention_applies(x.dtype(), x.device(), hd);
+        // The flash kernels read v through its strides: no transposing copy.
+        let v = match (flash, &cache) {
+            (true, None) => v.transpose(1, 2)?,
+            _ => v.transpose(1, 2)?.contiguous()?,
+        };
         let (k, v) = match (cache, slot) {
             (Some(c), Some(slot)) => c.write_at(&k, &v, slot)?,
             (Some(c), None) => c.append(&k, &v)?,
             (None, _) => (k, v),
         };
+        if flash {
+            // grad: the op's own backward recomputes the probabilities
+            // (crate::flash_attention); q is already scaled.
+            let out = crate::flash_attention::flash_attention(&q, &k, &v, pads, 1.0)?;
+            return linear(&out.reshape((b, t, nh * hd))?, &self.o_w, None);
+        }
         let s = k.dim(2)?;
         // Grouped-query attention without copying k/v `rep` times: query head
         // h uses kv head h / rep (transformers' repeat_kv), so group the rep
@@ -615,6 +633,9 @@ pub struct Model {
     layer_shape: LayerShape,
     dtype: DType,
     device: Device,
+    /// Whether attention runs as the flash op where its kernels apply
+    /// (see [`Model::set_flash_attention`]).
+    flash_attention: bool,
 }
 
 impl Model {
@@ -659,7 +680,16 @@ impl Model {
             },
             dtype: vb.dtype(),
             device: vb.device().clone(),
+            flash_attention: true,
         })
+    }
+
+    /// Whether attention runs as one [`crate::flash_attention`] op (its
+    /// forward keeps row log-sum-exps, not the `[B, H, T, S]` probabilities)
+    /// where its GPU kernels apply: bf16 on a CUDA device at head dim 64 or
+    /// 128. On by default; off, every device materialises the scores.
+    pub fn set_flash_attention(&mut self, on: bool) {
+        self.flash_attention = on;
     }
 
     /// The same model on detached copies of the weights (shared storage, so
@@ -743,6 +773,7 @@ impl Model {
             layer_shape: self.layer_shape,
             dtype: self.dtype,
             device: self.device.clone(),
+            flash_attention: self.flash_attention,
         }
     }
 
@@ -821,6 +852,7 @@ impl Model {
                     pads,
                     cache,
                     slot,
+                    flash: self.flash_attention,
                 },
             )?;
         }

@@ -153,6 +153,7 @@ pub fn starting_policy(
             .set_precision(cfg.model.precision)
             .map_err(|e| BootstrapError::Model(e.to_string()))?;
         model.set_gradient_checkpointing(cfg.model.gradient_checkpointing);
+        model.set_flash_attention(cfg.model.flash_attention);
         return Ok((tok, model));
     }
     let corpus = if cfg.env.protocol == EnvProtocol::Agentgym {
@@ -231,5 +232,6 @@ pub fn starting_policy(
         .set_precision(cfg.model.precision)
         .map_err(|e| BootstrapError::Model(e.to_string()))?;
     model.set_gradient_checkpointing(cfg.model.gradient_checkpointing);
+    model.set_flash_attention(cfg.model.flash_attention);
     Ok((tok, model))
 }

@@ -133,6 +133,9 @@ pub struct ModelSection {
     /// Recompute activations in the backward instead of keeping them (the
     /// config key `model.gradient_checkpointing`).
     pub gradient_checkpointing: bool,
+    /// Attention as the flash op where its GPU kernels apply (the config
+    /// key `model.flash_attention`).
+    pub flash_attention: bool,
 }
 
 /// The tiny model of the default run: d 128, 2 layers, 4 query / 2 key-value
@@ -162,6 +165,7 @@ impl Default for ModelSection {
             config: default_tiny_model(),
             precision: Precision::F32,
             gradient_checkpointing: false,
+            flash_attention: true,
         }
     }
 }
@@ -194,6 +198,14 @@ struct ModelTable {
     /// gradients are the same to the bit.
     #[serde(default)]
     gradient_checkpointing: bool,
+    /// Attention as one fused op on a GPU (FlashAttention-2's algorithm on
+    /// tensor cores, `kernels/flash_attention.cu`) where its kernels apply:
+    /// bf16 on a CUDA device at head dim 64 or 128. It keeps each query
+    /// row's log-sum-exp instead of the `[B, heads, T, T]` probabilities
+    /// and recomputes them in the backward. false materialises the scores
+    /// on every device; the CPU always does.
+    #[serde(default = "flash_attention_default")]
+    flash_attention: bool,
     /// The tiny model's architecture: any key of a `config.json` over the
     /// tiny default.
     #[serde(flatten)]
@@ -211,8 +223,13 @@ impl TryFrom<ModelTable> for ModelSection {
             config: model_config_over_default(t.config)?,
             precision: t.precision,
             gradient_checkpointing: t.gradient_checkpointing,
+            flash_attention: t.flash_attention,
         })
     }
+}
+
+fn flash_attention_default() -> bool {
+    true
 }
 
 /// The tiny default with `keys` written over it, each checked on its own so

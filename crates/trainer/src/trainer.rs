@@ -191,8 +191,9 @@ fn uses_critic(cfg: &TrainConfig) -> bool {
     cfg.algorithm.adv_estimator.needs_critic()
 }
 
-/// A checkpoint of the run, its products in `model.precision` (and its
-/// backward recomputing activations under `model.gradient_checkpointing`).
+/// A checkpoint of the run, its products in `model.precision` (its
+/// backward recomputing activations under `model.gradient_checkpointing`,
+/// its attention as `model.flash_attention` says).
 fn load_in_precision(
     dir: &Path,
     with_value_head: bool,
@@ -202,6 +203,7 @@ fn load_in_precision(
     let mut model = PolicyModel::load(dir, with_value_head, device)?;
     model.set_precision(cfg.model.precision)?;
     model.set_gradient_checkpointing(cfg.model.gradient_checkpointing);
+    model.set_flash_attention(cfg.model.flash_attention);
     Ok(model)
 }
 

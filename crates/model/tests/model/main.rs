@@ -9,6 +9,7 @@ mod checkpointing;
 mod device;
 mod finite_difference;
 mod fixture;
+mod flash_attention;
 mod generation;
 mod gguf;
 mod gguf_writer;

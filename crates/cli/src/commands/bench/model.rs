@@ -156,9 +156,21 @@ pub struct BenchModelArgs {
     /// what the GPU's graph costs around its kernels.
     #[arg(long)]
     composite: bool,
+    /// Attention on a GPU: `flash` (one fused op, where its bf16 kernels
+    /// apply) or `materialized` (scores, causal softmax, product). The CPU
+    /// always materialises.
+    #[arg(long, value_enum, default_value_t = AttentionPath::Flash)]
+    attention: AttentionPath,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+/// How the GPU computes attention (`--attention`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum AttentionPath {
+    Flash,
+    Materialized,
 }
 
 /// FLOPs the model needs, counted as PaLM's MFU does: 2 per multiply-add of
@@ -688,6 +700,9 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         Some(p) => p.display().to_string(),
         None => args.shape.name().to_string(),
     };
+    // Whether the training and prefill attention runs the flash kernels.
+    let flash_ran = args.attention == AttentionPath::Flash
+        && agentrl_model::flash_attention::flash_attention_applies(dtype, &dev, cfg.head_dim());
     anyhow::ensure!(
         args.seq_len <= cfg.max_position_embeddings
             && args.prompt_len + args.new_tokens <= cfg.max_position_embeddings,
@@ -740,6 +755,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         let mut model = model;
         model.set_precision(precision)?;
         model.set_fused_training(!args.composite);
+        model.set_flash_attention(args.attention == AttentionPath::Flash);
         if let Some(r) = args.lora {
             let lora = agentrl_model::LoraConfig {
                 r,
@@ -798,6 +814,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             "reply_len": args.reply_len,
             "lora_rank": args.lora,
             "composite": args.composite,
+            "flash_attention": flash_ran,
             "group": args.group,
             "config": {"vocab": cfg.vocab_size, "d": cfg.hidden_size, "layers": cfg.num_hidden_layers,
                        "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads(), "ffn": cfg.intermediate_size},
@@ -857,6 +874,16 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     );
     if let Some(r) = args.lora {
         println!("training a LoRA adapter of rank {r} on every projection (the base frozen)");
+    }
+    if on_gpu {
+        println!(
+            "attention: {}",
+            if flash_ran {
+                "flash (kernels/flash_attention.cu)"
+            } else {
+                "materialised scores and causal softmax"
+            }
+        );
     }
     if args.composite && !on_gpu {
         println!("training through candle's composite graph (a GPU step's), not the fused layers");
