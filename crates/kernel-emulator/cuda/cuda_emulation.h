@@ -28,6 +28,7 @@
 #include <barrier>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #define __global__
 #define __device__
@@ -58,6 +59,19 @@ struct ThreadState {
 };
 
 extern thread_local ThreadState self;
+
+/// A wmma store not yet visible to the other threads (see store_matrix_sync).
+struct PendingStore {
+    float *at;
+    float value;
+};
+extern thread_local std::vector<PendingStore> pending_stores;
+
+/// Makes this thread's pending wmma stores visible: at its next barrier.
+inline void flush_stores() {
+    for (const PendingStore &s : pending_stores) *s.at = s.value;
+    pending_stores.clear();
+}
 
 template <typename T> inline uint64_t to_bits(T v) {
     static_assert(sizeof(T) <= 8, "a shuffled value is at most 8 bytes");
@@ -91,8 +105,12 @@ template <typename T> inline T exchange(T v, unsigned src) {
 #define blockDim (agentrl_emulation::self.block_dim)
 #define gridDim (agentrl_emulation::self.grid_dim)
 
-inline void __syncthreads() { agentrl_emulation::self.block_barrier->arrive_and_wait(); }
+inline void __syncthreads() {
+    agentrl_emulation::flush_stores();
+    agentrl_emulation::self.block_barrier->arrive_and_wait();
+}
 inline void __syncwarp(unsigned = 0xffffffffu) {
+    agentrl_emulation::flush_stores();
     agentrl_emulation::self.warp->barrier->arrive_and_wait();
 }
 
@@ -161,8 +179,10 @@ inline float as_float(__half x) { return __half2float(x); }
 // shows), an mma is computed by every lane on its own copy (f32 sums in k
 // order, as exact products of the 16-bit inputs), and a store is shared out:
 // lane L writes the elements e with e % 32 == L, as a warp's lanes each
-// write their part on a device (so reading another lane's part without a
-// __syncwarp after the store shows too).
+// write their part on a device, and its writes land only at L's next
+// __syncwarp or __syncthreads (or when the kernel returns). Which lane holds
+// which element is unspecified on a device, so no lane may read a stored
+// tile before such a barrier; here one that does reads the old values.
 namespace nvcuda {
 namespace wmma {
 struct matrix_a {};
@@ -212,7 +232,8 @@ inline void store_matrix_sync(float *p, const fragment<accumulator, M, N, K, flo
     unsigned lane = threadIdx.x % 32;
     for (int e = (int)lane; e < M * N; e += 32) {
         int r = e / N, c = e % N;
-        p[layout == mem_row_major ? (size_t)r * ldm + c : (size_t)c * ldm + r] = f.x[e];
+        float *at = p + (layout == mem_row_major ? (size_t)r * ldm + c : (size_t)c * ldm + r);
+        agentrl_emulation::pending_stores.push_back({at, f.x[e]});
     }
 }
 

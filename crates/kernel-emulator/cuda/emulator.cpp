@@ -9,6 +9,7 @@
 
 namespace agentrl_emulation {
 thread_local ThreadState self;
+thread_local std::vector<PendingStore> pending_stores;
 }
 
 using agentrl_emulation::Warp;
@@ -57,6 +58,7 @@ extern "C" int agentrl_emulated_launch(const unsigned *grid, const unsigned *blo
                 self.block_barrier = block_barrier.get();
                 self.warp = &warp[t / 32];
                 body(data);
+                agentrl_emulation::flush_stores();  // a returning thread's stores land
                 self.block_barrier->arrive_and_drop();
                 self.warp->barrier->arrive_and_drop();
                 between_blocks.arrive_and_wait();
