@@ -130,7 +130,7 @@ pub mod kernels {
     use super::{bf16, Sizes, Strides};
 
     macro_rules! flash {
-        ($t:ty, $fwd:ident, $dkdv:ident, $dq:ident) => {
+        ($t:ty, $fwd:ident, $dkdv:ident, $dkdv_heads:ident, $dq:ident) => {
             extern "C" {
                 pub fn $fwd(
                     q: *const $t,
@@ -154,6 +154,24 @@ pub mod kernels {
                     delta: *const f32,
                     dk: *mut $t,
                     dv: *mut $t,
+                    pads: *const u32,
+                    z: Sizes,
+                    qs: Strides,
+                    ks: Strides,
+                    vs: Strides,
+                    ds: Strides,
+                    dks: Strides,
+                    dvs: Strides,
+                );
+                pub fn $dkdv_heads(
+                    q: *const $t,
+                    k: *const $t,
+                    v: *const $t,
+                    dout: *const $t,
+                    lse: *const f32,
+                    delta: *const f32,
+                    dk: *mut f32,
+                    dv: *mut f32,
                     pads: *const u32,
                     z: Sizes,
                     qs: Strides,
@@ -187,12 +205,14 @@ pub mod kernels {
         bf16,
         flash_fwd_bf16_hd64,
         flash_dkdv_bf16_hd64,
+        flash_dkdv_heads_bf16_hd64,
         flash_dq_bf16_hd64
     );
     flash!(
         bf16,
         flash_fwd_bf16_hd128,
         flash_dkdv_bf16_hd128,
+        flash_dkdv_heads_bf16_hd128,
         flash_dq_bf16_hd128
     );
 
@@ -206,6 +226,17 @@ pub mod kernels {
             hd: i32,
             os: Strides,
             ds: Strides,
+        );
+        pub fn flash_sum_heads_bf16(
+            dk_part: *const f32,
+            dv_part: *const f32,
+            dk: *mut bf16,
+            dv: *mut bf16,
+            b: i32,
+            z: Sizes,
+            hd: i32,
+            dks: Strides,
+            dvs: Strides,
         );
     }
 

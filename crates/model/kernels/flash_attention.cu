@@ -21,6 +21,8 @@
 
 #include <mma.h>
 
+#include <type_traits>
+
 #include "convert.cuh"
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -233,12 +235,15 @@ __device__ __forceinline__ void load_row_stats(float *row_lse, float *row_delta,
     }
 }
 
-// dK and dV of BK keys of one (batch, kv head): the sum over every query
-// row of every query head of the group, BQ rows at a time. Each warp keeps
-// its share of the [BK, HD] accumulators in fragments for the whole walk.
-template <typename T, int HD, int WARPS, int BQ, int BK>
+// dK and dV of BK keys: the sum over every query row, BQ rows at a time.
+// Each warp keeps its share of the [BK, HD] accumulators in fragments for
+// the whole walk. With O = T, a block takes one (batch, kv head) and sums
+// over the query heads of its group in turn; with O = float (grouped heads:
+// more blocks, a shorter walk each) one (batch, query head), writing that
+// head's share at [b, h] of dk and dv for flash_sum_heads to add up.
+template <typename T, typename O, int HD, int WARPS, int BQ, int BK>
 __device__ void flash_dkdv(const T *q, const T *k, const T *v, const T *dout, const float *lse,
-                           const float *delta, T *dk, T *dv, const uint32_t *pads, Sizes z,
+                           const float *delta, O *dk, O *dv, const uint32_t *pads, Sizes z,
                            Strides qs, Strides ks, Strides vs, Strides ds, Strides dks,
                            Strides dvs) {
     constexpr int PER_WARP = (BK / 16) * (HD / 16) / WARPS;
@@ -254,8 +259,14 @@ __device__ void flash_dkdv(const T *q, const T *k, const T *v, const T *dout, co
     __shared__ float row_lse[BQ], row_delta[BQ];
     static_assert(BQ * BK >= 256 * WARPS, "s_tile stages the stores");
 
-    const int b = blockIdx.z, g = blockIdx.y, j0 = blockIdx.x * BK;
+    constexpr bool ONE_HEAD = !std::is_same<O, T>::value;
+    const int b = blockIdx.z, j0 = blockIdx.x * BK;
     const int rep = z.heads / z.kv_heads, off = z.s - z.t;
+    // The kv head whose keys the block reads, its query heads h_first ..
+    // h_first + n_heads, and the head index its results go to.
+    const int g = ONE_HEAD ? blockIdx.y / rep : blockIdx.y;
+    const int h_first = ONE_HEAD ? blockIdx.y : g * rep, n_heads = ONE_HEAD ? 1 : rep;
+    const int out_head = blockIdx.y;
     const int lo = first_key(pads, z, b);
     const int warp = threadIdx.x / 32;
     Acc dk_acc[PER_WARP], dv_acc[PER_WARP];
@@ -271,8 +282,8 @@ __device__ void flash_dkdv(const T *q, const T *k, const T *v, const T *dout, co
     }
     // The first query row that sees key j0 is j0 - off.
     const int first = max(0, j0 - off) / BQ * BQ;
-    for (int hr = 0; seen && hr < rep; ++hr) {
-        const int h = g * rep + hr;
+    for (int hr = 0; seen && hr < n_heads; ++hr) {
+        const int h = h_first + hr;
         const long long base = ((long long)b * z.heads + h) * z.t;
         for (int i0 = first; i0 < z.t; i0 += BQ) {
             __syncthreads();  // the previous rows' tiles are used up
@@ -307,12 +318,35 @@ __device__ void flash_dkdv(const T *q, const T *k, const T *v, const T *dout, co
     }
     __syncthreads();  // s_tile is free to stage the stores
     float *stage = s_tile + 256 * warp;
-    T *dkb = dk + b * dks.b + g * dks.h;
-    T *dvb = dv + b * dvs.b + g * dvs.h;
+    O *dkb = dk + b * dks.b + out_head * dks.h;
+    O *dvb = dv + b * dvs.b + out_head * dvs.h;
     for (int e = 0; e < PER_WARP; ++e) {
         int f = warp * PER_WARP + e, kb = f / (HD / 16), cb = f % (HD / 16);
-        store_acc<T>(dk_acc[e], stage, dkb, dks.i, j0 + kb * 16, cb * 16, z.s);
-        store_acc<T>(dv_acc[e], stage, dvb, dvs.i, j0 + kb * 16, cb * 16, z.s);
+        store_acc<O>(dk_acc[e], stage, dkb, dks.i, j0 + kb * 16, cb * 16, z.s);
+        store_acc<O>(dv_acc[e], stage, dvb, dvs.i, j0 + kb * 16, cb * 16, z.s);
+    }
+}
+
+// dk and dv ([B, kv heads, s, hd] through their strides) as the sums of the
+// per-query-head shares ([B, heads, s, hd] dense f32) of each group, added
+// in head order; grid-strided over the B · kv heads · s · hd outputs.
+template <typename T>
+__device__ void flash_sum_heads(const float *dk_part, const float *dv_part, T *dk, T *dv, int b,
+                                Sizes z, int hd, Strides dks, Strides dvs) {
+    const int rep = z.heads / z.kv_heads;
+    const long long n = (long long)b * z.kv_heads * z.s * hd;
+    for (long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x; x < n;
+         x += (long long)gridDim.x * blockDim.x) {
+        int c = x % hd, j = x / hd % z.s, g = x / hd / z.s % z.kv_heads;
+        int bi = x / hd / z.s / z.kv_heads;
+        float sk = 0.f, sv = 0.f;
+        for (int r = 0; r < rep; ++r) {
+            long long at = (((long long)bi * z.heads + g * rep + r) * z.s + j) * hd + c;
+            sk += dk_part[at];
+            sv += dv_part[at];
+        }
+        dk[bi * dks.b + g * dks.h + (long long)j * dks.i + c] = from_f32<T>(sk);
+        dv[bi * dvs.b + g * dvs.h + (long long)j * dvs.i + c] = from_f32<T>(sv);
     }
 }
 
@@ -385,7 +419,8 @@ __device__ void flash_dq(const T *q, const T *k, const T *v, const T *dout, cons
 // Launch shapes (crate::flash_attention mirrors them): the forward takes
 // 16·FWD_WARPS query rows a block (4 warps at head dim 64, 2 at 128, to stay
 // within 48 KiB of static shared memory), the backward 32×32 tiles with 4
-// warps; the Δ kernel one warp a row, 4 rows a block.
+// warps (dkdv a block per kv head, dkdv_heads one per query head); the Δ
+// kernel one warp a row, 4 rows a block; the head sum 256 threads a block.
 #define FLASH(NAME, T, HD, FWD_WARPS)                                                              \
     extern "C" __global__ void flash_fwd_##NAME##_hd##HD(                                         \
         const T *q, const T *k, const T *v, T *o, float *lse, const uint32_t *pads, Sizes z,       \
@@ -396,8 +431,15 @@ __device__ void flash_dq(const T *q, const T *k, const T *v, const T *dout, cons
         const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *delta,   \
         T *dk, T *dv, const uint32_t *pads, Sizes z, Strides qs, Strides ks, Strides vs,           \
         Strides ds, Strides dks, Strides dvs) {                                                    \
-        flash_dkdv<T, HD, 4, 32, 32>(q, k, v, dout, lse, delta, dk, dv, pads, z, qs, ks, vs, ds,   \
-                                     dks, dvs);                                                    \
+        flash_dkdv<T, T, HD, 4, 32, 32>(q, k, v, dout, lse, delta, dk, dv, pads, z, qs, ks, vs,    \
+                                        ds, dks, dvs);                                             \
+    }                                                                                              \
+    extern "C" __global__ void flash_dkdv_heads_##NAME##_hd##HD(                                  \
+        const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *delta,   \
+        float *dk, float *dv, const uint32_t *pads, Sizes z, Strides qs, Strides ks, Strides vs,   \
+        Strides ds, Strides dks, Strides dvs) {                                                    \
+        flash_dkdv<T, float, HD, 4, 32, 32>(q, k, v, dout, lse, delta, dk, dv, pads, z, qs, ks,    \
+                                            vs, ds, dks, dvs);                                     \
     }                                                                                              \
     extern "C" __global__ void flash_dq_##NAME##_hd##HD(                                          \
         const T *q, const T *k, const T *v, const T *dout, const float *lse, const float *delta,   \
@@ -411,6 +453,11 @@ __device__ void flash_dq(const T *q, const T *k, const T *v, const T *dout, cons
                                                   int heads, int t, int hd, Strides os,            \
                                                   Strides ds) {                                    \
         flash_delta<T>(o, dout, delta, heads, t, hd, os, ds);                                      \
+    }                                                                                              \
+    extern "C" __global__ void flash_sum_heads_##NAME(const float *dk_part, const float *dv_part,  \
+                                                      T *dk, T *dv, int b, Sizes z, int hd,        \
+                                                      Strides dks, Strides dvs) {                  \
+        flash_sum_heads<T>(dk_part, dv_part, dk, dv, b, z, hd, dks, dvs);                          \
     }
 
 FLASH(bf16, __nv_bfloat16, 64, 4)

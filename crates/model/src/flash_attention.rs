@@ -333,7 +333,7 @@ mod gpu {
     use half::bf16;
 
     use super::{Dims, RowView};
-    use crate::cuda::{launch, FLASH_ATTENTION};
+    use crate::cuda::{elementwise_blocks, launch, FLASH_ATTENTION};
 
     /// `Strides` of the kernels: element strides (batch, head, row).
     #[repr(C)]
@@ -551,7 +551,8 @@ mod gpu {
         };
         // SAFETY (the four allocations): delta gets every row < t; dq every
         // row < t of every head, dk and dv every key row < s of every kv
-        // head, all D columns (a key block no row sees stores its zeros).
+        // head, all D columns (a key block no row sees stores its zeros;
+        // with grouped heads the sum writes every element).
         let delta = unsafe { dev.alloc::<f32>(z.b * z.h * z.t)? };
         let dq = unsafe { dev.alloc::<bf16>(z.b * z.h * z.t * z.d)? };
         let dk = unsafe { dev.alloc::<bf16>(z.b * z.g * z.s * z.d)? };
@@ -576,28 +577,78 @@ mod gpu {
             &g_st
         )?;
         let (dq_st, dkv_st) = (dense(z.h, z.t), dense(z.g, z.s));
-        launch!(
-            dev,
-            FLASH_ATTENTION,
-            &format!("flash_dkdv_bf16_hd{}", z.d),
-            grid(z, z.s.div_ceil(32), z.g, 128)?,
-            &qv,
-            &kv,
-            &vv,
-            &gv,
-            &saved.lse,
-            &delta,
-            &dk,
-            &dv,
-            &saved.pads,
-            &sz,
-            &q_st,
-            &k_st,
-            &v_st,
-            &g_st,
-            &dkv_st,
-            &dkv_st
-        )?;
+        if z.h == z.g {
+            launch!(
+                dev,
+                FLASH_ATTENTION,
+                &format!("flash_dkdv_bf16_hd{}", z.d),
+                grid(z, z.s.div_ceil(32), z.g, 128)?,
+                &qv,
+                &kv,
+                &vv,
+                &gv,
+                &saved.lse,
+                &delta,
+                &dk,
+                &dv,
+                &saved.pads,
+                &sz,
+                &q_st,
+                &k_st,
+                &v_st,
+                &g_st,
+                &dkv_st,
+                &dkv_st
+            )?;
+        } else {
+            // Grouped heads: a block per query head (H / G times the blocks,
+            // each walking one head's rows), its share of dk and dv in f32,
+            // then the shares of each group added in head order.
+            let n = z.b * z.h * z.s * z.d;
+            // SAFETY: a block per (key block, query head, batch) stores every
+            // key row < s of its head, all D columns.
+            let dk_heads = unsafe { dev.alloc::<f32>(n)? };
+            let dv_heads = unsafe { dev.alloc::<f32>(n)? };
+            let per_head = dense(z.h, z.s);
+            launch!(
+                dev,
+                FLASH_ATTENTION,
+                &format!("flash_dkdv_heads_bf16_hd{}", z.d),
+                grid(z, z.s.div_ceil(32), z.h, 128)?,
+                &qv,
+                &kv,
+                &vv,
+                &gv,
+                &saved.lse,
+                &delta,
+                &dk_heads,
+                &dv_heads,
+                &saved.pads,
+                &sz,
+                &q_st,
+                &k_st,
+                &v_st,
+                &g_st,
+                &per_head,
+                &per_head
+            )?;
+            let b32 = i32::try_from(z.b).map_err(|_| too_large(z))?;
+            launch!(
+                dev,
+                FLASH_ATTENTION,
+                "flash_sum_heads_bf16",
+                elementwise_blocks(z.b * z.g * z.s * z.d),
+                &dk_heads,
+                &dv_heads,
+                &dk,
+                &dv,
+                &b32,
+                &sz,
+                &d,
+                &dkv_st,
+                &dkv_st
+            )?;
+        }
         launch!(
             dev,
             FLASH_ATTENTION,

@@ -48,6 +48,24 @@ type KeyGrads = unsafe extern "C" fn(
     Strides,
     Strides,
 );
+type KeyGradsPerHead = unsafe extern "C" fn(
+    *const bf16,
+    *const bf16,
+    *const bf16,
+    *const bf16,
+    *const f32,
+    *const f32,
+    *mut f32,
+    *mut f32,
+    *const u32,
+    Sizes,
+    Strides,
+    Strides,
+    Strides,
+    Strides,
+    Strides,
+    Strides,
+);
 type QueryGrads = unsafe extern "C" fn(
     *const bf16,
     *const bf16,
@@ -188,6 +206,14 @@ fn check(c: &Case, seed: u64) {
     let nan = bf16::from_f32(f32::NAN);
     let (mut o, mut dq) = (vec![nan; nq], vec![nan; nq]);
     let (mut dk, mut dv) = (vec![nan; nk], vec![nan; nk]);
+    let (mut dk2, mut dv2) = (vec![nan; nk], vec![nan; nk]);
+    let per_head_n = c.b * c.heads * c.s * hd;
+    let (mut dk_heads, mut dv_heads) = (vec![f32::NAN; per_head_n], vec![f32::NAN; per_head_n]);
+    let per_head = Strides {
+        b: (c.heads * c.s * hd) as i64,
+        h: (c.s * hd) as i64,
+        i: hd as i64,
+    };
     let rows = c.b * c.heads * c.t;
     let (mut lse, mut delta) = (vec![f32::NAN; rows], vec![f32::NAN; rows]);
     let z = Sizes {
@@ -210,6 +236,12 @@ fn check(c: &Case, seed: u64) {
         Shared::of(&mut dk),
         Shared::of(&mut dv),
     );
+    let (dk2p, dv2p, dkhp, dvhp) = (
+        Shared::of(&mut dk2),
+        Shared::of(&mut dv2),
+        Shared::of(&mut dk_heads),
+        Shared::of(&mut dv_heads),
+    );
     let (lp, dlp, pp) = (
         Shared::of(&mut lse),
         Shared::of(&mut delta),
@@ -228,18 +260,21 @@ fn check(c: &Case, seed: u64) {
     // SAFETY: every buffer holds what its strides address for these sizes;
     // lse and delta hold B·H·T values, pads B.
     unsafe {
-        let (fwd_k, dkdv_k, dq_k): (Forward, KeyGrads, QueryGrads) = match hd {
-            64 => (
-                flash_fwd_bf16_hd64,
-                flash_dkdv_bf16_hd64,
-                flash_dq_bf16_hd64,
-            ),
-            _ => (
-                flash_fwd_bf16_hd128,
-                flash_dkdv_bf16_hd128,
-                flash_dq_bf16_hd128,
-            ),
-        };
+        let (fwd_k, dkdv_k, dkdv_heads_k, dq_k): (Forward, KeyGrads, KeyGradsPerHead, QueryGrads) =
+            match hd {
+                64 => (
+                    flash_fwd_bf16_hd64,
+                    flash_dkdv_bf16_hd64,
+                    flash_dkdv_heads_bf16_hd64,
+                    flash_dq_bf16_hd64,
+                ),
+                _ => (
+                    flash_fwd_bf16_hd128,
+                    flash_dkdv_bf16_hd128,
+                    flash_dkdv_heads_bf16_hd128,
+                    flash_dq_bf16_hd128,
+                ),
+            };
         launch(fwd, || {
             fwd_k(
                 qp.ptr(),
@@ -285,6 +320,42 @@ fn check(c: &Case, seed: u64) {
                 k_st,
                 v_st,
                 o_st,
+                k_st,
+                k_st,
+            )
+        })
+        .unwrap();
+        // The same gradients per query head, then summed over each group.
+        launch(grid(c.s.div_ceil(32), h, 128), || {
+            dkdv_heads_k(
+                qp.ptr(),
+                kp.ptr(),
+                vp.ptr(),
+                dop.ptr(),
+                lp.ptr(),
+                dlp.ptr(),
+                dkhp.ptr(),
+                dvhp.ptr(),
+                pp.ptr(),
+                z,
+                q_st,
+                k_st,
+                v_st,
+                o_st,
+                per_head,
+                per_head,
+            )
+        })
+        .unwrap();
+        launch(Grid::linear(3, 256), || {
+            flash_sum_heads_bf16(
+                dkhp.ptr(),
+                dvhp.ptr(),
+                dk2p.ptr(),
+                dv2p.ptr(),
+                c.b as i32,
+                z,
+                hd as i32,
                 k_st,
                 k_st,
             )
@@ -338,6 +409,8 @@ fn check(c: &Case, seed: u64) {
     assert_relative("dq", &bf16_f64(&dq), &want.dq, 2e-2);
     assert_relative("dk", &bf16_f64(&dk), &want.dk, 2e-2);
     assert_relative("dv", &bf16_f64(&dv), &want.dv, 2e-2);
+    assert_relative("dk summed per head", &bf16_f64(&dk2), &want.dk, 2e-2);
+    assert_relative("dv summed per head", &bf16_f64(&dv2), &want.dv, 2e-2);
     for (n, (&got, &w)) in lse.iter().zip(&want.lse).enumerate() {
         let ok = if w == f64::NEG_INFINITY {
             got == f32::NEG_INFINITY
