@@ -201,6 +201,30 @@ pub mod kernels {
         };
     }
 
+    macro_rules! decode_attention {
+        ($t:ty, $name:ident) => {
+            extern "C" {
+                pub fn $name(
+                    q: *const $t,
+                    k: *const $t,
+                    v: *const $t,
+                    out: *mut $t,
+                    pads: *const u32,
+                    n_pads: i32,
+                    last: *const u32,
+                    heads: i32,
+                    kv_heads: i32,
+                    cap: i32,
+                    hd: i32,
+                    scale: f32,
+                );
+            }
+        };
+    }
+
+    decode_attention!(f32, decode_attention_f32);
+    decode_attention!(bf16, decode_attention_bf16);
+
     flash!(
         bf16,
         flash_fwd_bf16_hd64,

@@ -10,6 +10,12 @@ pub(crate) struct Module {
     pub ptx: &'static str,
 }
 
+/// `kernels/decode_attention.cu`.
+pub(crate) const DECODE_ATTENTION: Module = Module {
+    name: "agentrl_decode_attention",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/decode_attention.ptx")),
+};
+
 /// `kernels/embedding.cu`.
 pub(crate) const EMBEDDING: Module = Module {
     name: "agentrl_embedding",

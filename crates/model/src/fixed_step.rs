@@ -7,14 +7,18 @@
 //! - [`upload`]: host values into an existing u32 tensor, in place;
 //! - [`write_at_slot`]: a step's keys or values into a KV cache at the
 //!   position a u32 tensor holds (`kernels/kv_cache.cu`);
-//! - [`decode_softmax`]: attention probabilities over a whole cache, each
-//!   row seeing keys `pads[b] ..= last` with `last` read from a tensor
-//!   (`kernels/softmax.cu`).
+//! - [`decode_attention`]: a step's whole attention over the caches in one
+//!   launch, each row seeing keys `pads[b] ..= last` with `last` read from a
+//!   tensor (`kernels/decode_attention.cu`);
+//! - [`decode_softmax`]: the probabilities alone, for head dims past that
+//!   kernel's (`kernels/softmax.cu`).
 //!
-//! Each runs on the CPU too (f32/f64 for the softmax), so the decoder that
-//! uses them is tested on every machine.
+//! Each runs on the CPU too (f32/f64 for the attention and the softmax), so
+//! the decoder that uses them is tested on every machine.
 
-use candle_core::{CpuStorage, CustomOp2, InplaceOp1, InplaceOp3, Layout, Result, Shape, Tensor};
+use candle_core::{
+    CpuStorage, CustomOp2, InplaceOp1, InplaceOp3, Layout, Result, Shape, Storage, Tensor,
+};
 
 use crate::host::storage_slice;
 use crate::kernels::Real;
@@ -298,6 +302,220 @@ pub(crate) fn decode_softmax(scores: &Tensor, pads: &[usize], last: &Tensor) -> 
         .apply_op2_no_bwd(last, &DecodeSoftmax { pads })
 }
 
+/// The largest head dim [`decode_attention`] takes (its kernel keeps 8
+/// output dims a lane).
+pub(crate) const DECODE_ATTENTION_MAX_HEAD_DIM: usize = 256;
+
+/// One decode step's attention: the query `q: [B, H, 1, D]` of each (batch,
+/// head) over the whole caches `k, v: [B, G, cap, D]` of its kv head (h / (H
+/// / G)), row b seeing keys `pads[b] ..= last` (a one-element u32 tensor on
+/// the device, clamped to the cache; no key: zeros), scores scaled by
+/// `scale`. Returns `[B, 1, H·D]`, ready for the output projection; no
+/// gradient (a decode step only samples).
+pub(crate) fn decode_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pads: &[usize],
+    last: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
+    let (kb, g, cap, kd) = k.dims4()?;
+    if t != 1 || (kb, kd) != (b, d) || v.dims() != k.dims() || g == 0 || h % g != 0 || cap == 0 {
+        candle_core::bail!(
+            "decode attention: q {:?} over caches {:?} and {:?}",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        )
+    }
+    if pads.len() != b || d > DECODE_ATTENTION_MAX_HEAD_DIM {
+        candle_core::bail!(
+            "decode attention: {} pads for {b} rows, head dim {d}",
+            pads.len()
+        )
+    }
+    let geometry = DecodeGeometry { b, h, g, cap, d };
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let (qs, ql) = q.storage_and_layout();
+    let (ks, kl) = k.storage_and_layout();
+    let (vs, vl) = v.storage_and_layout();
+    let (ls, ll) = last.storage_and_layout();
+    let storage = match (&*qs, &*ks, &*vs, &*ls) {
+        (Storage::Cpu(qc), Storage::Cpu(kc), Storage::Cpu(vc), Storage::Cpu(lc)) => {
+            let last = host_u32(lc, ll, "decode attention bound")? as usize;
+            let inputs = [(qc, ql), (kc, kl), (vc, vl)];
+            Storage::Cpu(match qc {
+                CpuStorage::F32(_) => f32::storage(host_decode_attention::<f32>(
+                    inputs, geometry, pads, last, scale,
+                )?),
+                CpuStorage::F64(_) => f64::storage(host_decode_attention::<f64>(
+                    inputs, geometry, pads, last, scale,
+                )?),
+                _ => candle_core::bail!("decode attention on the CPU takes f32 or f64"),
+            })
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(qc), Storage::Cuda(kc), Storage::Cuda(vc), Storage::Cuda(lc)) => {
+            Storage::Cuda(decode_attention_on_gpu(
+                [(qc, ql), (kc, kl), (vc, vl)],
+                (lc, ll),
+                geometry,
+                pads,
+                scale,
+            )?)
+        }
+        _ => candle_core::bail!("decode attention: inputs on different devices"),
+    };
+    Ok(Tensor::from_storage(
+        storage,
+        (b, 1, h * d),
+        candle_core::op::BackpropOp::none(),
+        false,
+    ))
+}
+
+/// The sizes of a decode step's attention: B, heads, kv heads, cache, head dim.
+#[derive(Clone, Copy)]
+struct DecodeGeometry {
+    b: usize,
+    h: usize,
+    g: usize,
+    cap: usize,
+    d: usize,
+}
+
+/// [`decode_attention`] on the host, summing in f64.
+fn host_decode_attention<T: Real>(
+    [(q, ql), (k, kl), (v, vl)]: [(&CpuStorage, &Layout); 3],
+    z: DecodeGeometry,
+    pads: &[usize],
+    last: usize,
+    scale: f64,
+) -> Result<Vec<T>> {
+    let q = storage_slice::<T>(q, ql, "decode attention q")?;
+    let k = storage_slice::<T>(k, kl, "decode attention keys")?;
+    let v = storage_slice::<T>(v, vl, "decode attention values")?;
+    let mut out = vec![T::ZERO; z.b * z.h * z.d];
+    let hi = last.min(z.cap - 1);
+    let mut p = Vec::with_capacity(z.cap);
+    for (b, &lo) in pads.iter().enumerate().take(z.b) {
+        if lo > hi {
+            continue; // no key: zeros
+        }
+        for h in 0..z.h {
+            let g = h / (z.h / z.g);
+            let row = |j: usize| ((b * z.g + g) * z.cap + j) * z.d;
+            let qi = (b * z.h + h) * z.d;
+            p.clear();
+            p.extend((lo..=hi).map(|j| {
+                let dot: f64 = (0..z.d)
+                    .map(|c| q[qi + c].to_f64() * k[row(j) + c].to_f64())
+                    .sum();
+                scale * dot
+            }));
+            let m = p.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = p
+                .iter_mut()
+                .map(|x| {
+                    *x = (*x - m).exp();
+                    *x
+                })
+                .sum();
+            for c in 0..z.d {
+                let acc: f64 = (lo..=hi)
+                    .zip(&p)
+                    .map(|(j, pj)| pj * v[row(j) + c].to_f64())
+                    .sum();
+                out[qi + c] = T::from_f64(acc / total);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// [`decode_attention`] by `kernels/decode_attention.cu`: a block of 8
+/// warps per (head, batch element).
+#[cfg(feature = "cuda")]
+fn decode_attention_on_gpu(
+    [(q, ql), (k, kl), (v, vl)]: [(&candle_core::CudaStorage, &Layout); 3],
+    (last, ll): (&candle_core::CudaStorage, &Layout),
+    z: DecodeGeometry,
+    pads: &[usize],
+    scale: f64,
+) -> Result<candle_core::CudaStorage> {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::cuda_backend::{CudaDType, CudaStorageSlice as S};
+
+    use crate::cuda::{launch, view, DECODE_ATTENTION};
+
+    let dev = q.device().clone();
+    let too_large = || candle_core::Error::Msg("decode attention: sizes past the kernel's".into());
+    let i32_of = |v: usize| i32::try_from(v).map_err(|_| too_large());
+    let (heads, kv, cap, hd) = (i32_of(z.h)?, i32_of(z.g)?, i32_of(z.cap)?, i32_of(z.d)?);
+    let n_pads = i32_of(pads.len())?;
+    let pads: Vec<u32> = pads
+        .iter()
+        .map(|&p| u32::try_from(p).map_err(|_| too_large()))
+        .collect::<Result<_>>()?;
+    // Through candle's upload: under CUDA-graph capture it is served from
+    // the cache the uncaptured first step filled.
+    let pads = dev.clone_htod(&pads)?;
+    let last = view(u32::as_cuda_slice(last)?, ll, "decode attention bound")?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            u32::try_from(z.h).map_err(|_| too_large())?,
+            u32::try_from(z.b).map_err(|_| too_large())?,
+            1,
+        ),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let scale = scale as f32;
+    macro_rules! typed {
+        ($qs:expr, $ks:expr, $vs:expr, $t:ty, $name:expr) => {{
+            let (qv, kv_, vv) = (
+                view($qs, ql, "decode q")?,
+                view($ks, kl, "decode keys")?,
+                view($vs, vl, "decode values")?,
+            );
+            // SAFETY: the kernel writes all hd values of every (batch, head).
+            let out = unsafe { dev.alloc::<$t>(z.b * z.h * z.d)? };
+            // decode_attention_T(q, k, v, out, pads, n_pads, last, heads,
+            // kv_heads, cap, hd, scale): a block per (head, batch element).
+            launch!(
+                dev,
+                DECODE_ATTENTION,
+                $name,
+                cfg,
+                &qv,
+                &kv_,
+                &vv,
+                &out,
+                &pads,
+                &n_pads,
+                &last,
+                &heads,
+                &kv,
+                &cap,
+                &hd,
+                &scale
+            )?;
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+        }};
+    }
+    Ok(match (&q.slice, &k.slice, &v.slice) {
+        (S::F32(a), S::F32(b), S::F32(c)) => typed!(a, b, c, f32, "decode_attention_f32"),
+        (S::BF16(a), S::BF16(b), S::BF16(c)) => {
+            typed!(a, b, c, half::bf16, "decode_attention_bf16")
+        }
+        (S::F16(a), S::F16(b), S::F16(c)) => typed!(a, b, c, half::f16, "decode_attention_f16"),
+        _ => candle_core::bail!("decode attention: q, k and v differ in dtype, or no kernel"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device, Tensor};
@@ -332,6 +550,58 @@ mod tests {
             .unwrap();
         let third = 1.0 / 3.0;
         assert_eq!(p, [third, third, third, 0.0, 0.0, 0.5, 0.5, 0.0]);
+    }
+
+    #[test]
+    fn decode_attention_equals_the_scores_softmax_and_product() {
+        use crate::ops::tests::{max_abs_diff, rand_tensor};
+        let dev = Device::Cpu;
+        // B 3, 4 query heads over 2 kv heads, a cache of 6, hd 4; the bound
+        // at 4 (key 5 unwritten), row 1 padded by 2, row 2 past the bound.
+        let q = rand_tensor(&[3, 4, 1, 4], 1);
+        let (k, v) = (rand_tensor(&[3, 2, 6, 4], 2), rand_tensor(&[3, 2, 6, 4], 3));
+        let last = Tensor::zeros(1, DType::U32, &dev).unwrap();
+        upload(&last, &[4]).unwrap();
+        let pads = [0, 2, 5];
+        let got = decode_attention(&q, &k, &v, &pads, &last, 0.5).unwrap();
+        // The materialised step: q grouped by kv head, scores, the bounded
+        // softmax, the product with v, the heads side by side.
+        let scores = (q
+            .reshape((3, 2, 2, 4))
+            .unwrap()
+            .matmul(&k.t().unwrap())
+            .unwrap()
+            * 0.5)
+            .unwrap()
+            .reshape((3, 4, 1, 6))
+            .unwrap();
+        let p = decode_softmax(&scores, &pads, &last).unwrap();
+        let want = p
+            .reshape((3, 2, 2, 6))
+            .unwrap()
+            .matmul(&v)
+            .unwrap()
+            .reshape((3, 1, 16))
+            .unwrap();
+        assert_eq!(got.dims(), [3, 1, 16]);
+        assert!(max_abs_diff(&got, &want) < 1e-12);
+        // Row 2 sees no key: zeros.
+        let row2: Vec<f64> = got
+            .get(2)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(row2.iter().all(|&x| x == 0.0));
+        let e = decode_attention(&q, &k, &v, &pads[..2], &last, 0.5)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("2 pads for 3 rows"), "{e}");
+        let e = decode_attention(&k, &k, &v, &pads, &last, 0.5)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("decode attention: q"), "{e}");
     }
 
     #[test]

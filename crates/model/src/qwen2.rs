@@ -503,6 +503,13 @@ impl Attention {
             (Some(c), None) => c.append(&k, &v)?,
             (None, _) => (k, v),
         };
+        if let Some(slot) = slot.filter(|_| hd <= crate::fixed_step::DECODE_ATTENTION_MAX_HEAD_DIM)
+        {
+            // A fixed-shape decode step: one launch over the whole caches
+            // (sampling only, no gradient); q is already scaled.
+            let out = crate::fixed_step::decode_attention(&q, &k, &v, pads, slot, 1.0)?;
+            return linear(&out, &self.o_w, None);
+        }
         if flash {
             // grad: the op's own backward recomputes the probabilities
             // (crate::flash_attention); q is already scaled.
