@@ -439,6 +439,12 @@ mod gpu {
         pads: &[usize],
         scale: f64,
     ) -> Result<(CudaStorage, Saved)> {
+        if !matches!(z.d, 64 | 128) {
+            candle_core::bail!(
+                "flash attention on a GPU: head dim {} (the kernels take 64 and 128)",
+                z.d
+            )
+        }
         let dev = q.device().clone();
         let pads32: Vec<u32> = pads
             .iter()
