@@ -222,6 +222,29 @@ pub mod kernels {
         };
     }
 
+    macro_rules! bias {
+        ($t:ty, $add:ident, $partial:ident, $finish:ident) => {
+            extern "C" {
+                pub fn $add(y: *const $t, b: *const $t, out: *mut $t, n: u64, cols: u32);
+                pub fn $partial(g: *const $t, partial: *mut f32, rows: i32, cols: i32, per: i32);
+                pub fn $finish(partial: *const f32, out: *mut $t, chunks: i32, cols: i32);
+            }
+        };
+    }
+
+    bias!(
+        f32,
+        bias_add_f32,
+        column_sums_partial_f32,
+        column_sums_finish_f32
+    );
+    bias!(
+        bf16,
+        bias_add_bf16,
+        column_sums_partial_bf16,
+        column_sums_finish_bf16
+    );
+
     decode_attention!(f32, decode_attention_f32);
     decode_attention!(bf16, decode_attention_bf16);
 

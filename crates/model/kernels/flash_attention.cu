@@ -205,6 +205,19 @@ __device__ void flash_delta(const T *o, const T *dout, float *delta, int heads, 
     if (lane == 0) delta[((long long)b * heads + h) * t + i] = acc;
 }
 
+// The backward's two products of a [BQ, BK] tile, shared out over the
+// block's warps a 16×16 block at a time: the scores q kᵀ and dP = dO vᵀ.
+template <typename T, int HD, int WARPS, int BQ, int BK>
+__device__ __forceinline__ void scores_and_dp(float *s_tile, float *dp_tile, const T *q_tile,
+                                              const T *do_tile, const T *k_tile,
+                                              const T *v_tile) {
+    for (int f = threadIdx.x / 32; f < (BQ / 16) * (BK / 16); f += WARPS) {
+        int rb = f / (BK / 16), cb = f % (BK / 16);
+        product_abt<T, HD>(s_tile, BK, q_tile, k_tile, rb, cb);
+        product_abt<T, HD>(dp_tile, BK, do_tile, v_tile, rb, cb);
+    }
+}
+
 // P and dS of a [BQ, BK] tile from its scores and dP, by the whole block:
 // p = exp(scale·s − lse_i) where row i sees key j (0 elsewhere), and
 // dS = p (dP − Δ_i) · scale, both rounded to T for the products after.
@@ -291,11 +304,7 @@ __device__ void flash_dkdv(const T *q, const T *k, const T *v, const T *dout, co
             load_rows<T, HD>(do_tile, BQ, dout + b * ds.b + h * ds.h, ds.i, i0, z.t);
             load_row_stats<BQ>(row_lse, row_delta, lse, delta, base, i0, z.t);
             __syncthreads();
-            for (int f = warp; f < (BQ / 16) * (BK / 16); f += WARPS) {
-                int rb = f / (BK / 16), cb = f % (BK / 16);
-                product_abt<T, HD>(s_tile, BK, q_tile, k_tile, rb, cb);
-                product_abt<T, HD>(dp_tile, BK, do_tile, v_tile, rb, cb);
-            }
+            scores_and_dp<T, HD, WARPS, BQ, BK>(s_tile, dp_tile, q_tile, do_tile, k_tile, v_tile);
             __syncthreads();
             probs_and_dscores<T, BQ, BK>(p_tile, ds_tile, s_tile, dp_tile, row_lse, row_delta, i0,
                                          j0, lo, z);
@@ -386,11 +395,7 @@ __device__ void flash_dq(const T *q, const T *k, const T *v, const T *dout, cons
         load_rows<T, HD>(k_tile, BK, kb, ks.i, j0, z.s);
         load_rows<T, HD>(v_tile, BK, vb, vs.i, j0, z.s);
         __syncthreads();
-        for (int f = warp; f < (BQ / 16) * (BK / 16); f += WARPS) {
-            int rb = f / (BK / 16), cb = f % (BK / 16);
-            product_abt<T, HD>(s_tile, BK, q_tile, k_tile, rb, cb);
-            product_abt<T, HD>(dp_tile, BK, do_tile, v_tile, rb, cb);
-        }
+        scores_and_dp<T, HD, WARPS, BQ, BK>(s_tile, dp_tile, q_tile, do_tile, k_tile, v_tile);
         __syncthreads();
         probs_and_dscores<T, BQ, BK>(nullptr, ds_tile, s_tile, dp_tile, row_lse, row_delta, i0,
                                      j0, lo, z);

@@ -6,6 +6,7 @@
 
 #include "convert.cuh"
 #include "block_sum.cuh"
+#include "column_sums.cuh"
 
 template <typename T> __device__ float inv_rms(const T *xr, int d, float eps) {
     float ss = 0.f;
@@ -56,13 +57,6 @@ __device__ void rms_bwd_w_partial(const T *x, const T *g, float *partial, int ro
     }
 }
 
-template <typename T> __device__ void rms_bwd_w_sum(const float *partial, T *dw, int chunks, int d) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= d) return;
-    float s = 0.f;
-    for (int c = 0; c < chunks; c++) s += partial[(size_t)c * d + j];
-    dw[j] = from_f32<T>(s);
-}
 
 #define RMS_NORM(NAME, T)                                                                          \
     extern "C" __global__ void rms_norm_fwd_##NAME(const T *x, const T *w, T *y, int d,           \
@@ -80,7 +74,7 @@ template <typename T> __device__ void rms_bwd_w_sum(const float *partial, T *dw,
     }                                                                                              \
     extern "C" __global__ void rms_norm_bwd_w_sum_##NAME(const float *partial, T *dw, int chunks,  \
                                                          int d) {                                  \
-        rms_bwd_w_sum<T>(partial, dw, chunks, d);                                                  \
+        sum_partials<T>(partial, dw, chunks, d);                                                  \
     }
 
 RMS_NORM(f32, float)

@@ -10,6 +10,12 @@ pub(crate) struct Module {
     pub ptx: &'static str,
 }
 
+/// `kernels/bias.cu`.
+pub(crate) const BIAS: Module = Module {
+    name: "agentrl_bias",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/bias.ptx")),
+};
+
 /// `kernels/decode_attention.cu`.
 pub(crate) const DECODE_ATTENTION: Module = Module {
     name: "agentrl_decode_attention",

@@ -112,9 +112,10 @@ fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     // grad: reshape is a view with backward; the projection's backward is two
     // GEMMs, the weight's gradient in the weight's layout (crate::projection).
     let y = crate::projection::project(&x.reshape((rows, in_dim))?, w)?;
-    // grad: broadcast_add sums the gradient over the broadcast rows for the bias.
+    // grad: the bias's gradient is the column sums of y's, in f32 or wider
+    // (crate::bias).
     let y = match b {
-        Some(b) => y.broadcast_add(b)?,
+        Some(b) => crate::bias::add_bias(&y, b)?,
         None => y,
     };
     y.reshape(out_dims)

@@ -1,5 +1,5 @@
 use agentrl_kernel_emulator::kernels::*;
-use agentrl_kernel_emulator::{launch, Grid, Shared};
+use agentrl_kernel_emulator::{bf16, launch, Grid, Shared};
 
 use crate::*;
 
@@ -44,6 +44,71 @@ fn reference(
     out
 }
 
+/// The kernel's signature, in either storage type.
+type Kernel<T> = unsafe extern "C" fn(
+    *const T,
+    *const T,
+    *const T,
+    *mut T,
+    *const u32,
+    i32,
+    *const u32,
+    i32,
+    i32,
+    i32,
+    i32,
+    f32,
+);
+
+/// One launch of `kernel` on `q, k, v` (a block of 8 warps per head and
+/// batch element), returning its output (`nan` wherever it wrote nothing).
+fn run<T: Copy>(
+    kernel: Kernel<T>,
+    nan: T,
+    [mut q, mut k, mut v]: [Vec<T>; 3],
+    (b, heads, kv, cap, hd): (usize, usize, usize, usize, usize),
+    pads: &[u32],
+    last: u32,
+    scale: f32,
+) -> Vec<T> {
+    let mut out = vec![nan; b * heads * hd];
+    let (mut pads, mut last) = (pads.to_vec(), vec![last]);
+    let (qp, kp, vp, op) = (
+        Shared::of(&mut q),
+        Shared::of(&mut k),
+        Shared::of(&mut v),
+        Shared::of(&mut out),
+    );
+    let (pp, lp) = (Shared::of(&mut pads), Shared::of(&mut last));
+    let grid = Grid {
+        grid: [heads as u32, b as u32, 1],
+        block: [256, 1, 1],
+    };
+    let n_pads = pads.len() as i32;
+    // SAFETY: q and out hold B·heads·hd values, k and v B·kv·cap·hd, pads
+    // B (or none), last 1.
+    unsafe {
+        launch(grid, || {
+            kernel(
+                qp.ptr(),
+                kp.ptr(),
+                vp.ptr(),
+                op.ptr(),
+                pp.ptr(),
+                n_pads,
+                lp.ptr(),
+                heads as i32,
+                kv as i32,
+                cap as i32,
+                hd as i32,
+                scale,
+            )
+        })
+        .unwrap();
+    }
+    out
+}
+
 /// Runs the f32 or bf16 kernel (`bf16`) on random inputs and checks it.
 fn check(dims: (usize, usize, usize, usize, usize), pads: &[u32], last: u32, bf16: bool) {
     let (b, heads, kv, cap, hd) = dims;
@@ -53,89 +118,38 @@ fn check(dims: (usize, usize, usize, usize, usize), pads: &[u32], last: u32, bf1
         random(b * kv * cap * hd, 2.0, 2),
         random(b * kv * cap * hd, 2.0, 3),
     );
-    let mut pads = pads.to_vec();
-    let mut last_buf = vec![last];
-    let grid = Grid {
-        grid: [heads as u32, b as u32, 1],
-        block: [256, 1, 1],
-    };
-    let args = (
-        pads.len() as i32,
-        heads as i32,
-        kv as i32,
-        cap as i32,
-        hd as i32,
-    );
-    let (pp, lp) = (Shared::of(&mut pads), Shared::of(&mut last_buf));
     let (got, inputs) = if bf16 {
-        let (mut qb, mut kb, mut vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
-        let mut out = to_bf16(&vec![f32::NAN; b * heads * hd]);
-        let (qp, kp, vp, op) = (
-            Shared::of(&mut qb),
-            Shared::of(&mut kb),
-            Shared::of(&mut vb),
-            Shared::of(&mut out),
+        let inputs = [to_bf16(&q), to_bf16(&k), to_bf16(&v)];
+        let read = inputs.each_ref().map(|x| bf16_f64(x));
+        let out = run(
+            decode_attention_bf16,
+            bf16::from_f32(f32::NAN),
+            inputs,
+            dims,
+            pads,
+            last,
+            scale,
         );
-        // SAFETY: q and out hold B·heads·hd values, k and v B·kv·cap·hd,
-        // pads B, last 1.
-        unsafe {
-            launch(grid, || {
-                decode_attention_bf16(
-                    qp.ptr(),
-                    kp.ptr(),
-                    vp.ptr(),
-                    op.ptr(),
-                    pp.ptr(),
-                    args.0,
-                    lp.ptr(),
-                    args.1,
-                    args.2,
-                    args.3,
-                    args.4,
-                    scale,
-                )
-            })
-            .unwrap();
-        }
-        let inputs = [bf16_f64(&qb), bf16_f64(&kb), bf16_f64(&vb)];
-        (bf16_f64(&out), inputs)
+        (bf16_f64(&out), read)
     } else {
-        let (mut qf, mut kf, mut vf) = (q.clone(), k.clone(), v.clone());
-        let mut out = vec![f32::NAN; b * heads * hd];
-        let (qp, kp, vp, op) = (
-            Shared::of(&mut qf),
-            Shared::of(&mut kf),
-            Shared::of(&mut vf),
-            Shared::of(&mut out),
+        let read = [f64s(&q), f64s(&k), f64s(&v)];
+        let out = run(
+            decode_attention_f32,
+            f32::NAN,
+            [q, k, v],
+            dims,
+            pads,
+            last,
+            scale,
         );
-        // SAFETY: as above.
-        unsafe {
-            launch(grid, || {
-                decode_attention_f32(
-                    qp.ptr(),
-                    kp.ptr(),
-                    vp.ptr(),
-                    op.ptr(),
-                    pp.ptr(),
-                    args.0,
-                    lp.ptr(),
-                    args.1,
-                    args.2,
-                    args.3,
-                    args.4,
-                    scale,
-                )
-            })
-            .unwrap();
-        }
-        (f64s(&out), [f64s(&q), f64s(&k), f64s(&v)])
+        (f64s(&out), read)
     };
     let want = reference(
         &inputs[0],
         &inputs[1],
         &inputs[2],
         dims,
-        &pads,
+        pads,
         last,
         f64::from(scale),
     );

@@ -2,6 +2,7 @@
 //! the CUDA thread model, against an f64 reference written from the
 //! kernel's formula (f32 storage to ~1e-5, bf16 storage to its rounding).
 
+mod bias;
 mod decode_attention;
 mod embedding;
 mod flash_attention;

@@ -1,8 +1,10 @@
-//! RMSNorm and SwiGLU's product on the test device (`AGENTRL_TEST_DEVICE`;
-//! on a GPU, `kernels/rms_norm.cu` and `kernels/swiglu.cu`) against candle's
-//! composites in f64 on the host: outputs and the gradients of a weighted
-//! sum with respect to every input.
+//! RMSNorm, SwiGLU's product and a projection's bias on the test device
+//! (`AGENTRL_TEST_DEVICE`; on a GPU, `kernels/rms_norm.cu`,
+//! `kernels/swiglu.cu` and `kernels/bias.cu`) against candle's composites in
+//! f64 on the host: outputs and the gradients of a weighted sum with
+//! respect to every input.
 
+use agentrl_model::bias::add_bias;
 use agentrl_model::ops::{rms_norm, swiglu};
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
@@ -35,6 +37,14 @@ fn fused_swiglu(a: &Tensor, b: &Tensor) -> Tensor {
 
 fn composite_swiglu(a: &Tensor, b: &Tensor) -> Tensor {
     (a.silu().unwrap() * b).unwrap()
+}
+
+fn fused_bias(y: &Tensor, b: &Tensor) -> Tensor {
+    add_bias(y, b).unwrap()
+}
+
+fn composite_bias(y: &Tensor, b: &Tensor) -> Tensor {
+    y.broadcast_add(b).unwrap()
 }
 
 /// One op under test: its fused and composite forms and its second input
@@ -80,7 +90,7 @@ fn run(
 }
 
 #[test]
-fn rms_norm_and_swiglu_on_the_test_device_match_the_f64_composites() {
+fn rms_norm_swiglu_and_bias_on_the_test_device_match_the_f64_composites() {
     let dev = test_device();
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let mut dtypes = vec![(DType::F32, 1e-4)];
@@ -100,6 +110,13 @@ fn rms_norm_and_swiglu_on_the_test_device_match_the_f64_composites() {
                 name: "rms norm",
                 fused: fused_rms,
                 composite: composite_rms,
+                second: &w,
+                second_dims: &[d],
+            },
+            Case {
+                name: "bias",
+                fused: fused_bias,
+                composite: composite_bias,
                 second: &w,
                 second_dims: &[d],
             },
@@ -130,8 +147,9 @@ fn rms_norm_and_swiglu_on_the_test_device_match_the_f64_composites() {
                 .iter()
                 .enumerate()
                 {
-                    // The weight's gradient sums over every row: its error grows like √rows.
-                    let scale = if k == 2 && case.name == "rms norm" {
+                    // The weight's (and the bias's) gradient sums over every row:
+                    // its error grows like √rows.
+                    let scale = if k == 2 && case.name != "swiglu" {
                         (rows as f64).sqrt()
                     } else {
                         1.0
