@@ -323,11 +323,11 @@ pub mod kernels {
                 pub fn $softmax_bwd(p: *const $t, g: *const $t, dx: *mut $t, s: i32);
                 pub fn $swiglu_fwd(a: *const $t, b: *const $t, y: *mut $t, n: u64);
                 pub fn $swiglu_bwd(a: *const $t, b: *const $t, g: *const $t, out: *mut $t, n: u64);
-                pub fn $loss_fwd(logits: *const $t, targets: *const u32, out: *mut $t, v: i32);
+                pub fn $loss_fwd(logits: *const $t, targets: *const u32, out: *mut f32, v: i32);
                 pub fn $loss_bwd(
                     logits: *const $t,
                     targets: *const u32,
-                    aux: *const $t,
+                    aux: *const f32,
                     dx: *mut $t,
                     v: i32,
                 );

@@ -689,13 +689,14 @@ impl PolicyModel {
                 mask[i * (t - 1) + j] = 1.0;
             }
         }
-        let mask = Tensor::from_vec(mask, (b, t - 1), &self.device)?.to_dtype(self.dtype)?;
         let batch = Ragged { seqs, scored, b, t };
         let (logprobs, entropy, values) = if self.fused_training && self.model.supports_fused() {
             self.fused_outputs(batch)?
         } else {
             self.composite_outputs(&*self.training_model()?, batch)?
         };
+        // In the log-probs' dtype (f32 on a GPU whatever the model's).
+        let mask = Tensor::from_vec(mask, (b, t - 1), &self.device)?.to_dtype(logprobs.dtype())?;
         Ok(SequenceLogprobs {
             logprobs,
             entropy,

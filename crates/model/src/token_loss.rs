@@ -15,7 +15,9 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape
 
 /// `(logprobs, entropy)`, each shaped like `targets`: `logprobs = log
 /// softmax(logits)[target]`, `entropy = -Σ p log p`, both differentiable with
-/// respect to `logits`. `targets` holds u32 ids below V.
+/// respect to `logits`. `targets` holds u32 ids below V. On a GPU both are
+/// f32 whatever the logits' dtype (as PyTorch's losses upcast bf16 logits);
+/// elsewhere in the logits' dtype.
 pub fn token_logprobs_entropy(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
     if logits.device().is_cuda() {
         return fused(logits, targets);
@@ -42,8 +44,9 @@ fn composite(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
     Ok((logprobs.squeeze(D::Minus1)?, entropy))
 }
 
-/// Per row of logits: `(log p(target), H, logsumexp)` → `[.., 3]`. The
-/// logsumexp is what the backward needs; callers see the first two.
+/// Per row of logits: `(log p(target), H, logsumexp)` → `[.., 3]`, f64 for
+/// f64 logits and f32 for any other float type. The logsumexp is what the
+/// backward needs; callers see the first two.
 struct TokenLoss;
 
 /// The backward of [`TokenLoss`]: `(logits, targets, aux)` with `aux[.., 6]`
@@ -125,18 +128,27 @@ impl CustomOp2 for TokenLoss {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        fn run<T: candle_core::WithDType>(x: &[T], targets: &[u32], v: usize) -> Vec<T> {
+        /// Each row's three outputs, in f64.
+        fn run<T: candle_core::WithDType>(x: &[T], targets: &[u32], v: usize) -> Vec<f64> {
             let mut out = Vec::with_capacity(targets.len() * 3);
             for (r, &target) in targets.iter().enumerate() {
                 let row = &x[r * v..(r + 1) * v];
                 let (lp, h, lse) = host_row(row, target as usize);
-                out.extend([lp, h, lse].map(T::from_f64));
+                out.extend([lp, h, lse]);
             }
             out
         }
         let (_, v) = rows_and_width(l1.dims())?;
         let targets = host_targets(s2, l2)?;
-        let out = on_host!(s1, l1, run, targets, v);
+        let narrow = |out: Vec<f64>| CpuStorage::F32(out.into_iter().map(|x| x as f32).collect());
+        // f64 stays f64; every other float type gives f32.
+        let out = match s1 {
+            CpuStorage::F64(x) => CpuStorage::F64(run(slice(x, l1)?, targets, v)),
+            CpuStorage::F32(x) => narrow(run(slice(x, l1)?, targets, v)),
+            CpuStorage::BF16(x) => narrow(run(slice(x, l1)?, targets, v)),
+            CpuStorage::F16(x) => narrow(run(slice(x, l1)?, targets, v)),
+            other => candle_core::bail!("token loss: logits of {:?}", other.dtype()),
+        };
         Ok((out, rows_shape(l1.dims(), 3)))
     }
 
@@ -252,7 +264,7 @@ impl CustomOp3 for TokenLossGrad {
     }
 }
 
-/// The aux rows as f64 (they share the logits' dtype).
+/// The aux rows as f64 (f32 or f64, the forward's output type).
 fn host_aux(s: &CpuStorage, l: &Layout) -> Result<Vec<f64>> {
     fn f<T: candle_core::WithDType>(v: &[T], l: &Layout) -> Result<Vec<f64>> {
         Ok(slice(v, l)?.iter().map(|x| x.to_f64()).collect())
@@ -330,46 +342,47 @@ mod cuda {
             layout: &Layout,
         ) -> Result<CudaStorage> {
             let x = view(logits, layout, "token loss logits")?;
-            let (kernel, n_out) = match self.pass {
-                Pass::Forward => ("token_loss_fwd", self.rows * 3),
-                Pass::Backward => ("token_loss_bwd", self.rows * self.v),
-            };
-            // SAFETY: every element is written by the kernel (one block per
-            // row; each row's 3 outputs, or each of its v gradients).
-            let out = unsafe { self.dev.alloc::<T>(n_out)? };
             // Whole warps (the block merge needs them), up to 1024 per row.
             let cfg = row_blocks(self.rows, self.v)?;
             let v = self.v as i32;
-            let kernel = format!("{kernel}_{suffix}");
             // The kernels take (logits, targets, [aux,] out, v): `rows`
-            // rows of v logits, rows targets, rows × 6 aux values.
-            match self.aux {
-                Some((s, l)) => {
-                    let aux = view(T::as_cuda_slice(s)?, l, "token loss aux")?;
+            // rows of v logits, rows targets, rows × 6 f32 aux values; the
+            // forward writes rows × 3 f32, the backward rows × v of T.
+            match (self.pass, self.aux) {
+                (Pass::Backward, Some((s, l))) => {
+                    let aux = view(f32::as_cuda_slice(s)?, l, "token loss aux")?;
+                    // SAFETY: one block per row writes each of its v gradients.
+                    let dx = unsafe { self.dev.alloc::<T>(self.rows * self.v)? };
                     launch!(
                         self.dev,
                         TOKEN_LOSS,
-                        &kernel,
+                        &format!("token_loss_bwd_{suffix}"),
                         cfg,
                         &x,
                         &self.targets,
                         &aux,
+                        &dx,
+                        &v
+                    )?;
+                    Ok(CudaStorage::wrap_cuda_slice(dx, self.dev.clone()))
+                }
+                (Pass::Forward, None) => {
+                    // SAFETY: one block per row writes its 3 outputs.
+                    let out = unsafe { self.dev.alloc::<f32>(self.rows * 3)? };
+                    launch!(
+                        self.dev,
+                        TOKEN_LOSS,
+                        &format!("token_loss_fwd_{suffix}"),
+                        cfg,
+                        &x,
+                        &self.targets,
                         &out,
                         &v
-                    )?
+                    )?;
+                    Ok(CudaStorage::wrap_cuda_slice(out, self.dev.clone()))
                 }
-                None => launch!(
-                    self.dev,
-                    TOKEN_LOSS,
-                    &kernel,
-                    cfg,
-                    &x,
-                    &self.targets,
-                    &out,
-                    &v
-                )?,
+                _ => candle_core::bail!("token loss: the backward needs its aux rows"),
             }
-            Ok(CudaStorage::wrap_cuda_slice(out, self.dev.clone()))
         }
     }
 }
@@ -409,6 +422,11 @@ mod tests {
     fn run(path: Path, dtype: DType, seed: u64) -> [Vec<f64>; 3] {
         let (x, t, w1, w2) = inputs(dtype, seed);
         let (lp, h) = path(x.as_tensor(), &t).unwrap();
+        // The op's outputs are f32 for bf16 logits.
+        let (w1, w2) = (
+            w1.to_dtype(lp.dtype()).unwrap(),
+            w2.to_dtype(lp.dtype()).unwrap(),
+        );
         let loss = ((&lp * &w1).unwrap().sum_all().unwrap()
             + (&h * &w2).unwrap().sum_all().unwrap())
         .unwrap();

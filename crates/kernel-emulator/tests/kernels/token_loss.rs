@@ -62,3 +62,35 @@ fn token_loss_forward_and_backward() {
     .unwrap();
     assert_close("token loss dx", &f64s(&dx), &want_dx, 1e-5);
 }
+
+#[test]
+fn token_loss_of_bf16_logits_gives_f32_outputs() {
+    // Logits near 12, where bf16's spacing is 2⁻⁴: a logsumexp or log-prob
+    // stored in bf16 would be off by up to 0.03.
+    let (rows, v) = (3, 700);
+    let shifted: Vec<f32> = random(rows * v, 3.0, 15).iter().map(|x| x + 12.0).collect();
+    let mut x = to_bf16(&shifted);
+    let mut targets: Vec<u32> = vec![0, 699, 350];
+    let mut out = vec![f32::NAN; rows * 3];
+    let (xp, tp, op) = (
+        Shared::of(&mut x),
+        Shared::of(&mut targets),
+        Shared::of(&mut out),
+    );
+    // SAFETY: x holds rows × v logits, targets one per row, out 3 per row.
+    unsafe {
+        launch(row_blocks(rows, v), || {
+            token_loss_fwd_bf16(xp.ptr(), tp.ptr(), op.ptr(), v as i32)
+        })
+    }
+    .unwrap();
+    let xs = bf16_f64(&x);
+    for r in 0..rows {
+        let xr = &xs[r * v..][..v];
+        let m = xr.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + xr.iter().map(|a| (a - m).exp()).sum::<f64>().ln();
+        let lp = xr[targets[r] as usize] - lse;
+        assert_close("bf16 logsumexp", &[f64::from(out[r * 3 + 2])], &[lse], 1e-6);
+        assert_close("bf16 log p", &[f64::from(out[r * 3])], &[lp], 1e-5);
+    }
+}

@@ -20,11 +20,15 @@ fn outputs(x: &[f64], t: &[u32], w: &[f64], v: usize, dev: &Device, dtype: DType
         .unwrap();
     let logits = Var::from_tensor(&logits).unwrap();
     let targets = Tensor::from_vec(t.to_vec(), rows, dev).unwrap();
+    let (lp, h) = token_logprobs_entropy(logits.as_tensor(), &targets).unwrap();
+    // On a GPU the outputs are f32 whatever the logits' dtype.
+    if dev.is_cuda() {
+        assert_eq!((lp.dtype(), h.dtype()), (DType::F32, DType::F32));
+    }
     let w = Tensor::from_vec(w.to_vec(), (2, rows), dev)
         .unwrap()
-        .to_dtype(dtype)
+        .to_dtype(lp.dtype())
         .unwrap();
-    let (lp, h) = token_logprobs_entropy(logits.as_tensor(), &targets).unwrap();
     let loss = ((&lp * w.get(0).unwrap()).unwrap().sum_all().unwrap()
         + (&h * w.get(1).unwrap()).unwrap().sum_all().unwrap())
     .unwrap();
