@@ -6,7 +6,7 @@
 # of both sides' bf16 training step and sampling (bench/kernel-profile),
 # then two whole RL steps at Qwen2.5-0.5B's shape (`bench rollout
 # --rl-steps`) and a profile of one, each step under its own time limit so
-# one hang cannot eat the rest (~27 minutes at most; ONLY="tests
+# one hang cannot eat the rest (the limits add up to 42.5 minutes; ONLY="tests
 # bench-bf16-16x256" runs just the steps named). For a machine with a GPU,
 # Python with torch's CUDA 13 wheels, and no Rust: it runs the binaries
 # scripts/build-cuda.sh packed elsewhere.
