@@ -5,8 +5,9 @@
 # both, sampling at batch 16 and 128), a per-kernel profile
 # of both sides' bf16 training step and sampling (bench/kernel-profile),
 # then two whole RL steps at Qwen2.5-0.5B's shape (`bench rollout
-# --rl-steps`) and a profile of one, each step under its own time limit so
-# one hang cannot eat the rest (the limits add up to 42.5 minutes; ONLY="tests
+# --rl-steps`) in f32 and under bf16 autocast, and a profile of one, each
+# step under its own time limit so one hang cannot eat the rest (the limits
+# add up to 47.5 minutes; ONLY="tests
 # bench-bf16-16x256" runs just the steps named). For a machine with a GPU,
 # Python with torch's CUDA 13 wheels, and no Rust: it runs the binaries
 # scripts/build-cuda.sh packed elsewhere.
@@ -66,7 +67,7 @@ step() {
 
 step gpu 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 step tests 300 env AGENTRL_TEST_DEVICE=cuda "$BIN/model_tests" --test-threads 1 \
-  fixture:: generation:: token_loss causal_softmax norm_and_mlp flash_attention:: \
+  fixture:: generation:: token_loss causal_softmax norm_and_mlp flash_attention:: precision:: \
   adamw_on_the_test_device clipping_and_adamw
 A=$BIN/agentrl
 BENCH=(bench model --device cuda --shape qwen2.5-0.5b --python python3 --json)
@@ -92,6 +93,11 @@ step profile-bf16-16x256 300 env CUDA_INJECTION64_PATH="$BIN/libkernel_profile.s
 step rl-steps-0.5b 300 "$A" bench rollout --rl-steps 2 --device cuda --json trainer.val_tasks=8 \
   model.hidden_size=896 model.num_hidden_layers=24 model.num_attention_heads=14 \
   model.num_key_value_heads=2 model.intermediate_size=4864 model.rope_theta=1000000
+# The same steps under bf16 autocast (f32 weights and moments, bf16 compute).
+step rl-steps-0.5b-bf16 300 "$A" bench rollout --rl-steps 2 --device cuda --json trainer.val_tasks=8 \
+  model.precision=bf16 model.hidden_size=896 model.num_hidden_layers=24 \
+  model.num_attention_heads=14 model.num_key_value_heads=2 model.intermediate_size=4864 \
+  model.rope_theta=1000000
 # Where a whole RL step's GPU time goes at that shape: one step, profiled
 # (range 1: rollout, scoring and update together).
 mkdir -p "$LOGS/profile-rl-step-0.5b"

@@ -399,7 +399,7 @@ impl PolicyModel {
     /// layers frozen when only the top ones train), or with a LoRA adapter
     /// its frozen base with `W + s·B·A` (differentiable in A, B).
     fn training_model(&self) -> Result<Cow<'_, Model>, ModelError> {
-        Ok(match (&self.lora, self.first_trained_layer) {
+        self.computing(match (&self.lora, self.first_trained_layer) {
             (None, None) => Cow::Borrowed(&self.model),
             (None, Some(first)) => Cow::Owned(self.model.frozen_below(first)),
             (Some(lora), _) => Cow::Owned(lora.apply(&self.model.frozen(), false)?),
@@ -409,7 +409,7 @@ impl PolicyModel {
     /// The transformer inference runs: the detached weights, with a LoRA
     /// adapter merged in (rebuilt per call, so it follows optimizer updates).
     fn inference_model(&self) -> Result<Cow<'_, Model>, ModelError> {
-        Ok(match &self.lora {
+        self.computing(match &self.lora {
             None => Cow::Borrowed(&self.infer),
             Some(lora) => Cow::Owned(lora.apply(&self.infer, true)?),
         })
@@ -547,27 +547,49 @@ impl PolicyModel {
         self.share_prefixes = on;
     }
 
-    /// Runs the fused CPU forward and backward's large products (every
-    /// projection and the LM head) in `precision`: bf16 rounds their inputs
-    /// to bfloat16 and sums in f32, as PyTorch's bf16 autocast does; weights,
-    /// gradients and optimizer state stay f32. The host decoder follows: in
-    /// bf16 each `generate` call packs the projections and the LM head in
-    /// bf16 once (half the bytes a decode step reads). An error where this
-    /// CPU lacks it (bf16 needs AVX512-BF16), and for a model on a GPU.
+    /// Runs the large products in `precision`; weights, their gradients and
+    /// the optimizer state stay f32 either way.
+    ///
+    /// On the CPU, the fused forward and backward's products (every
+    /// projection and the LM head) in bf16 round their inputs to bfloat16
+    /// and sum in f32, as PyTorch's bf16 autocast does; the host decoder
+    /// follows: each `generate` call packs the projections and the LM head
+    /// in bf16 once (half the bytes a decode step reads). An error where this
+    /// CPU lacks it (bf16 needs AVX512-BF16).
+    ///
+    /// On a GPU, bf16 is autocast: each training forward and each sampling
+    /// call computes through a bf16 copy of the f32 weights made by
+    /// differentiable casts, so activations and products are bf16, the
+    /// gradients arrive at the f32 weights in f32, and log-probs and values
+    /// come out in f32. An error for weights that are not f32.
     pub fn set_precision(&mut self, precision: Precision) -> Result<(), ModelError> {
-        if !precision.available() {
+        if self.device.is_cpu() && !precision.available() {
             return Err(ModelError::InvalidInput(format!(
                 "precision {precision}: this CPU has no AVX512-BF16 (use f32)"
             )));
         }
-        if precision != Precision::F32 && !self.device.is_cpu() {
-            // The GPU path's products follow the weights' dtype instead.
+        if precision != Precision::F32 && !self.device.is_cpu() && self.dtype != DType::F32 {
             return Err(ModelError::InvalidInput(format!(
-                "precision {precision} is for the CPU's products; on a GPU the weights' dtype decides"
+                "precision {precision} on a GPU casts f32 weights; these are {:?}",
+                self.dtype
             )));
         }
         self.precision = precision;
         Ok(())
+    }
+
+    /// The dtype a GPU model computes in under autocast (see
+    /// [`PolicyModel::set_precision`]); `None`: the weights' own.
+    fn autocast(&self) -> Option<DType> {
+        (self.precision == Precision::Bf16 && !self.device.is_cpu()).then_some(DType::BF16)
+    }
+
+    /// `model` itself, or its copy in the autocast dtype.
+    fn computing<'a>(&self, model: Cow<'a, Model>) -> Result<Cow<'a, Model>, ModelError> {
+        Ok(match self.autocast() {
+            Some(dtype) => Cow::Owned(model.cast(dtype)?),
+            None => model,
+        })
     }
 
     /// Gradient checkpointing on the fused CPU path: each decoder layer and
@@ -612,16 +634,22 @@ impl PolicyModel {
     }
 
     /// Logits `[B, T, V]` of `input_ids: [B, T]` (u32), causal attention,
-    /// positions `0..T`. Differentiable.
+    /// positions `0..T`, in the weights' dtype. Differentiable.
     pub fn forward(&self, input_ids: &Tensor) -> Result<Tensor, ModelError> {
         check_sequence_length(input_ids, self.model.rotary().max_positions())?;
-        Ok(self.training_model()?.forward(input_ids)?)
+        Ok(self
+            .training_model()?
+            .forward(input_ids)?
+            .to_dtype(self.dtype)?)
     }
 
     /// [`PolicyModel::forward`] without building an autograd graph.
     pub fn forward_no_grad(&self, input_ids: &Tensor) -> Result<Tensor, ModelError> {
         check_sequence_length(input_ids, self.infer.rotary().max_positions())?;
-        Ok(self.inference_model()?.forward(input_ids)?)
+        Ok(self
+            .inference_model()?
+            .forward(input_ids)?
+            .to_dtype(self.dtype)?)
     }
 
     /// Per-token log-probs, entropies and values of ragged `seqs` (right-padded
@@ -765,6 +793,9 @@ impl PolicyModel {
         let logits = model.logits(&h.narrow(1, 0, t - 1)?)?; // [B, T-1, V]
         let targets = ids.narrow(1, 1, t - 1)?.contiguous()?; // [B, T-1]
         let (logprobs, entropy) = crate::token_loss::token_logprobs_entropy(&logits, &targets)?;
+        // Values in the log-probs' dtype (f32 under autocast, as the returns
+        // they are compared with).
+        let values = values.map(|v| v.to_dtype(logprobs.dtype())).transpose()?;
         let Some(scored) = scored else {
             return Ok((logprobs, entropy, values));
         };

@@ -175,6 +175,14 @@ impl RmsNorm {
         }
     }
 
+    /// The gain cast to `dtype` (differentiably).
+    fn cast(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            weight: self.weight.to_dtype(dtype)?,
+            ..*self
+        })
+    }
+
     /// `x: [.., d]` → `[.., d]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if self.inference && x.is_contiguous() {
@@ -262,6 +270,14 @@ impl RotaryEmbedding {
     /// Largest position + 1 the tables cover.
     pub fn max_positions(&self) -> usize {
         self.cos.dims()[0]
+    }
+
+    /// The tables in `dtype`.
+    fn cast(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            cos: self.cos.to_dtype(dtype)?,
+            sin: self.sin.to_dtype(dtype)?,
+        })
     }
 }
 
@@ -468,6 +484,22 @@ impl Attention {
         }
     }
 
+    /// Every weight and bias cast to `dtype` (differentiably).
+    fn cast(&self, dtype: DType) -> Result<Self> {
+        let c = |t: &Tensor| t.to_dtype(dtype);
+        let cb = |t: &Option<Tensor>| t.as_ref().map(c).transpose();
+        Ok(Self {
+            q_w: c(&self.q_w)?,
+            q_b: cb(&self.q_b)?,
+            k_w: c(&self.k_w)?,
+            k_b: cb(&self.k_b)?,
+            v_w: c(&self.v_w)?,
+            v_b: cb(&self.v_b)?,
+            o_w: c(&self.o_w)?,
+            ..*self
+        })
+    }
+
     /// `x: [B, T, d]`; causal attention over S = cached + T keys (query i
     /// sees keys `..= i + S - T`), of which the first `pads[b]` of batch
     /// element b are left padding no query sees (empty = no padding).
@@ -568,6 +600,15 @@ impl Mlp {
         }
     }
 
+    /// The three weights cast to `dtype` (differentiably).
+    fn cast(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            gate: self.gate.to_dtype(dtype)?,
+            up: self.up.to_dtype(dtype)?,
+            down: self.down.to_dtype(dtype)?,
+        })
+    }
+
     /// `x: [B, T, d]` → `[B, T, d]` (through `[B, T, ffn]`).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // grad: silu is a unary op with a backward rule (σ(x)(1 + x(1-σ(x))));
@@ -617,6 +658,15 @@ impl DecoderLayer {
             input_ln: self.input_ln.detached(inference),
             post_ln: self.post_ln.detached(inference),
         }
+    }
+
+    fn cast(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            attn: self.attn.cast(dtype)?,
+            mlp: self.mlp.cast(dtype)?,
+            input_ln: self.input_ln.cast(dtype)?,
+            post_ln: self.post_ln.cast(dtype)?,
+        })
     }
 
     /// `x: [B, T, d]` → `[B, T, d]`.
@@ -698,6 +748,39 @@ impl Model {
     /// 128. On by default; off, every device materialises the scores.
     pub fn set_flash_attention(&mut self, on: bool) {
         self.flash_attention = on;
+    }
+
+    /// The same model computing in `dtype`: every weight cast to it by a
+    /// differentiable cast, so gradients reach the weights here in their own
+    /// dtype (autocast: f32 weights, bf16 products). A tied LM head is cast
+    /// once with the embedding.
+    pub fn cast(&self, dtype: DType) -> Result<Self> {
+        let embed = self.embed.to_dtype(dtype)?;
+        let lm_head = if self.lm_head.id() == self.embed.id() {
+            embed.clone()
+        } else {
+            self.lm_head.to_dtype(dtype)?
+        };
+        let value_head = match &self.value_head {
+            Some((w, b)) => Some((w.to_dtype(dtype)?, b.to_dtype(dtype)?)),
+            None => None,
+        };
+        Ok(Self {
+            embed,
+            layers: self
+                .layers
+                .iter()
+                .map(|l| l.cast(dtype))
+                .collect::<Result<_>>()?,
+            norm: self.norm.cast(dtype)?,
+            lm_head,
+            value_head,
+            rotary: self.rotary.cast(dtype)?,
+            layer_shape: self.layer_shape,
+            dtype,
+            device: self.device.clone(),
+            flash_attention: self.flash_attention,
+        })
     }
 
     /// The same model on detached copies of the weights (shared storage, so

@@ -128,7 +128,7 @@ pub struct ModelSection {
     /// The tiny model's architecture. Its `vocab_size` is the size the
     /// tokenizer is trained to; the model gets the tokenizer's actual size.
     pub config: ModelConfig,
-    /// The precision of the CPU's large matrix products (the config key `model.precision`).
+    /// The precision of the large matrix products (the config key `model.precision`).
     pub precision: Precision,
     /// Recompute activations in the backward instead of keeping them (the
     /// config key `model.gradient_checkpointing`).
@@ -184,10 +184,13 @@ struct ModelTable {
     /// run's own.
     #[serde(default)]
     tokenizer_envs: Vec<String>,
-    /// The precision of the projections' and the LM head's products on the
-    /// CPU, in training, scoring and sampling; weights, optimizer state and
-    /// every other op stay f32 either way. bf16 trains and samples SmolLM2-135M
-    /// about 1.6× faster than f32.
+    /// The precision of the large products, in training, scoring and
+    /// sampling; weights, their gradients and the optimizer state stay f32
+    /// either way. On the CPU, the projections' and the LM head's products
+    /// (every other op stays f32): bf16 trains and samples SmolLM2-135M
+    /// about 1.6× faster than f32. On a GPU (`trainer.device = "cuda"`),
+    /// autocast: each forward computes through a bf16 copy of the weights
+    /// (activations and products bf16, log-probs and values f32).
     #[serde(default)]
     precision: Precision,
     /// Gradient checkpointing (verl's `enable_gradient_checkpointing`): the

@@ -1,10 +1,12 @@
 //! bf16 products on the CPU (`PolicyModel::set_precision`): log-probs,
 //! entropies and every gradient within bf16's rounding of the f32 path's, and
 //! generation (whose projections then read bf16 weights) consistent with
-//! bf16 scoring. Skipped, saying so, on CPUs without AVX512-BF16.
+//! bf16 scoring. Skipped, saying so, on CPUs without AVX512-BF16. Then the
+//! GPU's bf16, autocast through casts of the f32 weights: the casts' own
+//! gradients on the host, and the whole model against f32 on a GPU.
 
 use agentrl_model::{ModelConfig, PolicyModel, Precision, SamplingParams};
-use candle_core::Device;
+use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -189,4 +191,101 @@ fn bf16_log_probs_track_transformers_autocast() {
         "bf16 is {ours} from f32, autocast {autocast}"
     );
     assert!(apart < 0.1, "bf16 and autocast differ by {apart}");
+}
+
+#[test]
+fn a_cast_model_computes_in_its_dtype_and_differentiates_into_the_weights() {
+    // The autocast mechanism on the host: an f64 model computing through an
+    // f32 copy made by casts gives the f64 logits to f32 rounding, and its
+    // gradients reach every f64 weight, close to the f64 model's own.
+    let m =
+        PolicyModel::new_random_with_dtype(&config(), false, 3, DType::F64, &Device::Cpu).unwrap();
+    let base = m.model().unwrap();
+    let cast = base.cast(DType::F32).unwrap();
+    let ids: Vec<u32> = sequences()[2].clone();
+    let ids = Tensor::new(ids.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let (l64, l32) = (base.forward(&ids).unwrap(), cast.forward(&ids).unwrap());
+    assert_eq!(l32.dtype(), DType::F32);
+    let off = values(&l64)
+        .iter()
+        .zip(values(&l32))
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(off < 1e-3, "f32 logits off by {off}");
+    let weights = Tensor::rand(-1.0, 1.0, l64.dims(), &Device::Cpu).unwrap();
+    let grads = |l: &Tensor| {
+        (l * weights.to_dtype(l.dtype()).unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap()
+    };
+    let (g64, g32) = (grads(&l64), grads(&l32));
+    for (name, v) in m.named_vars().unwrap() {
+        let a = g32
+            .get(v.as_tensor())
+            .unwrap_or_else(|| panic!("{name}: no gradient through the cast"));
+        assert_eq!(
+            a.dtype(),
+            DType::F64,
+            "{name}: the gradient keeps the weight's dtype"
+        );
+        let r = relative(&values(a), &values(g64.get(v.as_tensor()).unwrap()));
+        assert!(
+            r < 1e-4,
+            "{name}: gradient through the cast off by {r} (relative)"
+        );
+    }
+}
+
+#[test]
+fn bf16_autocast_on_a_gpu_stays_within_bf16_rounding_of_f32() {
+    let dev = crate::device::test_device();
+    if !dev.is_cuda() {
+        eprintln!("autocast is the GPU's bf16: the comparison is not run on the CPU");
+        return;
+    }
+    let full = PolicyModel::new_random(&config(), false, 3, &dev).unwrap();
+    let mut half = PolicyModel::new_random(&config(), false, 3, &dev).unwrap();
+    half.set_precision(Precision::Bf16).unwrap();
+    let seqs = sequences();
+    let (out32, out16) = (
+        full.sequence_logprobs(&seqs).unwrap(),
+        half.sequence_logprobs(&seqs).unwrap(),
+    );
+    assert_eq!(out16.logprobs.dtype(), DType::F32);
+    let (lp32, lp16) = (values(&out32.logprobs), values(&out16.logprobs));
+    let worst = lp32
+        .iter()
+        .zip(&lp16)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst < 0.1 && worst > 0.0,
+        "bf16 autocast log-probs off by {worst}"
+    );
+    let g32 = logprob_entropy_objective(&full, &seqs).backward().unwrap();
+    let g16 = logprob_entropy_objective(&half, &seqs).backward().unwrap();
+    for ((name, v32), (_, v16)) in full
+        .named_vars()
+        .unwrap()
+        .iter()
+        .zip(half.named_vars().unwrap())
+    {
+        let a = g16.get(v16.as_tensor()).unwrap();
+        assert_eq!(
+            a.dtype(),
+            DType::F32,
+            "{name}: f32 weights get f32 gradients"
+        );
+        let r = relative(&values(a), &values(g32.get(v32.as_tensor()).unwrap()));
+        assert!(
+            r < 0.05,
+            "{name}: bf16 autocast gradient off by {r} (relative)"
+        );
+    }
 }

@@ -99,7 +99,7 @@ pub fn logprob_entropy_objective(model: &agentrl_model::PolicyModel, seqs: &[Vec
     let out = model.sequence_logprobs(seqs).unwrap();
     let (b, t1) = out.logprobs.dims2().unwrap();
     let w: Vec<f64> = (0..b * t1).map(|i| 0.2 + 0.15 * (i % 4) as f64).collect();
-    let w = Tensor::from_vec(w, (b, t1), &Device::Cpu)
+    let w = Tensor::from_vec(w, (b, t1), out.logprobs.device())
         .unwrap()
         .to_dtype(out.logprobs.dtype())
         .unwrap();
