@@ -2,7 +2,7 @@
 //! `build.rs`) and what every launch of them needs.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig};
-use candle_core::{Layout, Result};
+use candle_core::{CudaDevice, Layout, Result};
 
 /// One PTX module of `kernels/`, loaded once per device under its name.
 pub(crate) struct Module {
@@ -81,6 +81,23 @@ pub(crate) const TOKEN_LOSS: Module = Module {
     name: "agentrl_token_loss",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/token_loss.ptx")),
 };
+
+/// Left pads as the attention kernels read them: one u32 per batch element
+/// (they read `pads[b]` only when their pad count is above 0; one 0 stands
+/// in for none). Through candle's upload, which under CUDA-graph capture
+/// serves the buffer an uncaptured step filled.
+pub(crate) fn upload_pads(dev: &CudaDevice, pads: &[usize]) -> Result<CudaSlice<u32>> {
+    let host: Vec<u32> = match pads {
+        [] => vec![0],
+        _ => pads
+            .iter()
+            .map(|&p| {
+                u32::try_from(p).map_err(|_| candle_core::Error::Msg(format!("a pad of {p} keys")))
+            })
+            .collect::<Result<_>>()?,
+    };
+    dev.clone_htod(&host)
+}
 
 /// The contiguous elements that `layout` picks out of `s`.
 pub(crate) fn view<'a, T>(

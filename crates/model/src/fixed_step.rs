@@ -449,20 +449,14 @@ fn decode_attention_on_gpu(
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::cuda_backend::{CudaDType, CudaStorageSlice as S};
 
-    use crate::cuda::{launch, view, DECODE_ATTENTION};
+    use crate::cuda::{launch, upload_pads, view, DECODE_ATTENTION};
 
     let dev = q.device().clone();
     let too_large = || candle_core::Error::Msg("decode attention: sizes past the kernel's".into());
     let i32_of = |v: usize| i32::try_from(v).map_err(|_| too_large());
     let (heads, kv, cap, hd) = (i32_of(z.h)?, i32_of(z.g)?, i32_of(z.cap)?, i32_of(z.d)?);
     let n_pads = i32_of(pads.len())?;
-    let pads: Vec<u32> = pads
-        .iter()
-        .map(|&p| u32::try_from(p).map_err(|_| too_large()))
-        .collect::<Result<_>>()?;
-    // Through candle's upload: under CUDA-graph capture it is served from
-    // the cache the uncaptured first step filled.
-    let pads = dev.clone_htod(&pads)?;
+    let pads = upload_pads(&dev, pads)?;
     let last = view(u32::as_cuda_slice(last)?, ll, "decode attention bound")?;
     let cfg = LaunchConfig {
         grid_dim: (

@@ -333,7 +333,7 @@ mod gpu {
     use half::bf16;
 
     use super::{Dims, RowView};
-    use crate::cuda::{elementwise_blocks, launch, FLASH_ATTENTION};
+    use crate::cuda::{elementwise_blocks, launch, upload_pads, FLASH_ATTENTION};
 
     /// `Strides` of the kernels: element strides (batch, head, row).
     #[repr(C)]
@@ -446,16 +446,7 @@ mod gpu {
             )
         }
         let dev = q.device().clone();
-        let pads32: Vec<u32> = pads
-            .iter()
-            .map(|&p| u32::try_from(p).map_err(|_| too_large(z)))
-            .collect::<Result<_>>()?;
-        // One element when there are no pads: the kernel reads none.
-        let pads_dev = dev.clone_htod(if pads32.is_empty() {
-            &[0u32][..]
-        } else {
-            &pads32
-        })?;
+        let pads_dev = upload_pads(&dev, pads)?;
         let (qv, kv, vv) = (bf16_view(q, ql)?, bf16_view(k, kl)?, bf16_view(v, vl)?);
         let n = z.b * z.t * z.h * z.d;
         // SAFETY: the kernel writes every row < t of every (batch, head),
@@ -469,7 +460,7 @@ mod gpu {
         };
         let warps = forward_warps(z.d);
         let cfg = grid(z, z.t.div_ceil(16 * warps), z.h, 32 * warps as u32)?;
-        let sz = sizes(z, pads32.len(), scale)?;
+        let sz = sizes(z, pads.len(), scale)?;
         let (qs, ks, vs) = (
             strides(at_origin(ql)),
             strides(at_origin(kl)),
@@ -495,7 +486,7 @@ mod gpu {
         let saved = Saved {
             lse,
             pads: pads_dev,
-            n_pads: pads32.len(),
+            n_pads: pads.len(),
         };
         Ok((CudaStorage::wrap_cuda_slice(out, dev), saved))
     }
@@ -512,6 +503,82 @@ mod gpu {
     fn tensor(buf: CudaSlice<bf16>, dev: &CudaDevice, shape: &[usize]) -> Tensor {
         let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(buf, dev.clone()));
         Tensor::from_storage(storage, shape, BackpropOp::none(), false)
+    }
+
+    /// What the dK/dV and dQ kernels read in common, in their argument
+    /// order: q, k, v and dO with their strides, the forward's row
+    /// log-sum-exps, the rows' Δ and the pads.
+    struct Recompute<'a> {
+        dev: &'a CudaDevice,
+        z: Dims,
+        sizes: Sizes,
+        inputs: [&'a CudaView<'a, bf16>; 4],
+        strides: [Strides; 4],
+        lse: &'a CudaSlice<f32>,
+        delta: &'a CudaSlice<f32>,
+        pads: &'a CudaSlice<u32>,
+    }
+
+    impl Recompute<'_> {
+        /// dK and dV by `kernel` (`flash_dkdv`: a block per key block of a
+        /// kv head, bf16 out; `flash_dkdv_heads`: of a query head, f32 out),
+        /// a block per key block of each of `heads` heads, written at `out`.
+        fn key_grads<O: DeviceRepr>(
+            &self,
+            kernel: &str,
+            heads: usize,
+            (dk, dv): (&CudaSlice<O>, &CudaSlice<O>),
+            out: Strides,
+        ) -> Result<()> {
+            let (z, [q, k, v, dout], [qs, ks, vs, ds]) = (self.z, self.inputs, &self.strides);
+            launch!(
+                self.dev,
+                FLASH_ATTENTION,
+                &format!("{kernel}_bf16_hd{}", z.d),
+                grid(z, z.s.div_ceil(32), heads, 128)?,
+                q,
+                k,
+                v,
+                dout,
+                self.lse,
+                self.delta,
+                dk,
+                dv,
+                self.pads,
+                &self.sizes,
+                qs,
+                ks,
+                vs,
+                ds,
+                &out,
+                &out
+            )
+        }
+
+        /// dQ, a block per 32 query rows of each head, written at `out`.
+        fn query_grads(&self, dq: &CudaSlice<bf16>, out: Strides) -> Result<()> {
+            let (z, [q, k, v, dout], [qs, ks, vs, ds]) = (self.z, self.inputs, &self.strides);
+            launch!(
+                self.dev,
+                FLASH_ATTENTION,
+                &format!("flash_dq_bf16_hd{}", z.d),
+                grid(z, z.t.div_ceil(32), z.h, 128)?,
+                q,
+                k,
+                v,
+                dout,
+                self.lse,
+                self.delta,
+                dq,
+                self.pads,
+                &self.sizes,
+                qs,
+                ks,
+                vs,
+                ds,
+                &out
+            )
+        }
     }
 
     /// dq `[B, H, T, D]`, dk and dv `[B, G, S, D]` (contiguous).
@@ -583,29 +650,18 @@ mod gpu {
             &g_st
         )?;
         let (dq_st, dkv_st) = (dense(z.h, z.t), dense(z.g, z.s));
+        let recompute = Recompute {
+            dev: &dev,
+            z,
+            sizes: sz,
+            inputs: [&qv, &kv, &vv, &gv],
+            strides: [q_st, k_st, v_st, g_st],
+            lse: &saved.lse,
+            delta: &delta,
+            pads: &saved.pads,
+        };
         if z.h == z.g {
-            launch!(
-                dev,
-                FLASH_ATTENTION,
-                &format!("flash_dkdv_bf16_hd{}", z.d),
-                grid(z, z.s.div_ceil(32), z.g, 128)?,
-                &qv,
-                &kv,
-                &vv,
-                &gv,
-                &saved.lse,
-                &delta,
-                &dk,
-                &dv,
-                &saved.pads,
-                &sz,
-                &q_st,
-                &k_st,
-                &v_st,
-                &g_st,
-                &dkv_st,
-                &dkv_st
-            )?;
+            recompute.key_grads("flash_dkdv", z.g, (&dk, &dv), dkv_st)?;
         } else {
             // Grouped heads: a block per query head (H / G times the blocks,
             // each walking one head's rows), its share of dk and dv in f32,
@@ -615,28 +671,11 @@ mod gpu {
             // key row < s of its head, all D columns.
             let dk_heads = unsafe { dev.alloc::<f32>(n)? };
             let dv_heads = unsafe { dev.alloc::<f32>(n)? };
-            let per_head = dense(z.h, z.s);
-            launch!(
-                dev,
-                FLASH_ATTENTION,
-                &format!("flash_dkdv_heads_bf16_hd{}", z.d),
-                grid(z, z.s.div_ceil(32), z.h, 128)?,
-                &qv,
-                &kv,
-                &vv,
-                &gv,
-                &saved.lse,
-                &delta,
-                &dk_heads,
-                &dv_heads,
-                &saved.pads,
-                &sz,
-                &q_st,
-                &k_st,
-                &v_st,
-                &g_st,
-                &per_head,
-                &per_head
+            recompute.key_grads(
+                "flash_dkdv_heads",
+                z.h,
+                (&dk_heads, &dv_heads),
+                dense(z.h, z.s),
             )?;
             let b32 = i32::try_from(z.b).map_err(|_| too_large(z))?;
             launch!(
@@ -655,26 +694,7 @@ mod gpu {
                 &dkv_st
             )?;
         }
-        launch!(
-            dev,
-            FLASH_ATTENTION,
-            &format!("flash_dq_bf16_hd{}", z.d),
-            grid(z, z.t.div_ceil(32), z.h, 128)?,
-            &qv,
-            &kv,
-            &vv,
-            &gv,
-            &saved.lse,
-            &delta,
-            &dq,
-            &saved.pads,
-            &sz,
-            &q_st,
-            &k_st,
-            &v_st,
-            &g_st,
-            &dq_st
-        )?;
+        recompute.query_grads(&dq, dq_st)?;
         Ok((
             tensor(dq, &dev, &[z.b, z.h, z.t, z.d]),
             tensor(dk, &dev, &[z.b, z.g, z.s, z.d]),

@@ -378,17 +378,7 @@ pub(crate) mod softmax_on_gpu {
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{CudaDevice, CudaStorage, Layout, Result};
 
-    use crate::cuda::{launch, on_float_slice, row_blocks, view, SOFTMAX};
-
-    /// `pads` as the kernels read them: one u32 per batch element (they
-    /// read pads[b] only when n_pads > 0; one 0 stands in for none).
-    fn upload_pads(dev: &CudaDevice, pads: &[usize]) -> Result<CudaSlice<u32>> {
-        let host: Vec<u32> = match pads {
-            [] => vec![0],
-            _ => pads.iter().map(|&p| p as u32).collect(),
-        };
-        dev.clone_htod(&host)
-    }
+    use crate::cuda::{launch, on_float_slice, row_blocks, upload_pads, view, SOFTMAX};
 
     /// Rows of `s` scores, `t` queries per (batch, head), `rows_per_batch`
     /// rows per batch element, the first `pads[b]` keys of element b masked.
