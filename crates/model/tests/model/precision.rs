@@ -6,10 +6,12 @@
 //! gradients on the host, and the whole model against f32 on a GPU.
 
 use agentrl_model::{ModelConfig, PolicyModel, Precision, SamplingParams};
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::device::{max_abs_diff, test_device};
 use crate::finite_difference::{logprob_entropy_objective, values};
 
 fn config() -> ModelConfig {
@@ -52,6 +54,29 @@ fn relative(a: &[f64], b: &[f64]) -> f64 {
     (diff / norm.max(1e-300)).sqrt()
 }
 
+/// Every parameter's gradient in `got` (a model and the gradients of its
+/// objective) against the same parameter's in `want`: there, of `dtype`
+/// where one is given, and within `tol` of it (relative, as [`relative`]).
+fn assert_gradients_close(
+    (got_model, got): (&PolicyModel, &GradStore),
+    (want_model, want): (&PolicyModel, &GradStore),
+    dtype: Option<DType>,
+    tol: f64,
+    what: &str,
+) {
+    let pairs = got_model.named_vars().unwrap().into_iter();
+    for ((name, g), (_, w)) in pairs.zip(want_model.named_vars().unwrap()) {
+        let a = got
+            .get(g.as_tensor())
+            .unwrap_or_else(|| panic!("{name}: no {what} gradient"));
+        if let Some(dtype) = dtype {
+            assert_eq!(a.dtype(), dtype, "{name}: the {what} gradient's dtype");
+        }
+        let r = relative(&values(a), &values(want.get(w.as_tensor()).unwrap()));
+        assert!(r < tol, "{name}: {what} gradient off by {r} (relative)");
+    }
+}
+
 #[test]
 fn bf16_log_probs_and_gradients_stay_within_bf16_rounding_of_f32() {
     if !bf16_here() {
@@ -61,11 +86,7 @@ fn bf16_log_probs_and_gradients_stay_within_bf16_rounding_of_f32() {
     let seqs = sequences();
     let lp = |m: &PolicyModel| values(&m.sequence_logprobs(&seqs).unwrap().logprobs);
     let (lp32, lp16) = (lp(&full), lp(&half));
-    let worst = lp32
-        .iter()
-        .zip(&lp16)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
+    let worst = max_abs_diff(&lp32, &lp16);
     let mean = lp32
         .iter()
         .zip(&lp16)
@@ -82,17 +103,7 @@ fn bf16_log_probs_and_gradients_stay_within_bf16_rounding_of_f32() {
 
     let g32 = logprob_entropy_objective(&full, &seqs).backward().unwrap();
     let g16 = logprob_entropy_objective(&half, &seqs).backward().unwrap();
-    for ((name, v32), (_, v16)) in full
-        .named_vars()
-        .unwrap()
-        .iter()
-        .zip(half.named_vars().unwrap())
-    {
-        let a = values(g16.get(v16.as_tensor()).unwrap());
-        let b = values(g32.get(v32.as_tensor()).unwrap());
-        let r = relative(&a, &b);
-        assert!(r < 0.05, "{name}: bf16 gradient off by {r} (relative)");
-    }
+    assert_gradients_close((&half, &g16), (&full, &g32), None, 0.05, "bf16");
 }
 
 #[test]
@@ -209,13 +220,12 @@ fn a_cast_model_computes_in_its_dtype_and_differentiates_into_the_weights() {
         .unwrap();
     let (l64, l32) = (base.forward(&ids).unwrap(), cast.forward(&ids).unwrap());
     assert_eq!(l32.dtype(), DType::F32);
-    let off = values(&l64)
-        .iter()
-        .zip(values(&l32))
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
+    let off = max_abs_diff(&values(&l64), &values(&l32));
     assert!(off < 1e-3, "f32 logits off by {off}");
-    let weights = Tensor::rand(-1.0, 1.0, l64.dims(), &Device::Cpu).unwrap();
+    // Fixed weights in [-1, 1) for the objective Σ logits ⊙ weights.
+    let n = l64.elem_count();
+    let weights: Vec<f64> = (0..n).map(|i| (i * 37 % 17) as f64 / 8.5 - 1.0).collect();
+    let weights = Tensor::from_vec(weights, l64.dims(), &Device::Cpu).unwrap();
     let grads = |l: &Tensor| {
         (l * weights.to_dtype(l.dtype()).unwrap())
             .unwrap()
@@ -225,26 +235,13 @@ fn a_cast_model_computes_in_its_dtype_and_differentiates_into_the_weights() {
             .unwrap()
     };
     let (g64, g32) = (grads(&l64), grads(&l32));
-    for (name, v) in m.named_vars().unwrap() {
-        let a = g32
-            .get(v.as_tensor())
-            .unwrap_or_else(|| panic!("{name}: no gradient through the cast"));
-        assert_eq!(
-            a.dtype(),
-            DType::F64,
-            "{name}: the gradient keeps the weight's dtype"
-        );
-        let r = relative(&values(a), &values(g64.get(v.as_tensor()).unwrap()));
-        assert!(
-            r < 1e-4,
-            "{name}: gradient through the cast off by {r} (relative)"
-        );
-    }
+    // The weights' own dtype, f64, through the cast.
+    assert_gradients_close((&m, &g32), (&m, &g64), Some(DType::F64), 1e-4, "cast");
 }
 
 #[test]
 fn bf16_autocast_on_a_gpu_stays_within_bf16_rounding_of_f32() {
-    let dev = crate::device::test_device();
+    let dev = test_device();
     if !dev.is_cuda() {
         eprintln!("autocast is the GPU's bf16: the comparison is not run on the CPU");
         return;
@@ -258,34 +255,19 @@ fn bf16_autocast_on_a_gpu_stays_within_bf16_rounding_of_f32() {
         half.sequence_logprobs(&seqs).unwrap(),
     );
     assert_eq!(out16.logprobs.dtype(), DType::F32);
-    let (lp32, lp16) = (values(&out32.logprobs), values(&out16.logprobs));
-    let worst = lp32
-        .iter()
-        .zip(&lp16)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max);
+    let worst = max_abs_diff(&values(&out32.logprobs), &values(&out16.logprobs));
     assert!(
         worst < 0.1 && worst > 0.0,
         "bf16 autocast log-probs off by {worst}"
     );
     let g32 = logprob_entropy_objective(&full, &seqs).backward().unwrap();
     let g16 = logprob_entropy_objective(&half, &seqs).backward().unwrap();
-    for ((name, v32), (_, v16)) in full
-        .named_vars()
-        .unwrap()
-        .iter()
-        .zip(half.named_vars().unwrap())
-    {
-        let a = g16.get(v16.as_tensor()).unwrap();
-        assert_eq!(
-            a.dtype(),
-            DType::F32,
-            "{name}: f32 weights get f32 gradients"
-        );
-        let r = relative(&values(a), &values(g32.get(v32.as_tensor()).unwrap()));
-        assert!(
-            r < 0.05,
-            "{name}: bf16 autocast gradient off by {r} (relative)"
-        );
-    }
+    // f32 weights get f32 gradients.
+    assert_gradients_close(
+        (&half, &g16),
+        (&full, &g32),
+        Some(DType::F32),
+        0.05,
+        "bf16 autocast",
+    );
 }
