@@ -10,7 +10,7 @@
 //! partials in chunk order (no atomics, the same bits every run); on the
 //! host the sums are f64.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
 use crate::host::storage_slice;
 use crate::kernels::Real;
@@ -25,19 +25,12 @@ const ROWS_PER_CHUNK: usize = 64;
 /// `y: [m, n]` plus `b: [n]` on every row, differentiably; candle's
 /// `broadcast_add` where the op has no kernel (other dtypes on the host).
 pub fn add_bias(y: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let supported = match y.device() {
-        candle_core::Device::Cpu => matches!(y.dtype(), DType::F32 | DType::F64),
-        d => {
-            cfg!(feature = "cuda")
-                && d.is_cuda()
-                && matches!(y.dtype(), DType::F32 | DType::BF16 | DType::F16)
-        }
-    };
+    let y = y.contiguous()?;
     let (_, n) = y.dims2()?;
-    if !supported || b.dims() != [n] || b.dtype() != y.dtype() {
+    if !crate::ops::fused_or_gpu_ok(&y) || b.dims() != [n] || b.dtype() != y.dtype() {
         return y.broadcast_add(b);
     }
-    y.contiguous()?.apply_op2(&b.contiguous()?, BiasAdd)
+    y.apply_op2(&b.contiguous()?, BiasAdd)
 }
 
 /// `[m, n] + [n]`.
@@ -260,7 +253,7 @@ mod gpu {
 mod tests {
     use super::*;
     use crate::ops::tests::{max_abs_diff, rand_tensor, weighted_grad};
-    use candle_core::Var;
+    use candle_core::{DType, Var};
 
     #[test]
     fn bias_add_and_its_gradients_match_broadcast_add() {

@@ -565,8 +565,9 @@ fn fused_ok(t: &Tensor) -> bool {
 }
 
 /// [`fused_ok`], or a contiguous f32/bf16/f16 tensor on a GPU, for the ops
-/// with a CUDA kernel (the causal softmax, RMSNorm and their backward).
-fn fused_or_gpu_ok(t: &Tensor) -> bool {
+/// with a CUDA kernel (the causal softmax, RMSNorm and their backward, a
+/// projection's bias).
+pub(crate) fn fused_or_gpu_ok(t: &Tensor) -> bool {
     fused_ok(t)
         || (cfg!(feature = "cuda")
             && t.device().is_cuda()
