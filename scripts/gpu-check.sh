@@ -5,9 +5,10 @@
 # both, sampling at batch 16 and 128), a per-kernel profile
 # of both sides' bf16 training step and sampling (bench/kernel-profile),
 # then two whole RL steps at Qwen2.5-0.5B's shape (`bench rollout
-# --rl-steps`) in f32 and under bf16 autocast, and a profile of one, each
-# step under its own time limit so one hang cannot eat the rest (the limits
-# add up to 47.5 minutes; ONLY="tests
+# --rl-steps`) in f32 and under bf16 autocast, the rollout phase with and
+# without the KV cache kept between turns, and a profile of one RL step,
+# each step under its own time limit so one hang cannot eat the rest (the
+# limits add up to 51.5 minutes; ONLY="tests
 # bench-bf16-16x256" runs just the steps named). For a machine with a GPU,
 # Python with torch's CUDA 13 wheels, and no Rust: it runs the binaries
 # scripts/build-cuda.sh packed elsewhere.
@@ -67,7 +68,7 @@ step() {
 
 step gpu 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 step tests 300 env AGENTRL_TEST_DEVICE=cuda "$BIN/model_tests" --test-threads 1 \
-  fixture:: generation:: token_loss causal_softmax norm_and_mlp flash_attention:: precision:: \
+  fixture:: generation:: cache_reuse:: token_loss causal_softmax norm_and_mlp flash_attention:: precision:: \
   adamw_on_the_test_device clipping_and_adamw
 A=$BIN/agentrl
 BENCH=(bench model --device cuda --shape qwen2.5-0.5b --python python3 --json)
@@ -98,6 +99,13 @@ step rl-steps-0.5b-bf16 300 "$A" bench rollout --rl-steps 2 --device cuda --json
   model.precision=bf16 model.hidden_size=896 model.num_hidden_layers=24 \
   model.num_attention_heads=14 model.num_key_value_heads=2 model.intermediate_size=4864 \
   model.rope_theta=1000000
+# The rollout phase at that shape with each dialogue's KV cache kept on the
+# device between turns, against every turn re-encoded (the same seeds; it
+# says whether both played the same tokens).
+step rollout-reuse-0.5b 240 "$A" bench rollout --device cuda --json --repeats 1 \
+  model.precision=bf16 model.hidden_size=896 model.num_hidden_layers=24 \
+  model.num_attention_heads=14 model.num_key_value_heads=2 model.intermediate_size=4864 \
+  model.rope_theta=1000000
 # Where a whole RL step's GPU time goes at that shape: one step, profiled
 # (range 1: rollout, scoring and update together).
 mkdir -p "$LOGS/profile-rl-step-0.5b"
@@ -111,5 +119,5 @@ step profile-rl-step-0.5b 300 env CUDA_INJECTION64_PATH="$BIN/libkernel_profile.
 for f in "$LOGS"/profile-*/profile-*.txt; do
   [ -f "$f" ] && head -45 "$f"
 done
-grep -h '^{' "$LOGS"/bench-*.log "$LOGS"/rl-steps-*.log 2>/dev/null
+grep -h '^{' "$LOGS"/bench-*.log "$LOGS"/rl-steps-*.log "$LOGS"/rollout-*.log 2>/dev/null
 cat "$SUMMARY"

@@ -379,7 +379,7 @@ pub mod kernels {
     }
 
     macro_rules! decode {
-        ($t:ty, $softmax:ident, $kv_write:ident) => {
+        ($t:ty, $softmax:ident, $kv_write:ident, $kv_copy:ident) => {
             extern "C" {
                 pub fn $softmax(
                     x: *const $t,
@@ -396,6 +396,15 @@ pub mod kernels {
                     slot: *const u32,
                     rows: u64,
                     cap: u32,
+                    hd: u32,
+                );
+                pub fn $kv_copy(
+                    dst: *mut $t,
+                    src: *const $t,
+                    copies: *const u32,
+                    kv: u32,
+                    dst_cap: u32,
+                    src_cap: u32,
                     hd: u32,
                 );
             }
@@ -436,8 +445,8 @@ pub mod kernels {
     rope!(f32, rope_heads_f32);
     rope!(bf16, rope_heads_bf16);
 
-    decode!(f32, decode_softmax_f32, kv_write_f32);
-    decode!(bf16, decode_softmax_bf16, kv_write_bf16);
+    decode!(f32, decode_softmax_f32, kv_write_f32, kv_copy_rows_f32);
+    decode!(bf16, decode_softmax_bf16, kv_write_bf16, kv_copy_rows_bf16);
 
     sample!(f32, sample_rows_f32);
     sample!(bf16, sample_rows_bf16);

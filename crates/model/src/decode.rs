@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::batch_cache::BatchRow;
 #[cfg(target_arch = "x86_64")]
 use crate::gemm_bf16::PackedWeight;
 use crate::host::with_slices;
@@ -54,6 +55,10 @@ pub struct SequenceCache {
     v: Vec<Vec<f32>>,
     /// Floats per position per layer (kv_heads · head_dim).
     kv_dim: usize,
+    /// Off the CPU: the keys and values live in the batch caches of the
+    /// graph decoder call that last encoded the sequence, and `k`, `v`
+    /// and `prefix` are unused ([`crate::batch_cache`]).
+    on_device: Option<BatchRow>,
 }
 
 /// Keys and values of a prompt's positions `0..len`, shared by the caches
@@ -112,6 +117,7 @@ impl SequenceCache {
             k: vec![Vec::new(); layers],
             v: vec![Vec::new(); layers],
             kv_dim: config.num_kv_heads() * config.head_dim(),
+            on_device: None,
         }
     }
 
@@ -130,9 +136,26 @@ impl SequenceCache {
         self.tokens.clear();
         self.cached = 0;
         self.prefix = None;
+        self.on_device = None;
     }
 
-    fn fits(&self, config: &ModelConfig) -> bool {
+    /// Where the graph decoder left this sequence's keys and values, if it
+    /// was the last to encode it.
+    pub(crate) fn on_device(&self) -> Option<&BatchRow> {
+        self.on_device.as_ref()
+    }
+
+    /// Makes the cache stand for `tokens`, of which the first `cached` have
+    /// their keys and values in `row` (a graph decoder call's batch caches).
+    pub(crate) fn hold_on_device(&mut self, tokens: &[u32], cached: usize, row: BatchRow) {
+        self.clear();
+        self.tokens.extend_from_slice(tokens);
+        self.cached = cached;
+        self.on_device = Some(row);
+    }
+
+    /// Whether the cache was made for a model of `config`'s shape.
+    pub(crate) fn fits(&self, config: &ModelConfig) -> bool {
         self.k.len() == config.num_hidden_layers
             && self.kv_dim == config.num_kv_heads() * config.head_dim()
     }
@@ -184,6 +207,10 @@ impl SequenceCache {
     /// Points the cache at `context`, keeping what [`Self::reusable_for`]
     /// says, and returns where encoding starts.
     fn retarget(&mut self, context: &[u32]) -> usize {
+        if self.on_device.take().is_some() {
+            // Keys on a device: none of them are in the host rows.
+            self.cached = 0;
+        }
         let keep = self.reusable_for(context);
         if keep < self.base() {
             self.own_prefix(keep);
@@ -1023,7 +1050,7 @@ fn forward(
 
 /// Samples a continuation of each `contexts[i]`, reusing and extending
 /// `caches[i]`; see [`crate::PolicyModel::generate_cached`] for the contract.
-/// The caller has validated ids, lengths and parameters.
+/// The caller has validated ids, lengths, parameters and the caches' shape.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn generate(
     model: &Model,
@@ -1035,11 +1062,6 @@ pub(crate) fn generate(
     mut rng: SamplingRng<'_>,
     steer: &mut Steer<'_>,
 ) -> Result<Vec<Generation>, ModelError> {
-    if let Some(i) = caches.iter().position(|c| !c.fits(cfg)) {
-        return Err(ModelError::InvalidInput(format!(
-            "cache {i} was made for a model of another shape"
-        )));
-    }
     let mut gens = empty_generations(contexts.len());
     let starts: Vec<usize> = caches
         .iter_mut()

@@ -15,13 +15,19 @@
 //!
 //! Finished sequences stay in the batch (their rows are computed and
 //! ignored): a fixed-shape batch keeps the caches contiguous, and a GPU's
-//! cost per step barely depends on B. Per-sequence caches are not kept
-//! between calls here: each call encodes its contexts whole and leaves the
-//! callers' [`SequenceCache`]s empty, which their contract allows (a cache
-//! serves only positions it holds).
+//! cost per step barely depends on B.
+//!
+//! A call's batch caches outlive it: each caller's [`SequenceCache`] points
+//! at its row ([`crate::batch_cache`]), and the next call copies the
+//! positions a context shares with it into its own batch caches and
+//! encodes only the rest (a dialogue's next turn), as the host decoder
+//! does with its per-sequence caches.
+
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::batch_cache::{BatchRow, RowCopy};
 use crate::decode::SequenceCache;
 use crate::qwen2::{LayerKvCache, Model};
 use crate::sampling::{empty_generations, push_token, Generation, SamplingParams, SamplingRng};
@@ -30,7 +36,7 @@ use crate::{ModelConfig, ModelError};
 
 /// Samples a continuation of each `contexts[i]` on the model's device; see
 /// [`crate::PolicyModel::generate_cached`] for the contract. The caller has
-/// validated ids, lengths and parameters.
+/// validated ids, lengths, parameters and the caches' shape.
 pub(crate) fn generate(
     model: &Model,
     cfg: &ModelConfig,
@@ -40,32 +46,45 @@ pub(crate) fn generate(
     mut rng: SamplingRng<'_>,
     steer: &mut Steer<'_>,
 ) -> Result<Vec<Generation>, ModelError> {
-    for c in caches.iter_mut() {
-        c.clear();
-    }
     let mut gens = empty_generations(contexts.len());
     if params.max_new_tokens == 0 || contexts.is_empty() {
+        caches.iter_mut().for_each(SequenceCache::clear);
         return Ok(gens);
     }
     let dev = model.device().clone();
     let b = contexts.len();
     let longest = contexts.iter().map(Vec::len).max().unwrap_or(0);
     let pads: Vec<usize> = contexts.iter().map(|c| longest - c.len()).collect();
+    let kept = kept_rows(model, cfg, caches, contexts);
+    // The prefill encodes the last `fresh` tokens of every context (the
+    // most any row's cache leaves to encode, left-padded): a row whose
+    // cache held more re-encodes some of it, at no cost to the batch's
+    // shape. The positions before come from the caches.
+    let fresh = contexts
+        .iter()
+        .zip(&kept)
+        .map(|(ctx, k)| ctx.len() - k.as_ref().map_or(0, |(_, n)| *n))
+        .max()
+        .unwrap_or(longest);
     // The last sampled token is never fed back.
     let capacity = longest + params.max_new_tokens - 1;
     let mut kv = (0..model.num_layers())
         .map(|_| LayerKvCache::new(cfg, b, capacity, model.dtype(), &dev))
         .collect::<candle_core::Result<Vec<_>>>()?;
+    resume_rows(&mut kv, kept, contexts, &pads, fresh)?;
 
-    // Prefill: left-padded ids; a pad's position is 0 (no query sees it).
-    let mut ids = Vec::with_capacity(b * longest);
-    let mut positions = Vec::with_capacity(b * longest);
-    for (ctx, &pad) in contexts.iter().zip(&pads) {
-        ids.extend(std::iter::repeat_n(0u32, pad).chain(ctx.iter().copied()));
-        positions.extend((0..longest).map(|j| j.saturating_sub(pad) as u32));
+    // Prefill: each context's last `fresh` ids, left-padded; a pad's
+    // position is 0 (no query sees it).
+    let mut ids = Vec::with_capacity(b * fresh);
+    let mut positions = Vec::with_capacity(b * fresh);
+    for ctx in contexts {
+        let skip = ctx.len().saturating_sub(fresh);
+        let lead = fresh - (ctx.len() - skip);
+        ids.extend(std::iter::repeat_n(0u32, lead).chain(ctx[skip..].iter().copied()));
+        positions.extend((0..fresh).map(|j| (skip + j).saturating_sub(lead) as u32));
     }
-    let prompt_ids = Tensor::from_vec(ids, (b, longest), &dev)?;
-    let prompt_positions = Tensor::from_vec(positions, (b, longest), &dev)?;
+    let prompt_ids = Tensor::from_vec(ids, (b, fresh), &dev)?;
+    let prompt_positions = Tensor::from_vec(positions, (b, fresh), &dev)?;
     let mut logits = appending_step(model, &mut kv, &prompt_ids, &prompt_positions, &pads)?;
     let mut steps = DecodeSteps::new(model, b, &pads)?;
     let mut active: Vec<usize> = (0..b).collect();
@@ -94,7 +113,7 @@ pub(crate) fn generate(
         }
         active = still;
         if active.is_empty() {
-            return Ok(gens);
+            break;
         }
         // Every row steps on its newest token (finished ones too, ignored):
         // the prefill gave every sequence one. Step n writes cache slot
@@ -111,6 +130,93 @@ pub(crate) fn generate(
         let slot = (longest + gens[active[0]].tokens.len() - 1) as u32;
         logits = steps.next(model, &mut kv, &last, &pos, slot)?;
     }
+    // Row i holds its context and every generated token but the last
+    // (a row that finished early was fed its last token at the step after,
+    // into the slot that follows it) from slot pads[i] on.
+    let layers = Arc::new(kv);
+    for (i, (cache, (ctx, g))) in caches
+        .iter_mut()
+        .zip(contexts.iter().zip(&gens))
+        .enumerate()
+    {
+        let tokens = [&ctx[..], &g.tokens[..]].concat();
+        let row = BatchRow {
+            layers: layers.clone(),
+            row: i,
+            start: pads[i],
+        };
+        cache.hold_on_device(&tokens, tokens.len() - 1, row);
+    }
+    Ok(gens)
+}
+
+/// Each cache's row in an earlier call's batch caches with how many of its
+/// context's leading positions it serves, where it can serve this model
+/// (`None`: nothing to reuse). Every cache is left empty: the call refills
+/// it.
+fn kept_rows(
+    model: &Model,
+    cfg: &ModelConfig,
+    caches: &mut [SequenceCache],
+    contexts: &[Vec<u32>],
+) -> Vec<Option<(BatchRow, usize)>> {
+    let geometry = (cfg.num_kv_heads(), cfg.head_dim());
+    caches
+        .iter_mut()
+        .zip(contexts)
+        .map(|(cache, ctx)| {
+            let row = cache
+                .on_device()
+                .filter(|r| r.serves(model.num_layers(), geometry, model.dtype(), model.device()))
+                .cloned();
+            let reuse = cache.reusable_for(ctx);
+            cache.clear();
+            row.filter(|_| reuse > 0).map(|r| (r, reuse))
+        })
+        .collect()
+}
+
+/// Fills the new batch caches `kv` with what the kept rows serve: row i's
+/// first `len(contexts[i]) - fresh` positions (those the prefill does not
+/// encode) at slots `pads[i]..`, one copy launch per earlier call and
+/// tensor; then counts the slots before the prefill's as cached.
+fn resume_rows(
+    kv: &mut [LayerKvCache],
+    kept: Vec<Option<(BatchRow, usize)>>,
+    contexts: &[Vec<u32>],
+    pads: &[usize],
+    fresh: usize,
+) -> Result<(), ModelError> {
+    let mut sources: Vec<(Arc<Vec<LayerKvCache>>, Vec<RowCopy>)> = Vec::new();
+    for (i, (k, ctx)) in kept.into_iter().zip(contexts).enumerate() {
+        let (Some((row, _)), len @ 1..) = (k, ctx.len().saturating_sub(fresh)) else {
+            continue;
+        };
+        let copy = RowCopy {
+            dst_row: i,
+            dst_slot: pads[i],
+            src_row: row.row,
+            src_slot: row.start,
+            len,
+        };
+        match sources
+            .iter_mut()
+            .find(|(l, _)| Arc::ptr_eq(l, &row.layers))
+        {
+            Some((_, copies)) => copies.push(copy),
+            None => sources.push((row.layers, vec![copy])),
+        }
+    }
+    for (src, copies) in &sources {
+        for (dst, src) in kv.iter().zip(src.iter()) {
+            dst.copy_rows_from(src, copies)?;
+        }
+    }
+    let start = contexts.iter().map(Vec::len).max().unwrap_or(0) - fresh;
+    for layer in kv {
+        layer.start_at(start)?;
+    }
+    Ok(())
 }
 
 /// The decode steps after the prefill: fixed-shape ones ([`crate::fixed_step`])

@@ -5,6 +5,7 @@
 //! tokenizer and chat template are `agentrl-tokenizer`.
 
 mod attention;
+mod batch_cache;
 pub mod bias;
 #[cfg(feature = "openblas")]
 mod blas;

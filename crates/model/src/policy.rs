@@ -848,8 +848,10 @@ impl PolicyModel {
     /// rounding: the cached keys were computed in other chunks), and with the
     /// same `rng` the same draws are made. A cache holds keys of the weights
     /// it was filled with: clear it after an optimizer step. Off the CPU
-    /// (the graph decoder) the caches are left empty: every call encodes its
-    /// contexts whole.
+    /// (the graph decoder) a cache points at its row of the call's batch
+    /// caches on the device, and the next call copies what it reuses from
+    /// there; the batch encodes every context's last n tokens, n the most
+    /// any row's cache leaves to encode.
     pub fn generate_cached(
         &self,
         caches: &mut [SequenceCache],
@@ -954,6 +956,11 @@ impl PolicyModel {
         }
         if let Some(i) = contexts.iter().position(Vec::is_empty) {
             return Err(ModelError::InvalidInput(format!("prompt {i} is empty")));
+        }
+        if let Some(i) = caches.iter().position(|c| !c.fits(&self.config)) {
+            return Err(ModelError::InvalidInput(format!(
+                "cache {i} was made for a model of another shape"
+            )));
         }
         let longest = contexts.iter().map(Vec::len).max().unwrap_or(0);
         // The last sampled token is never fed back, so positions up to

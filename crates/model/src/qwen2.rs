@@ -369,6 +369,35 @@ impl LayerKvCache {
         self.k.dims()[2]
     }
 
+    /// The key and value buffers, `[B, kv, capacity, hd]`.
+    pub(crate) fn tensors(&self) -> (&Tensor, &Tensor) {
+        (&self.k, &self.v)
+    }
+
+    /// Copies runs of positions (keys and values) from another batch's
+    /// cache of the same layer into this one ([`crate::batch_cache`]).
+    pub(crate) fn copy_rows_from(
+        &self,
+        src: &LayerKvCache,
+        copies: &[crate::batch_cache::RowCopy],
+    ) -> Result<()> {
+        crate::batch_cache::copy_rows(&self.k, &src.k, copies)?;
+        crate::batch_cache::copy_rows(&self.v, &src.v, copies)
+    }
+
+    /// Counts the first `len` positions as cached (filled by
+    /// [`Self::copy_rows_from`], or left padding): the next append goes there.
+    pub(crate) fn start_at(&mut self, len: usize) -> Result<()> {
+        if len > self.capacity() {
+            candle_core::bail!(
+                "kv cache: {len} positions in a cache of {}",
+                self.capacity()
+            )
+        }
+        self.len = len;
+        Ok(())
+    }
+
     /// Appends `k, v: [B, kv, T, hd]` and returns views of everything cached,
     /// `[B, kv, len, hd]` (strided views; candle's matmul takes them without a copy).
     fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {

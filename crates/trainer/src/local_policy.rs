@@ -46,7 +46,10 @@ impl<'a> LocalPolicy<'a> {
     }
 
     /// Prompt tokens so far that came from a kept cache instead of being
-    /// encoded, and those encoded.
+    /// encoded, and those encoded. On the graph decoder (a GPU) these are
+    /// what the caches could serve: its batch encodes every context's last
+    /// n tokens, n the most any row leaves to encode, so a row may encode
+    /// some of its cached tokens again.
     pub fn prompt_tokens(&self) -> PromptTokens {
         PromptTokens {
             reused: self.reused,

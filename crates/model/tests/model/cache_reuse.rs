@@ -1,17 +1,34 @@
 //! Per-sequence KV caches kept across `generate_cached` calls: a turn that
 //! appends tokens to a cached dialogue must sample exactly what re-encoding
-//! the whole dialogue from scratch samples.
-
-use std::path::PathBuf;
+//! the whole dialogue from scratch samples. Every test runs on both
+//! decoders: the host decoder (the CPU's per-sequence caches) and the graph
+//! decoder (a GPU's batch caches, on the device `AGENTRL_TEST_DEVICE` names).
 
 use agentrl_model::{Generation, ModelConfig, PolicyModel, SamplingParams, SequenceCache};
 use candle_core::Device;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-fn fixture_model() -> PolicyModel {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/qwen2-tiny");
-    PolicyModel::load(&dir, false, &Device::Cpu).unwrap()
+use crate::device::test_device;
+use crate::qwen2_tiny::fixture_dir;
+
+/// Which generation path a test runs.
+#[derive(Debug, Clone, Copy)]
+enum Decoder {
+    Host,
+    Graph,
+}
+
+const DECODERS: [Decoder; 2] = [Decoder::Host, Decoder::Graph];
+
+fn fixture_model(decoder: Decoder) -> PolicyModel {
+    let device = match decoder {
+        Decoder::Host => Device::Cpu,
+        Decoder::Graph => test_device(),
+    };
+    let mut model = PolicyModel::load(&fixture_dir(), false, &device).unwrap();
+    model.set_graph_decode(matches!(decoder, Decoder::Graph));
+    model
 }
 
 /// Three prompts of different lengths (batched without padding).
@@ -65,8 +82,8 @@ fn greedy_cached_equals_fresh(
 /// Three turns: generate, append an observation, generate again — with the
 /// caches, and by re-encoding each full context with fresh caches; the same
 /// seed must give the same tokens and log-probs.
-fn three_turns_match(params: &SamplingParams, seed: u64) {
-    let model = fixture_model();
+fn three_turns_match(decoder: Decoder, params: &SamplingParams, seed: u64) {
+    let model = fixture_model(decoder);
     let vocab = model.config.vocab_size as u32;
     let mut rng_cached = ChaCha8Rng::seed_from_u64(seed);
     let mut rng_fresh = ChaCha8Rng::seed_from_u64(seed);
@@ -77,7 +94,7 @@ fn three_turns_match(params: &SamplingParams, seed: u64) {
             .generate_cached(&mut caches, &contexts, params, &mut rng_cached)
             .unwrap();
         let fresh = model.generate(&contexts, params, &mut rng_fresh).unwrap();
-        assert_same(&cached, &fresh, &format!("turn {turn}"));
+        assert_same(&cached, &fresh, &format!("{decoder:?} turn {turn}"));
         for (i, (c, g)) in caches.iter().zip(&cached).enumerate() {
             let want: Vec<u32> = contexts[i].iter().chain(&g.tokens).copied().collect();
             assert_eq!(c.tokens(), want.as_slice(), "cache {i} tokens");
@@ -98,7 +115,9 @@ fn three_turns_match(params: &SamplingParams, seed: u64) {
 
 #[test]
 fn cached_turns_equal_full_reencoding_greedy() {
-    three_turns_match(&SamplingParams::greedy(6), 0);
+    for decoder in DECODERS {
+        three_turns_match(decoder, &SamplingParams::greedy(6), 0);
+    }
 }
 
 #[test]
@@ -110,19 +129,28 @@ fn cached_turns_equal_full_reencoding_seeded_sampling() {
         top_k: 40,
         stop_tokens: vec![],
     };
-    three_turns_match(&params, 11);
-    three_turns_match(
-        &SamplingParams {
-            max_new_tokens: 5,
-            ..SamplingParams::default()
-        },
-        3,
-    );
+    for decoder in DECODERS {
+        three_turns_match(decoder, &params, 11);
+        three_turns_match(
+            decoder,
+            &SamplingParams {
+                max_new_tokens: 5,
+                ..SamplingParams::default()
+            },
+            3,
+        );
+    }
 }
 
 #[test]
 fn sequences_that_stop_early_leave_the_batch_and_keep_their_cache_consistent() {
-    let model = fixture_model();
+    for decoder in DECODERS {
+        sequences_that_stop_early_leave_the_batch_and_keep_their_cache_consistent_on(decoder);
+    }
+}
+
+fn sequences_that_stop_early_leave_the_batch_and_keep_their_cache_consistent_on(decoder: Decoder) {
+    let model = fixture_model(decoder);
     let vocab = model.config.vocab_size as u32;
     let contexts = prompts(vocab);
     let mut rng = ChaCha8Rng::seed_from_u64(0);
@@ -144,7 +172,7 @@ fn sequences_that_stop_early_leave_the_batch_and_keep_their_cache_consistent() {
             .generate(std::slice::from_ref(&contexts[i]), &params, &mut rng)
             .unwrap()
             .remove(0);
-        assert_eq!(g.tokens, alone.tokens, "sequence {i}");
+        assert_eq!(g.tokens, alone.tokens, "{decoder:?} sequence {i}");
         assert_eq!(caches[i].tokens().len(), contexts[i].len() + g.tokens.len());
     }
     assert!(cached[1].stopped && cached[1].tokens.len() == 3);
@@ -160,12 +188,24 @@ fn sequences_that_stop_early_leave_the_batch_and_keep_their_cache_consistent() {
                 .collect()
         })
         .collect();
-    greedy_cached_equals_fresh(&model, &mut caches, &next, 5, "after an early stop");
+    greedy_cached_equals_fresh(
+        &model,
+        &mut caches,
+        &next,
+        5,
+        &format!("{decoder:?} after an early stop"),
+    );
 }
 
 #[test]
 fn a_context_that_diverges_from_the_cache_reuses_only_the_common_prefix() {
-    let model = fixture_model();
+    for decoder in DECODERS {
+        a_context_that_diverges_from_the_cache_reuses_only_the_common_prefix_on(decoder);
+    }
+}
+
+fn a_context_that_diverges_from_the_cache_reuses_only_the_common_prefix_on(decoder: Decoder) {
+    let model = fixture_model(decoder);
     let vocab = model.config.vocab_size as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(2);
     let mut caches: Vec<SequenceCache> = (0..3).map(|_| model.new_cache()).collect();
@@ -184,14 +224,32 @@ fn a_context_that_diverges_from_the_cache_reuses_only_the_common_prefix() {
             t
         })
         .collect();
-    greedy_cached_equals_fresh(&model, &mut caches, &edited, 6, "diverged context");
+    greedy_cached_equals_fresh(
+        &model,
+        &mut caches,
+        &edited,
+        6,
+        &format!("{decoder:?} diverged context"),
+    );
     // The same context again (fully cached): the last token is re-encoded for its logits.
-    greedy_cached_equals_fresh(&model, &mut caches, &edited, 4, "repeated context");
+    greedy_cached_equals_fresh(
+        &model,
+        &mut caches,
+        &edited,
+        4,
+        &format!("{decoder:?} repeated context"),
+    );
 }
 
 #[test]
 fn a_cache_of_another_shape_or_count_is_rejected() {
-    let model = fixture_model();
+    for decoder in DECODERS {
+        a_cache_of_another_shape_or_count_is_rejected_on(decoder);
+    }
+}
+
+fn a_cache_of_another_shape_or_count_is_rejected_on(decoder: Decoder) {
+    let model = fixture_model(decoder);
     let mut other = vec![SequenceCache::new(&ModelConfig::new_qwen2(
         50, 8, 1, 2, 1, 12,
     ))];
@@ -214,4 +272,111 @@ fn a_cache_of_another_shape_or_count_is_rejected() {
             &mut rng
         )
         .is_err());
+}
+
+/// Caches from two earlier calls (on the graph decoder: two batches'
+/// caches), in another order, beside a dialogue with no cache yet: the
+/// call equals encoding every context afresh.
+#[test]
+fn caches_from_several_calls_in_any_order_continue_their_dialogues() {
+    for decoder in DECODERS {
+        let model = fixture_model(decoder);
+        let vocab = model.config.vocab_size as u32;
+        let p = prompts(vocab);
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let sampled = SamplingParams {
+            max_new_tokens: 6,
+            temperature: 1.0,
+            ..SamplingParams::default()
+        };
+        let mut first: Vec<SequenceCache> = (0..2).map(|_| model.new_cache()).collect();
+        model
+            .generate_cached(&mut first, &p[..2], &sampled, &mut rng)
+            .unwrap();
+        let mut second = vec![model.new_cache()];
+        model
+            .generate_cached(&mut second, &p[2..], &sampled, &mut rng)
+            .unwrap();
+        let grown = |c: &SequenceCache, i: usize| -> Vec<u32> {
+            [c.tokens(), &observation(i, 1, vocab)].concat()
+        };
+        let newcomer: Vec<u32> = (0..17).map(|j| (j * 3 + 2) % vocab).collect();
+        let contexts = vec![
+            grown(&first[1], 0),
+            newcomer,
+            grown(&second[0], 1),
+            grown(&first[0], 2),
+        ];
+        let mut caches = vec![
+            first[1].clone(),
+            model.new_cache(),
+            second[0].clone(),
+            first[0].clone(),
+        ];
+        drop((first, second));
+        let what = format!("{decoder:?} caches of two calls");
+        greedy_cached_equals_fresh(&model, &mut caches, &contexts, 5, &what);
+        let seeded = |caches: &mut [SequenceCache]| {
+            let mut rng = ChaCha8Rng::seed_from_u64(9);
+            model
+                .generate_cached(caches, &contexts, &sampled, &mut rng)
+                .unwrap()
+        };
+        let mut again = caches.clone();
+        let fresh = seeded(
+            &mut contexts
+                .iter()
+                .map(|_| model.new_cache())
+                .collect::<Vec<_>>(),
+        );
+        let cached = seeded(&mut again);
+        assert_same(&cached, &fresh, &what);
+    }
+}
+
+/// The kept keys are really read, not encoded again: caches filled by one
+/// model and continued by another of the same shape (what a cache must not
+/// outlive: an optimizer step) give other log-probs than encoding afresh.
+#[test]
+fn a_later_turn_reads_the_kept_keys_instead_of_encoding_them() {
+    for decoder in DECODERS {
+        let filler = fixture_model(decoder);
+        let vocab = filler.config.vocab_size as u32;
+        let device = match decoder {
+            Decoder::Host => Device::Cpu,
+            Decoder::Graph => test_device(),
+        };
+        let mut other = PolicyModel::new_random(&filler.config, false, 4, &device).unwrap();
+        other.set_graph_decode(matches!(decoder, Decoder::Graph));
+        let contexts = prompts(vocab);
+        let mut caches: Vec<SequenceCache> = (0..3).map(|_| filler.new_cache()).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        filler
+            .generate_cached(&mut caches, &contexts, &SamplingParams::greedy(4), &mut rng)
+            .unwrap();
+        let next: Vec<Vec<u32>> = caches
+            .iter()
+            .enumerate()
+            .map(|(i, c)| [c.tokens(), &observation(i, 0, vocab)].concat())
+            .collect();
+        let params = SamplingParams::greedy(3);
+        let stale = other
+            .generate_cached(&mut caches, &next, &params, &mut rng)
+            .unwrap();
+        let fresh = other.generate(&next, &params, &mut rng).unwrap();
+        let gap = stale
+            .iter()
+            .zip(&fresh)
+            .flat_map(|(s, f)| {
+                s.logprobs
+                    .iter()
+                    .zip(&f.logprobs)
+                    .map(|(a, b)| (a - b).abs())
+            })
+            .fold(0f32, f32::max);
+        assert!(
+            gap > 1e-3,
+            "{decoder:?}: the stale keys changed nothing ({gap})"
+        );
+    }
 }
