@@ -21,7 +21,8 @@
 //! at its row ([`crate::batch_cache`]), and the next call copies the
 //! positions a context shares with it into its own batch caches and
 //! encodes only the rest (a dialogue's next turn), as the host decoder
-//! does with its per-sequence caches.
+//! does with its per-sequence caches. A context repeated within a call (a
+//! GRPO group's members) is prefilled once and copied to its rows.
 
 use std::sync::Arc;
 
@@ -51,41 +52,13 @@ pub(crate) fn generate(
         caches.iter_mut().for_each(SequenceCache::clear);
         return Ok(gens);
     }
-    let dev = model.device().clone();
     let b = contexts.len();
     let longest = contexts.iter().map(Vec::len).max().unwrap_or(0);
     let pads: Vec<usize> = contexts.iter().map(|c| longest - c.len()).collect();
-    let kept = kept_rows(model, cfg, caches, contexts);
-    // The prefill encodes the last `fresh` tokens of every context (the
-    // most any row's cache leaves to encode, left-padded): a row whose
-    // cache held more re-encodes some of it, at no cost to the batch's
-    // shape. The positions before come from the caches.
-    let fresh = contexts
-        .iter()
-        .zip(&kept)
-        .map(|(ctx, k)| ctx.len() - k.as_ref().map_or(0, |(_, n)| *n))
-        .max()
-        .unwrap_or(longest);
     // The last sampled token is never fed back.
     let capacity = longest + params.max_new_tokens - 1;
-    let mut kv = (0..model.num_layers())
-        .map(|_| LayerKvCache::new(cfg, b, capacity, model.dtype(), &dev))
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    resume_rows(&mut kv, kept, contexts, &pads, fresh)?;
-
-    // Prefill: each context's last `fresh` ids, left-padded; a pad's
-    // position is 0 (no query sees it).
-    let mut ids = Vec::with_capacity(b * fresh);
-    let mut positions = Vec::with_capacity(b * fresh);
-    for ctx in contexts {
-        let skip = ctx.len().saturating_sub(fresh);
-        let lead = fresh - (ctx.len() - skip);
-        ids.extend(std::iter::repeat_n(0u32, lead).chain(ctx[skip..].iter().copied()));
-        positions.extend((0..fresh).map(|j| (skip + j).saturating_sub(lead) as u32));
-    }
-    let prompt_ids = Tensor::from_vec(ids, (b, fresh), &dev)?;
-    let prompt_positions = Tensor::from_vec(positions, (b, fresh), &dev)?;
-    let mut logits = appending_step(model, &mut kv, &prompt_ids, &prompt_positions, &pads)?;
+    let kept = kept_rows(model, cfg, caches, contexts);
+    let (mut kv, mut logits) = prefill(model, cfg, contexts, kept, &pads, capacity)?;
     let mut steps = DecodeSteps::new(model, b, &pads)?;
     let mut active: Vec<usize> = (0..b).collect();
     // Sequence i's logits are row i.
@@ -148,6 +121,116 @@ pub(crate) fn generate(
         cache.hold_on_device(&tokens, tokens.len() - 1, row);
     }
     Ok(gens)
+}
+
+/// The batch caches `[B, kv, capacity, hd]` per layer, holding every
+/// context, and each row's last-position logits `[B, V]`.
+///
+/// A context that repeats one before it (a GRPO group's members on their
+/// first turn) is encoded once: the distinct contexts are prefilled as a
+/// batch of their own, each from the kept cache of whichever of its rows
+/// serves the most, and every row then takes its context's keys, values
+/// and logits (one copy launch per layer's keys and values).
+fn prefill(
+    model: &Model,
+    cfg: &ModelConfig,
+    contexts: &[Vec<u32>],
+    mut kept: Vec<Option<(BatchRow, usize)>>,
+    pads: &[usize],
+    capacity: usize,
+) -> Result<(Vec<LayerKvCache>, Tensor), ModelError> {
+    let served = |k: &Option<(BatchRow, usize)>| k.as_ref().map_or(0, |(_, n)| *n);
+    // leader[i]: the row whose prefill serves row i (the first of its
+    // context's rows that serves the most).
+    let mut first: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
+    for (i, ctx) in contexts.iter().enumerate() {
+        let l = first.entry(&ctx[..]).or_insert(i);
+        if served(&kept[i]) > served(&kept[*l]) {
+            *l = i;
+        }
+    }
+    let leader: Vec<usize> = contexts.iter().map(|c| first[&c[..]]).collect();
+    let distinct: Vec<usize> = (0..contexts.len()).filter(|&i| leader[i] == i).collect();
+    if distinct.len() == contexts.len() {
+        return encode(model, cfg, contexts, kept, pads, capacity);
+    }
+    let own: Vec<Vec<u32>> = distinct.iter().map(|&i| contexts[i].clone()).collect();
+    let own_kept = distinct.iter().map(|&i| kept[i].take()).collect();
+    let own_pads: Vec<usize> = distinct.iter().map(|&i| pads[i]).collect();
+    drop(kept);
+    let (once, logits) = encode(model, cfg, &own, own_kept, &own_pads, capacity)?;
+    // Row i's keys and values: its leader's, in the distinct batch's row
+    // of that leader. The longest context is among the distinct ones, so
+    // both batches have the same slots.
+    let mut row_in_once = vec![0; contexts.len()];
+    for (u, &i) in distinct.iter().enumerate() {
+        row_in_once[i] = u;
+    }
+    let once_row: Vec<usize> = leader.iter().map(|&l| row_in_once[l]).collect();
+    let longest = contexts.iter().map(Vec::len).max().unwrap_or(0);
+    let copies: Vec<RowCopy> = (0..contexts.len())
+        .map(|i| RowCopy {
+            dst_row: i,
+            dst_slot: pads[i],
+            src_row: once_row[i],
+            src_slot: pads[i],
+            len: longest - pads[i],
+        })
+        .collect();
+    let dev = model.device();
+    let mut kv = Vec::with_capacity(once.len());
+    for layer in &once {
+        let mut all = LayerKvCache::new(cfg, contexts.len(), capacity, model.dtype(), dev)?;
+        all.copy_rows_from(layer, &copies)?;
+        all.start_at(longest)?;
+        kv.push(all);
+    }
+    let rows: Vec<u32> = once_row.iter().map(|&r| r as u32).collect();
+    let rows = Tensor::from_vec(rows, contexts.len(), dev)?;
+    Ok((kv, logits.index_select(&rows, 0)?))
+}
+
+/// [`prefill`] without the search for repeats: every context encoded in
+/// its own row, each from what its kept cache serves.
+fn encode(
+    model: &Model,
+    cfg: &ModelConfig,
+    contexts: &[Vec<u32>],
+    kept: Vec<Option<(BatchRow, usize)>>,
+    pads: &[usize],
+    capacity: usize,
+) -> Result<(Vec<LayerKvCache>, Tensor), ModelError> {
+    let dev = model.device();
+    let b = contexts.len();
+    let longest = contexts.iter().map(Vec::len).max().unwrap_or(0);
+    // The prefill encodes the last `fresh` tokens of every context (the
+    // most any row's cache leaves to encode, left-padded): a row whose
+    // cache held more re-encodes some of it, at no cost to the batch's
+    // shape. The positions before come from the caches.
+    let fresh = contexts
+        .iter()
+        .zip(&kept)
+        .map(|(ctx, k)| ctx.len() - k.as_ref().map_or(0, |(_, n)| *n))
+        .max()
+        .unwrap_or(longest);
+    let mut kv = (0..model.num_layers())
+        .map(|_| LayerKvCache::new(cfg, b, capacity, model.dtype(), dev))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    resume_rows(&mut kv, kept, contexts, pads, fresh)?;
+    // Each context's last `fresh` ids, left-padded; a pad's position is 0
+    // (no query sees it).
+    let mut ids = Vec::with_capacity(b * fresh);
+    let mut positions = Vec::with_capacity(b * fresh);
+    for ctx in contexts {
+        let skip = ctx.len().saturating_sub(fresh);
+        let lead = fresh - (ctx.len() - skip);
+        ids.extend(std::iter::repeat_n(0u32, lead).chain(ctx[skip..].iter().copied()));
+        positions.extend((0..fresh).map(|j| (skip + j).saturating_sub(lead) as u32));
+    }
+    let ids = Tensor::from_vec(ids, (b, fresh), dev)?;
+    let positions = Tensor::from_vec(positions, (b, fresh), dev)?;
+    let logits = appending_step(model, &mut kv, &ids, &positions, pads)?;
+    Ok((kv, logits))
 }
 
 /// Each cache's row in an earlier call's batch caches with how many of its

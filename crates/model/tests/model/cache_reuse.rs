@@ -380,3 +380,59 @@ fn a_later_turn_reads_the_kept_keys_instead_of_encoding_them() {
         );
     }
 }
+
+/// A batch whose contexts repeat (a GRPO group's members), some with a
+/// kept cache and some without: the graph decoder encodes each distinct
+/// context once, and the members then draw their own replies and continue
+/// from their own caches, as encoding every context afresh does.
+#[test]
+fn repeated_contexts_with_and_without_caches_continue_as_fresh_ones() {
+    for decoder in DECODERS {
+        let model = fixture_model(decoder);
+        let vocab = model.config.vocab_size as u32;
+        let p = prompts(vocab);
+        let sampled = SamplingParams {
+            max_new_tokens: 6,
+            temperature: 1.0,
+            ..SamplingParams::default()
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        let mut first: Vec<SequenceCache> = (0..2).map(|_| model.new_cache()).collect();
+        model
+            .generate_cached(&mut first, &p[1..], &sampled, &mut rng)
+            .unwrap();
+        let a: Vec<u32> = [first[0].tokens(), &observation(0, 0, vocab)].concat();
+        let b: Vec<u32> = [first[1].tokens(), &observation(1, 0, vocab)].concat();
+        // a's twins: one without a cache, one from its own, one from b's
+        // (which shares no token with a): the one with a cache leads.
+        let contexts = vec![a.clone(), b.clone(), a.clone(), a, b];
+        let mut caches = vec![
+            model.new_cache(),
+            first[1].clone(),
+            first[0].clone(),
+            first[1].clone(),
+            model.new_cache(),
+        ];
+        let turn = |caches: &mut [SequenceCache], contexts: &[Vec<u32>], seed: u64| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let cached = model
+                .generate_cached(caches, contexts, &sampled, &mut rng)
+                .unwrap();
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let fresh = model.generate(contexts, &sampled, &mut rng).unwrap();
+            assert_same(&cached, &fresh, &format!("{decoder:?} repeated contexts"));
+            cached
+        };
+        let got = turn(&mut caches, &contexts, 1);
+        assert!(
+            got[0].tokens != got[2].tokens || got[2].tokens != got[3].tokens,
+            "{decoder:?}: the members drew one reply"
+        );
+        let next: Vec<Vec<u32>> = caches
+            .iter()
+            .enumerate()
+            .map(|(i, c)| [c.tokens(), &observation(i, 1, vocab)].concat())
+            .collect();
+        turn(&mut caches, &next, 2);
+    }
+}
