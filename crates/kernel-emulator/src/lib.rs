@@ -217,6 +217,9 @@ pub mod kernels {
                     cap: i32,
                     hd: i32,
                     scale: f32,
+                    q_bias: *const $t,
+                    cs: *const $t,
+                    flags: i32,
                 );
             }
         };
@@ -412,8 +415,18 @@ pub mod kernels {
     }
 
     macro_rules! rope {
-        ($t:ty, $name:ident) => {
+        ($t:ty, $name:ident, $step:ident) => {
             extern "C" {
+                pub fn $step(
+                    x: *const $t,
+                    bias: *const $t,
+                    cs: *const $t,
+                    out: *mut $t,
+                    b: u32,
+                    heads: u32,
+                    d: u32,
+                    flags: i32,
+                );
                 pub fn $name(
                     x: *const $t,
                     cos: *const $t,
@@ -442,8 +455,8 @@ pub mod kernels {
     embedding!(f32, embedding_fwd_f32, embedding_bwd_f32);
     embedding!(bf16, embedding_fwd_bf16, embedding_bwd_bf16);
 
-    rope!(f32, rope_heads_f32);
-    rope!(bf16, rope_heads_bf16);
+    rope!(f32, rope_heads_f32, rope_step_f32);
+    rope!(bf16, rope_heads_bf16, rope_step_bf16);
 
     decode!(f32, decode_softmax_f32, kv_write_f32, kv_copy_rows_f32);
     decode!(bf16, decode_softmax_bf16, kv_write_bf16, kv_copy_rows_bf16);

@@ -10,10 +10,17 @@
 // output (the online softmax); the warps' partial results are combined at
 // the end. f32 arithmetic whatever the storage type; a row that sees no key
 // gets zeros.
+//
+// q is the query projection as it comes out of its GEMM: with `q_bias`
+// (flag 1, [heads, hd]) its bias is added, and with `cs` (flag 2, [B, hd]:
+// cos then sin of row b's position) it is rotated (rotate-half) as it is
+// loaded, so the step needs no launches for either.
 
 #include "convert.cuh"
 
 #define DECODE_WARPS 8
+#define DECODE_Q_BIAS 1
+#define DECODE_Q_ROPE 2
 // Head dims up to 32 · DECODE_MAX_PER_LANE.
 #define DECODE_MAX_PER_LANE 8
 
@@ -32,7 +39,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <typename T>
 __device__ void decode_attention(const T *q, const T *k, const T *v, T *out,
                                  const uint32_t *pads, int n_pads, const uint32_t *last,
-                                 int heads, int kv_heads, int cap, int hd, float scale) {
+                                 int heads, int kv_heads, int cap, int hd, float scale,
+                                 const T *q_bias, const T *cs, int flags) {
     __shared__ float q_row[32 * DECODE_MAX_PER_LANE];
     __shared__ float part_m[DECODE_WARPS], part_l[DECODE_WARPS];
     __shared__ float part_o[DECODE_WARPS][32 * DECODE_MAX_PER_LANE];
@@ -45,7 +53,25 @@ __device__ void decode_attention(const T *q, const T *k, const T *v, T *out,
     const T *qr = q + ((long long)b * heads + h) * hd;
     const T *kb = k + ((long long)b * kv_heads + g) * cap * hd;
     const T *vb = v + ((long long)b * kv_heads + g) * cap * hd;
-    for (int c = threadIdx.x; c < hd; c += blockDim.x) q_row[c] = to_f32(qr[c]);
+    const T *qb = q_bias + (long long)h * hd;
+    const bool biased = flags & DECODE_Q_BIAS;
+    if (flags & DECODE_Q_ROPE) {
+        const int half = hd / 2;
+        for (int c = threadIdx.x; c < half; c += blockDim.x) {
+            float a = to_f32(qr[c]), e = to_f32(qr[c + half]);
+            if (biased) {
+                a += to_f32(qb[c]);
+                e += to_f32(qb[c + half]);
+            }
+            const float co = to_f32(cs[(long long)b * hd + c]);
+            const float si = to_f32(cs[(long long)b * hd + half + c]);
+            q_row[c] = a * co - e * si;
+            q_row[c + half] = e * co + a * si;
+        }
+    } else {
+        for (int c = threadIdx.x; c < hd; c += blockDim.x)
+            q_row[c] = to_f32(qr[c]) + (biased ? to_f32(qb[c]) : 0.f);
+    }
     __syncthreads();
 
     float m = -INFINITY, l = 0.f, acc[DECODE_MAX_PER_LANE];
@@ -104,8 +130,10 @@ __device__ void decode_attention(const T *q, const T *k, const T *v, T *out,
 #define DECODE_ATTENTION(NAME, T)                                                                  \
     extern "C" __global__ void decode_attention_##NAME(                                           \
         const T *q, const T *k, const T *v, T *out, const uint32_t *pads, int n_pads,              \
-        const uint32_t *last, int heads, int kv_heads, int cap, int hd, float scale) {             \
-        decode_attention<T>(q, k, v, out, pads, n_pads, last, heads, kv_heads, cap, hd, scale);    \
+        const uint32_t *last, int heads, int kv_heads, int cap, int hd, float scale,               \
+        const T *q_bias, const T *cs, int flags) {                                                 \
+        decode_attention<T>(q, k, v, out, pads, n_pads, last, heads, kv_heads, cap, hd, scale,     \
+                            q_bias, cs, flags);                                                    \
     }
 
 DECODE_ATTENTION(f32, float)

@@ -306,14 +306,223 @@ pub(crate) fn decode_softmax(scores: &Tensor, pads: &[usize], last: &Tensor) -> 
 /// output dims a lane).
 pub(crate) const DECODE_ATTENTION_MAX_HEAD_DIM: usize = 256;
 
+/// What a decode step does to a query or key row as it comes out of its
+/// projection's GEMM before use: the projection's bias added, then the
+/// rotary embedding at the row's position.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct RowPrep<'a> {
+    /// `[heads · D]`, one bias per head.
+    pub bias: Option<&'a Tensor>,
+    /// `[B, 1, D]`: row b's cos (first half) and sin (second half), the
+    /// rotary tables' `packed` form.
+    pub rope: Option<&'a Tensor>,
+}
+
+impl RowPrep<'_> {
+    /// The kernels' flags: 1 adds the bias, 2 rotates.
+    fn flags(&self) -> i32 {
+        i32::from(self.bias.is_some()) | (i32::from(self.rope.is_some()) << 1)
+    }
+
+    /// The bias and tables, contiguous, checked against `b` rows of `heads`
+    /// heads of `d` (d even to rotate).
+    fn checked(
+        &self,
+        b: usize,
+        heads: usize,
+        d: usize,
+        what: &str,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let bias = match self.bias {
+            Some(x) if x.elem_count() == heads * d => Some(x.contiguous()?),
+            Some(x) => {
+                candle_core::bail!("{what}: a bias of {:?} for {heads} heads of {d}", x.dims())
+            }
+            None => None,
+        };
+        let rope = match self.rope {
+            Some(x) if x.elem_count() == b * d && d.is_multiple_of(2) => Some(x.contiguous()?),
+            Some(x) => {
+                candle_core::bail!("{what}: rotary tables {:?} for {b} rows of {d}", x.dims())
+            }
+            None => None,
+        };
+        Ok((bias, rope))
+    }
+}
+
+/// Row `x` (one head's D values) with `bias` (that head's) added and
+/// rotated by `cs` (the row's cos then sin), in f64.
+fn prepared_row<T: Real>(x: &[T], bias: Option<&[T]>, cs: Option<&[T]>) -> Vec<f64> {
+    let mut y: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+    if let Some(bias) = bias {
+        for (y, b) in y.iter_mut().zip(bias) {
+            *y += b.to_f64();
+        }
+    }
+    if let Some(cs) = cs {
+        let half = y.len() / 2;
+        for j in 0..half {
+            let (c, s) = (cs[j].to_f64(), cs[half + j].to_f64());
+            let (a, e) = (y[j], y[half + j]);
+            y[j] = a * c - e * s;
+            y[half + j] = e * c + a * s;
+        }
+    }
+    y
+}
+
+/// The host slices of a [`RowPrep`]'s tensors (checked contiguous).
+fn prep_slices<'a, T: Real, G: std::ops::Deref<Target = Storage>>(
+    guards: &'a [(G, &'a Layout)],
+    what: &str,
+) -> Result<Vec<&'a [T]>> {
+    guards
+        .iter()
+        .map(|(s, l)| match &**s {
+            Storage::Cpu(c) => storage_slice::<T>(c, l, what),
+            _ => candle_core::bail!("{what}: inputs on different devices"),
+        })
+        .collect()
+}
+
+/// A decode step's keys `x: [B, 1, heads · D]` (as their projection's GEMM
+/// gives them) with `prep`'s bias added and rotated at each row's position,
+/// in one launch on a GPU (`kernels/rope.cu`'s `rope_step`): the same shape.
+pub(crate) fn rope_step(x: &Tensor, prep: RowPrep<'_>, heads: usize) -> Result<Tensor> {
+    let (b, t, width) = x.dims3()?;
+    let Some(rope) = prep.rope else {
+        candle_core::bail!("rope step: no rotary tables")
+    };
+    if t != 1 || heads == 0 || width % heads != 0 {
+        candle_core::bail!("rope step: {:?} for {heads} heads", x.dims())
+    }
+    let d = width / heads;
+    let (bias, cs) = prep.checked(b, heads, d, "rope step")?;
+    let cs = cs.unwrap_or_else(|| rope.clone());
+    let x = x.contiguous()?;
+    let (xs, xl) = x.storage_and_layout();
+    let extra: Vec<&Tensor> = bias.iter().chain([&cs]).collect();
+    let guards: Vec<_> = extra.iter().map(|t| t.storage_and_layout()).collect();
+    let storage = match &*xs {
+        Storage::Cpu(xc) => {
+            macro_rules! host {
+                ($t:ty) => {{
+                    let x = storage_slice::<$t>(xc, xl, "rope step")?;
+                    let slices = prep_slices::<$t, _>(&guards, "rope step")?;
+                    let (bias, cs) = match slices.as_slice() {
+                        [bias, cs] => (Some(*bias), *cs),
+                        [cs] => (None, *cs),
+                        _ => candle_core::bail!("rope step: inputs"),
+                    };
+                    let mut out = Vec::with_capacity(x.len());
+                    for (r, row) in x.chunks(d).enumerate() {
+                        let h = r % heads;
+                        let bias = bias.map(|v| &v[h * d..(h + 1) * d]);
+                        let cs = &cs[(r / heads) * d..(r / heads + 1) * d];
+                        out.extend(
+                            prepared_row(row, bias, Some(cs))
+                                .into_iter()
+                                .map(<$t>::from_f64),
+                        );
+                    }
+                    <$t>::storage(out)
+                }};
+            }
+            Storage::Cpu(match xc {
+                CpuStorage::F32(_) => host!(f32),
+                CpuStorage::F64(_) => host!(f64),
+                _ => candle_core::bail!("rope step on the CPU takes f32 or f64"),
+            })
+        }
+        #[cfg(feature = "cuda")]
+        Storage::Cuda(xc) => {
+            let mut cuda = Vec::with_capacity(guards.len());
+            for (s, l) in &guards {
+                match &**s {
+                    Storage::Cuda(c) => cuda.push((c, *l)),
+                    _ => candle_core::bail!("rope step: inputs on different devices"),
+                }
+            }
+            Storage::Cuda(rope_step_on_gpu(
+                (xc, xl),
+                &cuda,
+                (b, heads, d),
+                prep.flags(),
+            )?)
+        }
+        _ => candle_core::bail!("rope step: no kernel for this device"),
+    };
+    Ok(Tensor::from_storage(
+        storage,
+        (b, 1, width),
+        candle_core::op::BackpropOp::none(),
+        false,
+    ))
+}
+
+/// [`rope_step`] by `kernels/rope.cu`: `extra` is the bias (when flag 1) then
+/// the tables.
+#[cfg(feature = "cuda")]
+fn rope_step_on_gpu(
+    (x, xl): (&candle_core::CudaStorage, &Layout),
+    extra: &[(&candle_core::CudaStorage, &Layout)],
+    (b, heads, d): (usize, usize, usize),
+    flags: i32,
+) -> Result<candle_core::CudaStorage> {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::CudaStorageSlice as S;
+
+    use crate::cuda::{elementwise_blocks, launch, view, ROPE};
+
+    let dev = x.device().clone();
+    let narrow = |v: usize| {
+        u32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("rope step: {v} past u32")))
+    };
+    let (bu, hu, du) = (narrow(b)?, narrow(heads)?, narrow(d)?);
+    let cfg = elementwise_blocks(b * heads * d / 2);
+    macro_rules! typed {
+        ($xs:expr, $variant:ident, $t:ty, $name:expr) => {{
+            let mut slices = Vec::with_capacity(extra.len());
+            for (s, l) in extra {
+                match &s.slice {
+                    S::$variant(v) => slices.push(view(v, l, "rope step input")?),
+                    _ => candle_core::bail!("rope step: inputs differ in dtype"),
+                }
+            }
+            let xv = view($xs, xl, "rope step keys")?;
+            let (bias, cs) = match slices.as_slice() {
+                [bias, cs] => (bias, cs),
+                // No bias: the kernel reads none (flag 1 unset); x stands in.
+                [cs] => (&xv, cs),
+                _ => candle_core::bail!("rope step: inputs"),
+            };
+            // SAFETY: the kernel writes every value of every (row, head).
+            let out = unsafe { dev.alloc::<$t>(b * heads * d)? };
+            // rope_step_T(x, bias, cs, out, b, heads, d, flags).
+            launch!(dev, ROPE, $name, cfg, &xv, bias, cs, &out, &bu, &hu, &du, &flags)?;
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+        }};
+    }
+    Ok(match &x.slice {
+        S::F32(v) => typed!(v, F32, f32, "rope_step_f32"),
+        S::BF16(v) => typed!(v, BF16, half::bf16, "rope_step_bf16"),
+        S::F16(v) => typed!(v, F16, half::f16, "rope_step_f16"),
+        _ => candle_core::bail!("rope step: no CUDA kernel for this dtype"),
+    })
+}
+
 /// One decode step's attention: the query `q: [B, H, 1, D]` of each (batch,
-/// head) over the whole caches `k, v: [B, G, cap, D]` of its kv head (h / (H
-/// / G)), row b seeing keys `pads[b] ..= last` (a one-element u32 tensor on
-/// the device, clamped to the cache; no key: zeros), scores scaled by
-/// `scale`. Returns `[B, 1, H·D]`, ready for the output projection; no
-/// gradient (a decode step only samples).
+/// head), with `prep`'s bias and rotation applied as it is read (the raw
+/// projection, then; none: q as it is), over the whole caches `k, v: [B,
+/// G, cap, D]` of its kv head (h / (H / G)), row b seeing keys `pads[b]
+/// ..= last` (a one-element u32 tensor on the device, clamped to the
+/// cache; no key: zeros), scores scaled by `scale`. Returns `[B, 1, H·D]`,
+/// ready for the output projection; no gradient (a decode step only
+/// samples).
 pub(crate) fn decode_attention(
     q: &Tensor,
+    prep: RowPrep<'_>,
     k: &Tensor,
     v: &Tensor,
     pads: &[usize],
@@ -337,29 +546,53 @@ pub(crate) fn decode_attention(
         )
     }
     let geometry = DecodeGeometry { b, h, g, cap, d };
+    let (bias, cs) = prep.checked(b, h, d, "decode attention")?;
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
     let (qs, ql) = q.storage_and_layout();
     let (ks, kl) = k.storage_and_layout();
     let (vs, vl) = v.storage_and_layout();
     let (ls, ll) = last.storage_and_layout();
+    let extra: Vec<&Tensor> = bias.iter().chain(cs.iter()).collect();
+    let guards: Vec<_> = extra.iter().map(|t| t.storage_and_layout()).collect();
+    let flags = prep.flags();
     let storage = match (&*qs, &*ks, &*vs, &*ls) {
         (Storage::Cpu(qc), Storage::Cpu(kc), Storage::Cpu(vc), Storage::Cpu(lc)) => {
             let last = host_u32(lc, ll, "decode attention bound")? as usize;
             let inputs = [(qc, ql), (kc, kl), (vc, vl)];
+            macro_rules! host {
+                ($t:ty) => {{
+                    let slices = prep_slices::<$t, _>(&guards, "decode attention")?;
+                    let mut it = slices.into_iter();
+                    let bias = if flags & 1 != 0 { it.next() } else { None };
+                    let cs = if flags & 2 != 0 { it.next() } else { None };
+                    <$t>::storage(host_decode_attention::<$t>(
+                        inputs,
+                        (bias, cs),
+                        geometry,
+                        pads,
+                        last,
+                        scale,
+                    )?)
+                }};
+            }
             Storage::Cpu(match qc {
-                CpuStorage::F32(_) => f32::storage(host_decode_attention::<f32>(
-                    inputs, geometry, pads, last, scale,
-                )?),
-                CpuStorage::F64(_) => f64::storage(host_decode_attention::<f64>(
-                    inputs, geometry, pads, last, scale,
-                )?),
+                CpuStorage::F32(_) => host!(f32),
+                CpuStorage::F64(_) => host!(f64),
                 _ => candle_core::bail!("decode attention on the CPU takes f32 or f64"),
             })
         }
         #[cfg(feature = "cuda")]
         (Storage::Cuda(qc), Storage::Cuda(kc), Storage::Cuda(vc), Storage::Cuda(lc)) => {
+            let mut cuda = Vec::with_capacity(guards.len());
+            for (s, l) in &guards {
+                match &**s {
+                    Storage::Cuda(c) => cuda.push((c, *l)),
+                    _ => candle_core::bail!("decode attention: inputs on different devices"),
+                }
+            }
             Storage::Cuda(decode_attention_on_gpu(
                 [(qc, ql), (kc, kl), (vc, vl)],
+                (&cuda, flags),
                 (lc, ll),
                 geometry,
                 pads,
@@ -389,6 +622,7 @@ struct DecodeGeometry {
 /// [`decode_attention`] on the host, summing in f64.
 fn host_decode_attention<T: Real>(
     [(q, ql), (k, kl), (v, vl)]: [(&CpuStorage, &Layout); 3],
+    (q_bias, cs): (Option<&[T]>, Option<&[T]>),
     z: DecodeGeometry,
     pads: &[usize],
     last: usize,
@@ -408,11 +642,14 @@ fn host_decode_attention<T: Real>(
             let g = h / (z.h / z.g);
             let row = |j: usize| ((b * z.g + g) * z.cap + j) * z.d;
             let qi = (b * z.h + h) * z.d;
+            let qh = prepared_row(
+                &q[qi..qi + z.d],
+                q_bias.map(|x| &x[h * z.d..(h + 1) * z.d]),
+                cs.map(|x| &x[b * z.d..(b + 1) * z.d]),
+            );
             p.clear();
             p.extend((lo..=hi).map(|j| {
-                let dot: f64 = (0..z.d)
-                    .map(|c| q[qi + c].to_f64() * k[row(j) + c].to_f64())
-                    .sum();
+                let dot: f64 = (0..z.d).map(|c| qh[c] * k[row(j) + c].to_f64()).sum();
                 scale * dot
             }));
             let m = p.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -440,6 +677,7 @@ fn host_decode_attention<T: Real>(
 #[cfg(feature = "cuda")]
 fn decode_attention_on_gpu(
     [(q, ql), (k, kl), (v, vl)]: [(&candle_core::CudaStorage, &Layout); 3],
+    (extra, flags): (&[(&candle_core::CudaStorage, &Layout)], i32),
     (last, ll): (&candle_core::CudaStorage, &Layout),
     z: DecodeGeometry,
     pads: &[usize],
@@ -469,16 +707,29 @@ fn decode_attention_on_gpu(
     };
     let scale = scale as f32;
     macro_rules! typed {
-        ($qs:expr, $ks:expr, $vs:expr, $t:ty, $name:expr) => {{
+        ($qs:expr, $ks:expr, $vs:expr, $variant:ident, $t:ty, $name:expr) => {{
             let (qv, kv_, vv) = (
                 view($qs, ql, "decode q")?,
                 view($ks, kl, "decode keys")?,
                 view($vs, vl, "decode values")?,
             );
+            let mut slices = Vec::with_capacity(extra.len());
+            for (s, l) in extra {
+                match &s.slice {
+                    S::$variant(x) => slices.push(view(x, l, "decode q bias or tables")?),
+                    _ => candle_core::bail!("decode attention: inputs differ in dtype"),
+                }
+            }
+            // The bias (flag 1), then the tables (flag 2); q stands in for
+            // what the flags leave out (never read).
+            let mut it = slices.iter();
+            let q_bias = if flags & 1 != 0 { it.next() } else { None }.unwrap_or(&qv);
+            let cs = if flags & 2 != 0 { it.next() } else { None }.unwrap_or(&qv);
             // SAFETY: the kernel writes all hd values of every (batch, head).
             let out = unsafe { dev.alloc::<$t>(z.b * z.h * z.d)? };
             // decode_attention_T(q, k, v, out, pads, n_pads, last, heads,
-            // kv_heads, cap, hd, scale): a block per (head, batch element).
+            // kv_heads, cap, hd, scale, q_bias, cs, flags): a block per
+            // (head, batch element).
             launch!(
                 dev,
                 DECODE_ATTENTION,
@@ -495,17 +746,22 @@ fn decode_attention_on_gpu(
                 &kv,
                 &cap,
                 &hd,
-                &scale
+                &scale,
+                q_bias,
+                cs,
+                &flags
             )?;
             candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
         }};
     }
     Ok(match (&q.slice, &k.slice, &v.slice) {
-        (S::F32(a), S::F32(b), S::F32(c)) => typed!(a, b, c, f32, "decode_attention_f32"),
+        (S::F32(a), S::F32(b), S::F32(c)) => typed!(a, b, c, F32, f32, "decode_attention_f32"),
         (S::BF16(a), S::BF16(b), S::BF16(c)) => {
-            typed!(a, b, c, half::bf16, "decode_attention_bf16")
+            typed!(a, b, c, BF16, half::bf16, "decode_attention_bf16")
         }
-        (S::F16(a), S::F16(b), S::F16(c)) => typed!(a, b, c, half::f16, "decode_attention_f16"),
+        (S::F16(a), S::F16(b), S::F16(c)) => {
+            typed!(a, b, c, F16, half::f16, "decode_attention_f16")
+        }
         _ => candle_core::bail!("decode attention: q, k and v differ in dtype, or no kernel"),
     })
 }
@@ -557,7 +813,7 @@ mod tests {
         let last = Tensor::zeros(1, DType::U32, &dev).unwrap();
         upload(&last, &[4]).unwrap();
         let pads = [0, 2, 5];
-        let got = decode_attention(&q, &k, &v, &pads, &last, 0.5).unwrap();
+        let got = decode_attention(&q, RowPrep::default(), &k, &v, &pads, &last, 0.5).unwrap();
         // The materialised step: q grouped by kv head, scores, the bounded
         // softmax, the product with v, the heads side by side.
         let scores = (q
@@ -588,14 +844,133 @@ mod tests {
             .to_vec1()
             .unwrap();
         assert!(row2.iter().all(|&x| x == 0.0));
-        let e = decode_attention(&q, &k, &v, &pads[..2], &last, 0.5)
+        let e = decode_attention(&q, RowPrep::default(), &k, &v, &pads[..2], &last, 0.5)
             .unwrap_err()
             .to_string();
         assert!(e.contains("2 pads for 3 rows"), "{e}");
-        let e = decode_attention(&k, &k, &v, &pads, &last, 0.5)
+        let e = decode_attention(&k, RowPrep::default(), &k, &v, &pads, &last, 0.5)
             .unwrap_err()
             .to_string();
         assert!(e.contains("decode attention: q"), "{e}");
+    }
+
+    /// Row b's cos and sin `[B, 1, D]` at position `positions[b]`, and the
+    /// same as candle's rope tables `[B, 1, D/2]` each.
+    fn step_tables(positions: &[usize], d: usize) -> (Tensor, Tensor, Tensor) {
+        let half = d / 2;
+        let angle = |p: usize, j: usize| p as f64 / 10_000f64.powf(2.0 * j as f64 / d as f64);
+        let table = |f: fn(f64) -> f64| -> Vec<f64> {
+            positions
+                .iter()
+                .flat_map(|&p| (0..half).map(move |j| f(angle(p, j))))
+                .collect()
+        };
+        let (cos, sin) = (table(f64::cos), table(f64::sin));
+        let b = positions.len();
+        let cs: Vec<f64> = (0..b)
+            .flat_map(|i| {
+                [
+                    &cos[i * half..(i + 1) * half],
+                    &sin[i * half..(i + 1) * half],
+                ]
+                .concat()
+            })
+            .collect();
+        let dev = Device::Cpu;
+        (
+            Tensor::from_vec(cs, (b, 1, d), &dev).unwrap(),
+            Tensor::from_vec(cos, (b, 1, half), &dev).unwrap(),
+            Tensor::from_vec(sin, (b, 1, half), &dev).unwrap(),
+        )
+    }
+
+    /// `x: [B, 1, heads·D]` plus `bias`, rotated by candle's rope (`[B, T,
+    /// H, D]` layout): the composite the step ops replace.
+    fn composite_rope(
+        x: &Tensor,
+        bias: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        heads: usize,
+    ) -> Tensor {
+        let (b, _, width) = x.dims3().unwrap();
+        let y = x
+            .broadcast_add(bias)
+            .unwrap()
+            .reshape((b, 1, heads, width / heads))
+            .unwrap();
+        let y = candle_nn::rotary_emb::rope_thd(&y, cos, sin).unwrap();
+        y.reshape((b, 1, width)).unwrap()
+    }
+
+    #[test]
+    fn rope_step_is_the_bias_then_the_rotary_embedding() {
+        use crate::ops::tests::{max_abs_diff, rand_tensor};
+        let (b, heads, d) = (3, 2, 8);
+        let x = rand_tensor(&[b, 1, heads * d], 11);
+        let bias = rand_tensor(&[heads * d], 12);
+        let (cs, cos, sin) = step_tables(&[0, 7, 300], d);
+        let prep = RowPrep {
+            bias: Some(&bias),
+            rope: Some(&cs),
+        };
+        let got = rope_step(&x, prep, heads).unwrap();
+        let want = composite_rope(&x, &bias, &cos, &sin, heads);
+        assert_eq!(got.dims(), [b, 1, heads * d]);
+        assert!(max_abs_diff(&got, &want) < 1e-12);
+        let zero = bias.zeros_like().unwrap();
+        let plain = RowPrep {
+            bias: None,
+            rope: Some(&cs),
+        };
+        let got = rope_step(&x, plain, heads).unwrap();
+        assert!(max_abs_diff(&got, &composite_rope(&x, &zero, &cos, &sin, heads)) < 1e-12);
+        let e = rope_step(&x, RowPrep::default(), heads)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no rotary tables"), "{e}");
+        let e = rope_step(&x, prep, 3).unwrap_err().to_string();
+        assert!(e.contains("for 3 heads"), "{e}");
+    }
+
+    #[test]
+    fn decode_attention_of_a_raw_query_equals_attention_of_the_prepared_one() {
+        use crate::ops::tests::{max_abs_diff, rand_tensor};
+        let dev = Device::Cpu;
+        let (b, heads, d) = (2, 4, 8);
+        let q = rand_tensor(&[b, 1, heads * d], 21);
+        let bias = rand_tensor(&[heads * d], 22);
+        let (k, v) = (
+            rand_tensor(&[b, 2, 5, d], 23),
+            rand_tensor(&[b, 2, 5, d], 24),
+        );
+        let (cs, cos, sin) = step_tables(&[4, 9], d);
+        let last = Tensor::zeros(1, DType::U32, &dev).unwrap();
+        upload(&last, &[3]).unwrap();
+        let heads_of = |x: &Tensor| {
+            x.reshape((b, 1, heads, d))
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+        };
+        let prep = RowPrep {
+            bias: Some(&bias),
+            rope: Some(&cs),
+        };
+        let got = decode_attention(&heads_of(&q), prep, &k, &v, &[0, 1], &last, 0.3).unwrap();
+        let prepared = heads_of(&composite_rope(&q, &bias, &cos, &sin, heads));
+        let want =
+            decode_attention(&prepared, RowPrep::default(), &k, &v, &[0, 1], &last, 0.3).unwrap();
+        assert!(max_abs_diff(&got, &want) < 1e-12);
+        let short = bias.narrow(0, 0, d).unwrap();
+        let bad = RowPrep {
+            bias: Some(&short),
+            rope: Some(&cs),
+        };
+        let e = decode_attention(&heads_of(&q), bad, &k, &v, &[0, 1], &last, 0.3)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a bias of [8] for 4 heads"), "{e}");
     }
 
     #[test]

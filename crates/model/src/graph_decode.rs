@@ -397,7 +397,7 @@ fn fixed_step(
     [ids, positions, slot]: &[Tensor; 3],
     pads: &[usize],
 ) -> candle_core::Result<Tensor> {
-    let rope = model.rotary().tables_for(positions)?;
+    let rope = model.rotary().step_tables(positions)?;
     let h = model.forward_hidden_at_slot(ids, &rope, pads, kv, slot)?;
     model.logits(&h)?.squeeze(1)
 }

@@ -212,6 +212,10 @@ impl RmsNorm {
 pub struct RopeTables {
     cos: Tensor,
     sin: Tensor,
+    /// For a decode step (`[B, 1, head_dim]`): each row's cos then sin in
+    /// one tensor, as the step's fused kernels read them
+    /// ([`RotaryEmbedding::step_tables`]).
+    packed: Option<Tensor>,
 }
 
 /// Rotary position embeddings in Hugging Face's rotate-half convention:
@@ -222,6 +226,8 @@ pub struct RotaryEmbedding {
     /// `[max_positions, head_dim / 2]`, built once.
     cos: Tensor,
     sin: Tensor,
+    /// `[max_positions, head_dim]`: cos then sin per position.
+    packed: Tensor,
 }
 
 impl RotaryEmbedding {
@@ -246,7 +252,8 @@ impl RotaryEmbedding {
         }
         let cos = Tensor::from_vec(cos, (n, half), dev)?.to_dtype(dtype)?;
         let sin = Tensor::from_vec(sin, (n, half), dev)?.to_dtype(dtype)?;
-        Ok(Self { cos, sin })
+        let packed = Tensor::cat(&[&cos, &sin], 1)?;
+        Ok(Self { cos, sin, packed })
     }
 
     /// Tables for positions `offset..offset + t`, identical for every sequence.
@@ -254,7 +261,11 @@ impl RotaryEmbedding {
         let half = self.cos.dim(1)?;
         let cos = self.cos.narrow(0, offset, t)?.reshape((1, t, half))?;
         let sin = self.sin.narrow(0, offset, t)?.reshape((1, t, half))?;
-        Ok(RopeTables { cos, sin })
+        Ok(RopeTables {
+            cos,
+            sin,
+            packed: None,
+        })
     }
 
     /// Tables for per-sequence positions `positions: [B, T]` (u32).
@@ -264,7 +275,28 @@ impl RotaryEmbedding {
         let flat = positions.flatten_all()?;
         let cos = self.cos.index_select(&flat, 0)?.reshape((b, t, half))?;
         let sin = self.sin.index_select(&flat, 0)?.reshape((b, t, half))?;
-        Ok(RopeTables { cos, sin })
+        Ok(RopeTables {
+            cos,
+            sin,
+            packed: None,
+        })
+    }
+
+    /// Tables for a decode step's positions `positions: [B, 1]` (u32) in
+    /// one gather: the packed `[B, 1, head_dim]` the step's fused kernels
+    /// read, with cos and sin as its two halves (views).
+    pub fn step_tables(&self, positions: &Tensor) -> Result<RopeTables> {
+        let (b, t) = positions.dims2()?;
+        let hd = self.packed.dim(1)?;
+        let packed = self
+            .packed
+            .index_select(&positions.flatten_all()?, 0)?
+            .reshape((b, t, hd))?;
+        Ok(RopeTables {
+            cos: packed.narrow(2, 0, hd / 2)?,
+            sin: packed.narrow(2, hd / 2, hd / 2)?,
+            packed: Some(packed),
+        })
     }
 
     /// Largest position + 1 the tables cover.
@@ -277,6 +309,7 @@ impl RotaryEmbedding {
         Ok(Self {
             cos: self.cos.to_dtype(dtype)?,
             sin: self.sin.to_dtype(dtype)?,
+            packed: self.packed.to_dtype(dtype)?,
         })
     }
 }
@@ -529,6 +562,41 @@ impl Attention {
         })
     }
 
+    /// A fixed-shape decode step's attention (sampling only) for `x: [B, 1,
+    /// d]`: q's bias and rotation (row b's cos then sin in `cs: [B, 1,
+    /// hd]`) applied inside the attention kernel, k's in one launch before
+    /// its write to `cache` at `slot`, 1/sqrt(hd) as the attention's scale:
+    /// five launches besides the projections' GEMMs (v's bias, k's rotation,
+    /// the two cache writes, the attention), where the composite took nine
+    /// ([`crate::fixed_step`]).
+    fn decode_step(
+        &self,
+        x: &Tensor,
+        cs: &Tensor,
+        cache: &LayerKvCache,
+        slot: &Tensor,
+        pads: &[usize],
+    ) -> Result<Tensor> {
+        use crate::fixed_step::{decode_attention, rope_step, RowPrep};
+        let (b, hd) = (x.dim(0)?, self.head_dim);
+        let heads = |y: Tensor, n: usize| y.reshape((b, 1, n, hd))?.transpose(1, 2);
+        let q = linear(x, &self.q_w, None)?;
+        let k_prep = RowPrep {
+            bias: self.k_b.as_ref(),
+            rope: Some(cs),
+        };
+        let k = rope_step(&linear(x, &self.k_w, None)?, k_prep, self.n_kv)?;
+        let v = linear(x, &self.v_w, self.v_b.as_ref())?;
+        let (k, v) = cache.write_at(&heads(k, self.n_kv)?, &heads(v, self.n_kv)?, slot)?;
+        let q_prep = RowPrep {
+            bias: self.q_b.as_ref(),
+            rope: Some(cs),
+        };
+        let scale = 1.0 / (hd as f64).sqrt();
+        let out = decode_attention(&heads(q, self.n_heads)?, q_prep, &k, &v, pads, slot, scale)?;
+        linear(&out, &self.o_w, None)
+    }
+
     /// `x: [B, T, d]`; causal attention over S = cached + T keys (query i
     /// sees keys `..= i + S - T`), of which the first `pads[b]` of batch
     /// element b are left padding no query sees (empty = no padding).
@@ -544,6 +612,11 @@ impl Attention {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
         let rep = nh / nkv;
+        if let (Some(slot), Some(cs), Some(c)) = (slot, &rope.packed, &cache) {
+            if t == 1 && hd <= crate::fixed_step::DECODE_ATTENTION_MAX_HEAD_DIM {
+                return self.decode_step(x, cs, c, slot, pads);
+            }
+        }
         // [B, T, heads, hd], rotated, then [B, heads, T, hd].
         // grad: linear, reshape, rope (see apply_rope), transpose and contiguous (copy) differentiate.
         let q = linear(x, &self.q_w, self.q_b.as_ref())?.reshape((b, t, nh, hd))?;
@@ -569,7 +642,8 @@ impl Attention {
         {
             // A fixed-shape decode step: one launch over the whole caches
             // (sampling only, no gradient); q is already scaled.
-            let out = crate::fixed_step::decode_attention(&q, &k, &v, pads, slot, 1.0)?;
+            let prep = crate::fixed_step::RowPrep::default();
+            let out = crate::fixed_step::decode_attention(&q, prep, &k, &v, pads, slot, 1.0)?;
             return linear(&out, &self.o_w, None);
         }
         if flash {

@@ -159,3 +159,114 @@ fn rope_heads_in_bf16_rounds_once() {
     );
     assert_close("rope bf16", &bf16_f64(&y), &want, 1.0 / 256.0);
 }
+
+/// A decode step's keys `[B, heads, D]` with a bias `[heads, D]` (or none)
+/// added and rotated by each row's tables `[B, D]` (cos, then sin), in f64.
+fn step_reference(
+    x: &[f64],
+    bias: Option<&[f64]>,
+    cs: &[f64],
+    (b, heads, d): (usize, usize, usize),
+) -> Vec<f64> {
+    let half = d / 2;
+    let mut out = vec![f64::NAN; x.len()];
+    for bi in 0..b {
+        for h in 0..heads {
+            let r = (bi * heads + h) * d;
+            for j in 0..half {
+                let add = |c: usize| bias.map_or(0.0, |v| v[h * d + c]);
+                let (a, e) = (x[r + j] + add(j), x[r + half + j] + add(half + j));
+                let (c, s) = (cs[bi * d + j], cs[bi * d + half + j]);
+                out[r + j] = a * c - e * s;
+                out[r + half + j] = e * c + a * s;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn rope_step_adds_the_bias_and_rotates_each_row_at_its_own_position() {
+    let (b, heads, d) = (3usize, 2usize, 64usize);
+    let mut x = random(b * heads * d, 2.0, 71);
+    let mut bias = random(heads * d, 1.0, 72);
+    // Row b at position 5 + 40·b: cos, then sin.
+    let mut cs: Vec<f32> = (0..b)
+        .flat_map(|bi| {
+            let (c, s) = tables(5 + 40 * bi + 1, d / 2);
+            let at = (5 + 40 * bi) * d / 2;
+            [c[at..].to_vec(), s[at..].to_vec()].concat()
+        })
+        .collect();
+    let want_cs = f64s(&cs);
+    for flags in [1, 0] {
+        let mut out = vec![f32::NAN; x.len()];
+        let (xp, bp, cp, op) = (
+            Shared::of(&mut x),
+            Shared::of(&mut bias),
+            Shared::of(&mut cs),
+            Shared::of(&mut out),
+        );
+        // SAFETY: x and out hold B·heads·D values, bias heads·D, cs B·D.
+        unsafe {
+            launch(Grid::linear(2, 64), || {
+                rope_step_f32(
+                    xp.ptr(),
+                    bp.ptr(),
+                    cp.ptr(),
+                    op.ptr(),
+                    b as u32,
+                    heads as u32,
+                    d as u32,
+                    flags,
+                )
+            })
+        }
+        .unwrap();
+        let bias64 = f64s(&bias);
+        let want = step_reference(
+            &f64s(&x),
+            (flags == 1).then_some(&bias64[..]),
+            &want_cs,
+            (b, heads, d),
+        );
+        assert_close(
+            &format!("rope step, flags {flags}"),
+            &f64s(&out),
+            &want,
+            1e-5,
+        );
+    }
+    // bf16 storage: rounded once at the end.
+    let (mut xb, mut bb, mut cb) = (to_bf16(&x), to_bf16(&bias), to_bf16(&cs));
+    let want = step_reference(
+        &bf16_f64(&xb),
+        Some(&bf16_f64(&bb)),
+        &bf16_f64(&cb),
+        (b, heads, d),
+    );
+    let mut out = vec![bf16::from_f32(f32::NAN); x.len()];
+    let (xp, bp, cp, op) = (
+        Shared::of(&mut xb),
+        Shared::of(&mut bb),
+        Shared::of(&mut cb),
+        Shared::of(&mut out),
+    );
+    // SAFETY: as above.
+    unsafe {
+        launch(Grid::linear(3, 32), || {
+            rope_step_bf16(
+                xp.ptr(),
+                bp.ptr(),
+                cp.ptr(),
+                op.ptr(),
+                b as u32,
+                heads as u32,
+                d as u32,
+                1,
+            )
+        })
+    }
+    .unwrap();
+    assert_close("rope step bf16", &bf16_f64(&out), &want, 2e-2);
+}
