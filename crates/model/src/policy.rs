@@ -608,9 +608,11 @@ impl PolicyModel {
     }
 
     /// Generates through candle's graph ops on the model's device (left-padded
-    /// batch, per-layer KV caches, the logits brought to the host per step)
-    /// instead of the host decoder. Off the CPU this path is always taken; on the CPU it is what the host decoder
-    /// is tested against. It keeps no KV cache between calls.
+    /// batch, per-layer KV caches, fixed-shape decode steps) instead of the
+    /// host decoder. Off the CPU this path is always taken; on the CPU it is
+    /// what the host decoder is tested against (and `bench rollout
+    /// --graph-decode` runs it). Its caches are rows of each call's batch
+    /// caches ([`PolicyModel::generate_cached`]).
     pub fn set_graph_decode(&mut self, on: bool) {
         self.graph_decode = on;
     }

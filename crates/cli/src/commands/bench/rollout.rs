@@ -41,6 +41,12 @@ pub struct BenchRolloutArgs {
     /// Where the policy runs (with `--rl-steps`, the trainer's device).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
+    /// Sample through the graph decoder (what a GPU runs: left-padded
+    /// batches, fixed-shape steps, the KV cache kept as rows of each call's
+    /// batch caches) even on the CPU, whose own decoder is the host one:
+    /// that path's reuse and trajectories, checked without a GPU.
+    #[arg(long, conflicts_with = "rl_steps")]
+    graph_decode: bool,
     /// Time N whole RL steps of the config instead (rollout, the no-grad
     /// scoring of old and reference log-probs, the update), in a temporary
     /// run directory after the run's start (its first evaluation included).
@@ -165,7 +171,7 @@ pub fn run(args: BenchRolloutArgs) -> anyhow::Result<()> {
         return rl_steps(cfg, steps, args.device, args.json);
     }
     let dev = args.device.open()?;
-    let (tokenizer, model, rollout) = match &args.policy {
+    let (tokenizer, mut model, rollout) = match &args.policy {
         Some(path) => {
             let p = TrainedPolicy::open_on(path, &dev)?;
             (p.tokenizer, p.model, p.rollout)
@@ -176,6 +182,9 @@ pub fn run(args: BenchRolloutArgs) -> anyhow::Result<()> {
             (tok, model, cfg.rollout.clone())
         }
     };
+    if args.graph_decode {
+        model.set_graph_decode(true);
+    }
     let (reuse, reused_trajs) = measure(&cfg, &rollout, &tokenizer, &model, true, args.repeats)?;
     let (fresh, fresh_trajs) = measure(&cfg, &rollout, &tokenizer, &model, false, args.repeats)?;
     let same = reused_trajs.len() == fresh_trajs.len()
