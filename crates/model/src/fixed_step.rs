@@ -386,6 +386,34 @@ fn prep_slices<'a, T: Real, G: std::ops::Deref<Target = Storage>>(
         .collect()
 }
 
+/// The CUDA storages of a [`RowPrep`]'s tensors.
+#[cfg(feature = "cuda")]
+fn prep_storages<'a, G: std::ops::Deref<Target = Storage>>(
+    guards: &'a [(G, &'a Layout)],
+    what: &str,
+) -> Result<Vec<(&'a candle_core::CudaStorage, &'a Layout)>> {
+    guards
+        .iter()
+        .map(|(s, l)| match &**s {
+            Storage::Cuda(c) => Ok((c, *l)),
+            _ => candle_core::bail!("{what}: inputs on different devices"),
+        })
+        .collect()
+}
+
+/// Views of a [`RowPrep`]'s tensors on the GPU as `T` (an error where one
+/// holds another dtype).
+#[cfg(feature = "cuda")]
+fn prep_views<'a, T: candle_core::cuda_backend::CudaDType>(
+    extra: &[(&'a candle_core::CudaStorage, &Layout)],
+    what: &str,
+) -> Result<Vec<candle_core::cuda_backend::cudarc::driver::CudaView<'a, T>>> {
+    extra
+        .iter()
+        .map(|(s, l)| crate::cuda::view(T::as_cuda_slice(s)?, l, what))
+        .collect()
+}
+
 /// A decode step's keys `x: [B, 1, heads · D]` (as their projection's GEMM
 /// gives them) with `prep`'s bias added and rotated at each row's position,
 /// in one launch on a GPU (`kernels/rope.cu`'s `rope_step`): the same shape.
@@ -437,13 +465,7 @@ pub(crate) fn rope_step(x: &Tensor, prep: RowPrep<'_>, heads: usize) -> Result<T
         }
         #[cfg(feature = "cuda")]
         Storage::Cuda(xc) => {
-            let mut cuda = Vec::with_capacity(guards.len());
-            for (s, l) in &guards {
-                match &**s {
-                    Storage::Cuda(c) => cuda.push((c, *l)),
-                    _ => candle_core::bail!("rope step: inputs on different devices"),
-                }
-            }
+            let cuda = prep_storages(&guards, "rope step")?;
             Storage::Cuda(rope_step_on_gpu(
                 (xc, xl),
                 &cuda,
@@ -482,14 +504,8 @@ fn rope_step_on_gpu(
     let (bu, hu, du) = (narrow(b)?, narrow(heads)?, narrow(d)?);
     let cfg = elementwise_blocks(b * heads * d / 2);
     macro_rules! typed {
-        ($xs:expr, $variant:ident, $t:ty, $name:expr) => {{
-            let mut slices = Vec::with_capacity(extra.len());
-            for (s, l) in extra {
-                match &s.slice {
-                    S::$variant(v) => slices.push(view(v, l, "rope step input")?),
-                    _ => candle_core::bail!("rope step: inputs differ in dtype"),
-                }
-            }
+        ($xs:expr, $t:ty, $name:expr) => {{
+            let slices = prep_views::<$t>(extra, "rope step input")?;
             let xv = view($xs, xl, "rope step keys")?;
             let (bias, cs) = match slices.as_slice() {
                 [bias, cs] => (bias, cs),
@@ -505,9 +521,9 @@ fn rope_step_on_gpu(
         }};
     }
     Ok(match &x.slice {
-        S::F32(v) => typed!(v, F32, f32, "rope_step_f32"),
-        S::BF16(v) => typed!(v, BF16, half::bf16, "rope_step_bf16"),
-        S::F16(v) => typed!(v, F16, half::f16, "rope_step_f16"),
+        S::F32(v) => typed!(v, f32, "rope_step_f32"),
+        S::BF16(v) => typed!(v, half::bf16, "rope_step_bf16"),
+        S::F16(v) => typed!(v, half::f16, "rope_step_f16"),
         _ => candle_core::bail!("rope step: no CUDA kernel for this dtype"),
     })
 }
@@ -583,13 +599,7 @@ pub(crate) fn decode_attention(
         }
         #[cfg(feature = "cuda")]
         (Storage::Cuda(qc), Storage::Cuda(kc), Storage::Cuda(vc), Storage::Cuda(lc)) => {
-            let mut cuda = Vec::with_capacity(guards.len());
-            for (s, l) in &guards {
-                match &**s {
-                    Storage::Cuda(c) => cuda.push((c, *l)),
-                    _ => candle_core::bail!("decode attention: inputs on different devices"),
-                }
-            }
+            let cuda = prep_storages(&guards, "decode attention")?;
             Storage::Cuda(decode_attention_on_gpu(
                 [(qc, ql), (kc, kl), (vc, vl)],
                 (&cuda, flags),
@@ -707,19 +717,13 @@ fn decode_attention_on_gpu(
     };
     let scale = scale as f32;
     macro_rules! typed {
-        ($qs:expr, $ks:expr, $vs:expr, $variant:ident, $t:ty, $name:expr) => {{
+        ($qs:expr, $ks:expr, $vs:expr, $t:ty, $name:expr) => {{
             let (qv, kv_, vv) = (
                 view($qs, ql, "decode q")?,
                 view($ks, kl, "decode keys")?,
                 view($vs, vl, "decode values")?,
             );
-            let mut slices = Vec::with_capacity(extra.len());
-            for (s, l) in extra {
-                match &s.slice {
-                    S::$variant(x) => slices.push(view(x, l, "decode q bias or tables")?),
-                    _ => candle_core::bail!("decode attention: inputs differ in dtype"),
-                }
-            }
+            let slices = prep_views::<$t>(extra, "decode q bias or tables")?;
             // The bias (flag 1), then the tables (flag 2); q stands in for
             // what the flags leave out (never read).
             let mut it = slices.iter();
@@ -755,13 +759,11 @@ fn decode_attention_on_gpu(
         }};
     }
     Ok(match (&q.slice, &k.slice, &v.slice) {
-        (S::F32(a), S::F32(b), S::F32(c)) => typed!(a, b, c, F32, f32, "decode_attention_f32"),
+        (S::F32(a), S::F32(b), S::F32(c)) => typed!(a, b, c, f32, "decode_attention_f32"),
         (S::BF16(a), S::BF16(b), S::BF16(c)) => {
-            typed!(a, b, c, BF16, half::bf16, "decode_attention_bf16")
+            typed!(a, b, c, half::bf16, "decode_attention_bf16")
         }
-        (S::F16(a), S::F16(b), S::F16(c)) => {
-            typed!(a, b, c, F16, half::f16, "decode_attention_f16")
-        }
+        (S::F16(a), S::F16(b), S::F16(c)) => typed!(a, b, c, half::f16, "decode_attention_f16"),
         _ => candle_core::bail!("decode attention: q, k and v differ in dtype, or no kernel"),
     })
 }

@@ -185,77 +185,31 @@ fn step_reference(
     out
 }
 
-#[test]
-fn rope_step_adds_the_bias_and_rotates_each_row_at_its_own_position() {
-    let (b, heads, d) = (3usize, 2usize, 64usize);
-    let mut x = random(b * heads * d, 2.0, 71);
-    let mut bias = random(heads * d, 1.0, 72);
-    // Row b at position 5 + 40·b: cos, then sin.
-    let mut cs: Vec<f32> = (0..b)
-        .flat_map(|bi| {
-            let (c, s) = tables(5 + 40 * bi + 1, d / 2);
-            let at = (5 + 40 * bi) * d / 2;
-            [c[at..].to_vec(), s[at..].to_vec()].concat()
-        })
-        .collect();
-    let want_cs = f64s(&cs);
-    for flags in [1, 0] {
-        let mut out = vec![f32::NAN; x.len()];
-        let (xp, bp, cp, op) = (
-            Shared::of(&mut x),
-            Shared::of(&mut bias),
-            Shared::of(&mut cs),
-            Shared::of(&mut out),
-        );
-        // SAFETY: x and out hold B·heads·D values, bias heads·D, cs B·D.
-        unsafe {
-            launch(Grid::linear(2, 64), || {
-                rope_step_f32(
-                    xp.ptr(),
-                    bp.ptr(),
-                    cp.ptr(),
-                    op.ptr(),
-                    b as u32,
-                    heads as u32,
-                    d as u32,
-                    flags,
-                )
-            })
-        }
-        .unwrap();
-        let bias64 = f64s(&bias);
-        let want = step_reference(
-            &f64s(&x),
-            (flags == 1).then_some(&bias64[..]),
-            &want_cs,
-            (b, heads, d),
-        );
-        assert_close(
-            &format!("rope step, flags {flags}"),
-            &f64s(&out),
-            &want,
-            1e-5,
-        );
-    }
-    // bf16 storage: rounded once at the end.
-    let (mut xb, mut bb, mut cb) = (to_bf16(&x), to_bf16(&bias), to_bf16(&cs));
-    let want = step_reference(
-        &bf16_f64(&xb),
-        Some(&bf16_f64(&bb)),
-        &bf16_f64(&cb),
-        (b, heads, d),
-    );
-    let mut out = vec![bf16::from_f32(f32::NAN); x.len()];
+/// `rope_step`'s signature, in either storage type.
+type StepKernel<T> = unsafe extern "C" fn(*const T, *const T, *const T, *mut T, u32, u32, u32, i32);
+
+/// One launch of a `rope_step` kernel over `grid` on `x [B, heads, D]`,
+/// `bias [heads, D]` and `cs [B, D]`; its output (`nan` wherever it wrote
+/// nothing).
+fn run_step<T: Copy>(
+    kernel: StepKernel<T>,
+    nan: T,
+    [mut x, mut bias, mut cs]: [Vec<T>; 3],
+    (b, heads, d): (usize, usize, usize),
+    flags: i32,
+    grid: Grid,
+) -> Vec<T> {
+    let mut out = vec![nan; x.len()];
     let (xp, bp, cp, op) = (
-        Shared::of(&mut xb),
-        Shared::of(&mut bb),
-        Shared::of(&mut cb),
+        Shared::of(&mut x),
+        Shared::of(&mut bias),
+        Shared::of(&mut cs),
         Shared::of(&mut out),
     );
-    // SAFETY: as above.
+    // SAFETY: x and out hold B·heads·D values, bias heads·D, cs B·D.
     unsafe {
-        launch(Grid::linear(3, 32), || {
-            rope_step_bf16(
+        launch(grid, || {
+            kernel(
                 xp.ptr(),
                 bp.ptr(),
                 cp.ptr(),
@@ -263,10 +217,49 @@ fn rope_step_adds_the_bias_and_rotates_each_row_at_its_own_position() {
                 b as u32,
                 heads as u32,
                 d as u32,
-                1,
+                flags,
             )
         })
     }
     .unwrap();
+    out
+}
+
+#[test]
+fn rope_step_adds_the_bias_and_rotates_each_row_at_its_own_position() {
+    let dims = (3usize, 2usize, 64usize);
+    let (b, heads, d) = dims;
+    let x = random(b * heads * d, 2.0, 71);
+    let bias = random(heads * d, 1.0, 72);
+    // Row b at position 5 + 40·b: cos, then sin.
+    let cs: Vec<f32> = (0..b)
+        .flat_map(|bi| {
+            let (c, s) = tables(5 + 40 * bi + 1, d / 2);
+            let at = (5 + 40 * bi) * d / 2;
+            [c[at..].to_vec(), s[at..].to_vec()].concat()
+        })
+        .collect();
+    let (x64, bias64, cs64) = (f64s(&x), f64s(&bias), f64s(&cs));
+    for flags in [1, 0] {
+        let inputs = [x.clone(), bias.clone(), cs.clone()];
+        let out = run_step(
+            rope_step_f32,
+            f32::NAN,
+            inputs,
+            dims,
+            flags,
+            Grid::linear(2, 64),
+        );
+        let bias = (flags == 1).then_some(&bias64[..]);
+        let want = step_reference(&x64, bias, &cs64, dims);
+        let what = format!("rope step, flags {flags}");
+        assert_close(&what, &f64s(&out), &want, 1e-5);
+    }
+    // bf16 storage: rounded once at the end.
+    let inputs = [to_bf16(&x), to_bf16(&bias), to_bf16(&cs)];
+    let read = inputs.each_ref().map(|v| bf16_f64(v));
+    let want = step_reference(&read[0], Some(&read[1]), &read[2], dims);
+    let nan = bf16::from_f32(f32::NAN);
+    let out = run_step(rope_step_bf16, nan, inputs, dims, 1, Grid::linear(3, 32));
     assert_close("rope step bf16", &bf16_f64(&out), &want, 2e-2);
 }
