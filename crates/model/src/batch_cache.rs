@@ -188,26 +188,26 @@ fn copy_on_gpu<T: candle_core::cuda_backend::cudarc::driver::DeviceRepr>(
     copies: &[RowCopy],
     [kv, hd, _, dcap, _, scap]: [usize; 6],
 ) -> Result<()> {
-    use crate::cuda::{launch, view, KV_CACHE};
+    use crate::cuda::{launch, u32_arg, view, KV_CACHE};
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     let Some((d0, d1)) = dl.contiguous_offsets() else {
         candle_core::bail!("kv copy: the caches must be contiguous")
     };
-    let narrow = |x: usize| {
-        u32::try_from(x).map_err(|_| candle_core::Error::Msg(format!("kv copy: {x} past u32")))
-    };
+    let narrow = |x: usize| u32_arg(x, "kv copy");
     let mut table = Vec::with_capacity(5 * copies.len());
     for c in copies {
         for x in [c.dst_row, c.dst_slot, c.src_row, c.src_slot, c.len] {
             table.push(narrow(x)?);
         }
     }
-    let Ok(n) = u32::try_from(copies.len()) else {
-        candle_core::bail!("kv copy: {} copies in one launch", copies.len())
-    };
-    if n > 65_535 {
-        candle_core::bail!("kv copy: {n} copies in one launch (at most 65,535)")
+    // One grid row per copy: the y dimension holds 65,535.
+    if copies.len() > 65_535 {
+        candle_core::bail!(
+            "kv copy: {} copies in one launch (at most 65,535)",
+            copies.len()
+        )
     }
+    let n = narrow(copies.len())?;
     let table = dev.clone_htod(&table)?;
     let mut dst = dst.slice_mut(d0..d1);
     let src = view(src, sl, "kv copy source")?;

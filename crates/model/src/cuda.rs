@@ -99,6 +99,11 @@ pub(crate) fn upload_pads(dev: &CudaDevice, pads: &[usize]) -> Result<CudaSlice<
     dev.clone_htod(&host)
 }
 
+/// `v` as a u32 kernel argument, or an error naming `what`.
+pub(crate) fn u32_arg(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("{what}: {v} past u32")))
+}
+
 /// The contiguous elements that `layout` picks out of `s`.
 pub(crate) fn view<'a, T>(
     s: &'a CudaSlice<T>,

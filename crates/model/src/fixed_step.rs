@@ -17,7 +17,8 @@
 //! the decoder that uses them is tested on every machine.
 
 use candle_core::{
-    CpuStorage, CustomOp2, InplaceOp1, InplaceOp3, Layout, Result, Shape, Storage, Tensor,
+    CpuStorage, CustomOp2, InplaceOp1, InplaceOp3, Layout, Result, Shape, Storage, StorageRef,
+    Tensor,
 };
 
 use crate::host::storage_slice;
@@ -319,20 +320,9 @@ pub(crate) struct RowPrep<'a> {
 }
 
 impl RowPrep<'_> {
-    /// The kernels' flags: 1 adds the bias, 2 rotates.
-    fn flags(&self) -> i32 {
-        i32::from(self.bias.is_some()) | (i32::from(self.rope.is_some()) << 1)
-    }
-
     /// The bias and tables, contiguous, checked against `b` rows of `heads`
     /// heads of `d` (d even to rotate).
-    fn checked(
-        &self,
-        b: usize,
-        heads: usize,
-        d: usize,
-        what: &str,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn checked(&self, b: usize, heads: usize, d: usize, what: &str) -> Result<[Option<Tensor>; 2]> {
         let bias = match self.bias {
             Some(x) if x.elem_count() == heads * d => Some(x.contiguous()?),
             Some(x) => {
@@ -347,8 +337,25 @@ impl RowPrep<'_> {
             }
             None => None,
         };
-        Ok((bias, rope))
+        Ok([bias, rope])
     }
+}
+
+/// A checked [`RowPrep`]'s bias and tables, each read-locked while a kernel
+/// reads it.
+type PrepGuards<'a> = [Option<(StorageRef<'a>, &'a Layout)>; 2];
+
+/// Locks what [`RowPrep::checked`] gave.
+fn lock_prep(prep: &[Option<Tensor>; 2]) -> PrepGuards<'_> {
+    prep.each_ref()
+        .map(|t| t.as_ref().map(Tensor::storage_and_layout))
+}
+
+/// The kernels' flags for a prepared bias and tables: 1 adds the bias, 2
+/// rotates.
+#[cfg(feature = "cuda")]
+fn prep_flags<X>([bias, rope]: &[Option<X>; 2]) -> i32 {
+    i32::from(bias.is_some()) | (i32::from(rope.is_some()) << 1)
 }
 
 /// Row `x` (one head's D values) with `bias` (that head's) added and
@@ -372,46 +379,52 @@ fn prepared_row<T: Real>(x: &[T], bias: Option<&[T]>, cs: Option<&[T]>) -> Vec<f
     y
 }
 
-/// The host slices of a [`RowPrep`]'s tensors (checked contiguous).
-fn prep_slices<'a, T: Real, G: std::ops::Deref<Target = Storage>>(
-    guards: &'a [(G, &'a Layout)],
+/// The host data of a prepared bias and tables.
+fn prep_slices<'a, T: Real>(
+    guards: &'a PrepGuards<'_>,
     what: &str,
-) -> Result<Vec<&'a [T]>> {
-    guards
-        .iter()
-        .map(|(s, l)| match &**s {
-            Storage::Cpu(c) => storage_slice::<T>(c, l, what),
-            _ => candle_core::bail!("{what}: inputs on different devices"),
-        })
-        .collect()
+) -> Result<[Option<&'a [T]>; 2]> {
+    let [bias, cs] = guards.each_ref().map(|g| {
+        g.as_ref()
+            .map(|(s, l)| match &**s {
+                Storage::Cpu(c) => storage_slice::<T>(c, l, what),
+                _ => candle_core::bail!("{what}: inputs on different devices"),
+            })
+            .transpose()
+    });
+    Ok([bias?, cs?])
 }
 
-/// The CUDA storages of a [`RowPrep`]'s tensors.
+/// The CUDA storages of a prepared bias and tables.
 #[cfg(feature = "cuda")]
-fn prep_storages<'a, G: std::ops::Deref<Target = Storage>>(
-    guards: &'a [(G, &'a Layout)],
-    what: &str,
-) -> Result<Vec<(&'a candle_core::CudaStorage, &'a Layout)>> {
-    guards
-        .iter()
-        .map(|(s, l)| match &**s {
-            Storage::Cuda(c) => Ok((c, *l)),
-            _ => candle_core::bail!("{what}: inputs on different devices"),
-        })
-        .collect()
+type CudaPrep<'a> = [Option<(&'a candle_core::CudaStorage, &'a Layout)>; 2];
+
+/// [`prep_slices`] on a GPU: the storages, for [`prep_views`].
+#[cfg(feature = "cuda")]
+fn prep_storages<'a>(guards: &'a PrepGuards<'_>, what: &str) -> Result<CudaPrep<'a>> {
+    let [bias, cs] = guards.each_ref().map(|g| {
+        g.as_ref()
+            .map(|(s, l)| match &**s {
+                Storage::Cuda(c) => Ok((c, *l)),
+                _ => candle_core::bail!("{what}: inputs on different devices"),
+            })
+            .transpose()
+    });
+    Ok([bias?, cs?])
 }
 
-/// Views of a [`RowPrep`]'s tensors on the GPU as `T` (an error where one
-/// holds another dtype).
+/// Views of a prepared bias and tables on the GPU as `T` (an error where
+/// one holds another dtype).
 #[cfg(feature = "cuda")]
 fn prep_views<'a, T: candle_core::cuda_backend::CudaDType>(
-    extra: &[(&'a candle_core::CudaStorage, &Layout)],
+    prep: CudaPrep<'a>,
     what: &str,
-) -> Result<Vec<candle_core::cuda_backend::cudarc::driver::CudaView<'a, T>>> {
-    extra
-        .iter()
-        .map(|(s, l)| crate::cuda::view(T::as_cuda_slice(s)?, l, what))
-        .collect()
+) -> Result<[Option<candle_core::cuda_backend::cudarc::driver::CudaView<'a, T>>; 2]> {
+    let [bias, cs] = prep.map(|x| {
+        x.map(|(s, l)| crate::cuda::view(T::as_cuda_slice(s)?, l, what))
+            .transpose()
+    });
+    Ok([bias?, cs?])
 }
 
 /// A decode step's keys `x: [B, 1, heads · D]` (as their projection's GEMM
@@ -419,29 +432,24 @@ fn prep_views<'a, T: candle_core::cuda_backend::CudaDType>(
 /// in one launch on a GPU (`kernels/rope.cu`'s `rope_step`): the same shape.
 pub(crate) fn rope_step(x: &Tensor, prep: RowPrep<'_>, heads: usize) -> Result<Tensor> {
     let (b, t, width) = x.dims3()?;
-    let Some(rope) = prep.rope else {
-        candle_core::bail!("rope step: no rotary tables")
-    };
     if t != 1 || heads == 0 || width % heads != 0 {
         candle_core::bail!("rope step: {:?} for {heads} heads", x.dims())
     }
     let d = width / heads;
-    let (bias, cs) = prep.checked(b, heads, d, "rope step")?;
-    let cs = cs.unwrap_or_else(|| rope.clone());
+    let prep = prep.checked(b, heads, d, "rope step")?;
+    if prep[1].is_none() {
+        candle_core::bail!("rope step: no rotary tables")
+    }
     let x = x.contiguous()?;
     let (xs, xl) = x.storage_and_layout();
-    let extra: Vec<&Tensor> = bias.iter().chain([&cs]).collect();
-    let guards: Vec<_> = extra.iter().map(|t| t.storage_and_layout()).collect();
+    let guards = lock_prep(&prep);
     let storage = match &*xs {
         Storage::Cpu(xc) => {
             macro_rules! host {
                 ($t:ty) => {{
                     let x = storage_slice::<$t>(xc, xl, "rope step")?;
-                    let slices = prep_slices::<$t, _>(&guards, "rope step")?;
-                    let (bias, cs) = match slices.as_slice() {
-                        [bias, cs] => (Some(*bias), *cs),
-                        [cs] => (None, *cs),
-                        _ => candle_core::bail!("rope step: inputs"),
+                    let [bias, Some(cs)] = prep_slices::<$t>(&guards, "rope step")? else {
+                        candle_core::bail!("rope step: no rotary tables")
                     };
                     let mut out = Vec::with_capacity(x.len());
                     for (r, row) in x.chunks(d).enumerate() {
@@ -465,13 +473,8 @@ pub(crate) fn rope_step(x: &Tensor, prep: RowPrep<'_>, heads: usize) -> Result<T
         }
         #[cfg(feature = "cuda")]
         Storage::Cuda(xc) => {
-            let cuda = prep_storages(&guards, "rope step")?;
-            Storage::Cuda(rope_step_on_gpu(
-                (xc, xl),
-                &cuda,
-                (b, heads, d),
-                prep.flags(),
-            )?)
+            let prep = prep_storages(&guards, "rope step")?;
+            Storage::Cuda(rope_step_on_gpu((xc, xl), prep, (b, heads, d))?)
         }
         _ => candle_core::bail!("rope step: no kernel for this device"),
     };
@@ -483,36 +486,33 @@ pub(crate) fn rope_step(x: &Tensor, prep: RowPrep<'_>, heads: usize) -> Result<T
     ))
 }
 
-/// [`rope_step`] by `kernels/rope.cu`: `extra` is the bias (when flag 1) then
-/// the tables.
+/// [`rope_step`] by `kernels/rope.cu`, with the prepared bias (if any) and
+/// tables.
 #[cfg(feature = "cuda")]
 fn rope_step_on_gpu(
     (x, xl): (&candle_core::CudaStorage, &Layout),
-    extra: &[(&candle_core::CudaStorage, &Layout)],
+    prep: CudaPrep<'_>,
     (b, heads, d): (usize, usize, usize),
-    flags: i32,
 ) -> Result<candle_core::CudaStorage> {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::CudaStorageSlice as S;
 
-    use crate::cuda::{elementwise_blocks, launch, view, ROPE};
+    use crate::cuda::{elementwise_blocks, launch, u32_arg, view, ROPE};
 
     let dev = x.device().clone();
-    let narrow = |v: usize| {
-        u32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("rope step: {v} past u32")))
-    };
+    let narrow = |v: usize| u32_arg(v, "rope step");
     let (bu, hu, du) = (narrow(b)?, narrow(heads)?, narrow(d)?);
     let cfg = elementwise_blocks(b * heads * d / 2);
+    let flags = prep_flags(&prep);
     macro_rules! typed {
         ($xs:expr, $t:ty, $name:expr) => {{
-            let slices = prep_views::<$t>(extra, "rope step input")?;
             let xv = view($xs, xl, "rope step keys")?;
-            let (bias, cs) = match slices.as_slice() {
-                [bias, cs] => (bias, cs),
-                // No bias: the kernel reads none (flag 1 unset); x stands in.
-                [cs] => (&xv, cs),
-                _ => candle_core::bail!("rope step: inputs"),
+            let [bias, Some(cs)] = prep_views::<$t>(prep, "rope step input")? else {
+                candle_core::bail!("rope step: no rotary tables")
             };
+            // No bias: the kernel reads none (flag 1 unset); x stands in.
+            let bias = bias.as_ref().unwrap_or(&xv);
+            let cs = &cs;
             // SAFETY: the kernel writes every value of every (row, head).
             let out = unsafe { dev.alloc::<$t>(b * heads * d)? };
             // rope_step_T(x, bias, cs, out, b, heads, d, flags).
@@ -562,28 +562,22 @@ pub(crate) fn decode_attention(
         )
     }
     let geometry = DecodeGeometry { b, h, g, cap, d };
-    let (bias, cs) = prep.checked(b, h, d, "decode attention")?;
+    let prep = prep.checked(b, h, d, "decode attention")?;
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
     let (qs, ql) = q.storage_and_layout();
     let (ks, kl) = k.storage_and_layout();
     let (vs, vl) = v.storage_and_layout();
     let (ls, ll) = last.storage_and_layout();
-    let extra: Vec<&Tensor> = bias.iter().chain(cs.iter()).collect();
-    let guards: Vec<_> = extra.iter().map(|t| t.storage_and_layout()).collect();
-    let flags = prep.flags();
+    let guards = lock_prep(&prep);
     let storage = match (&*qs, &*ks, &*vs, &*ls) {
         (Storage::Cpu(qc), Storage::Cpu(kc), Storage::Cpu(vc), Storage::Cpu(lc)) => {
             let last = host_u32(lc, ll, "decode attention bound")? as usize;
             let inputs = [(qc, ql), (kc, kl), (vc, vl)];
             macro_rules! host {
                 ($t:ty) => {{
-                    let slices = prep_slices::<$t, _>(&guards, "decode attention")?;
-                    let mut it = slices.into_iter();
-                    let bias = if flags & 1 != 0 { it.next() } else { None };
-                    let cs = if flags & 2 != 0 { it.next() } else { None };
                     <$t>::storage(host_decode_attention::<$t>(
                         inputs,
-                        (bias, cs),
+                        prep_slices::<$t>(&guards, "decode attention")?,
                         geometry,
                         pads,
                         last,
@@ -599,10 +593,9 @@ pub(crate) fn decode_attention(
         }
         #[cfg(feature = "cuda")]
         (Storage::Cuda(qc), Storage::Cuda(kc), Storage::Cuda(vc), Storage::Cuda(lc)) => {
-            let cuda = prep_storages(&guards, "decode attention")?;
             Storage::Cuda(decode_attention_on_gpu(
                 [(qc, ql), (kc, kl), (vc, vl)],
-                (&cuda, flags),
+                prep_storages(&guards, "decode attention")?,
                 (lc, ll),
                 geometry,
                 pads,
@@ -632,7 +625,7 @@ struct DecodeGeometry {
 /// [`decode_attention`] on the host, summing in f64.
 fn host_decode_attention<T: Real>(
     [(q, ql), (k, kl), (v, vl)]: [(&CpuStorage, &Layout); 3],
-    (q_bias, cs): (Option<&[T]>, Option<&[T]>),
+    [q_bias, cs]: [Option<&[T]>; 2],
     z: DecodeGeometry,
     pads: &[usize],
     last: usize,
@@ -687,7 +680,7 @@ fn host_decode_attention<T: Real>(
 #[cfg(feature = "cuda")]
 fn decode_attention_on_gpu(
     [(q, ql), (k, kl), (v, vl)]: [(&candle_core::CudaStorage, &Layout); 3],
-    (extra, flags): (&[(&candle_core::CudaStorage, &Layout)], i32),
+    prep: CudaPrep<'_>,
     (last, ll): (&candle_core::CudaStorage, &Layout),
     z: DecodeGeometry,
     pads: &[usize],
@@ -716,6 +709,7 @@ fn decode_attention_on_gpu(
         shared_mem_bytes: 0,
     };
     let scale = scale as f32;
+    let flags = prep_flags(&prep);
     macro_rules! typed {
         ($qs:expr, $ks:expr, $vs:expr, $t:ty, $name:expr) => {{
             let (qv, kv_, vv) = (
@@ -723,12 +717,9 @@ fn decode_attention_on_gpu(
                 view($ks, kl, "decode keys")?,
                 view($vs, vl, "decode values")?,
             );
-            let slices = prep_views::<$t>(extra, "decode q bias or tables")?;
-            // The bias (flag 1), then the tables (flag 2); q stands in for
-            // what the flags leave out (never read).
-            let mut it = slices.iter();
-            let q_bias = if flags & 1 != 0 { it.next() } else { None }.unwrap_or(&qv);
-            let cs = if flags & 2 != 0 { it.next() } else { None }.unwrap_or(&qv);
+            let [q_bias, cs] = prep_views::<$t>(prep, "decode q bias or tables")?;
+            // q stands in for what the flags leave out (never read).
+            let (q_bias, cs) = (q_bias.as_ref().unwrap_or(&qv), cs.as_ref().unwrap_or(&qv));
             // SAFETY: the kernel writes all hd values of every (batch, head).
             let out = unsafe { dev.alloc::<$t>(z.b * z.h * z.d)? };
             // decode_attention_T(q, k, v, out, pads, n_pads, last, heads,

@@ -216,7 +216,7 @@ fn encode(
     let mut kv = (0..model.num_layers())
         .map(|_| LayerKvCache::new(cfg, b, capacity, model.dtype(), dev))
         .collect::<candle_core::Result<Vec<_>>>()?;
-    resume_rows(&mut kv, kept, contexts, pads, fresh)?;
+    resume_rows(&mut kv, kept, contexts, pads, (fresh, longest - fresh))?;
     // Each context's last `fresh` ids, left-padded; a pad's position is 0
     // (no query sees it).
     let mut ids = Vec::with_capacity(b * fresh);
@@ -262,13 +262,13 @@ fn kept_rows(
 /// Fills the new batch caches `kv` with what the kept rows serve: row i's
 /// first `len(contexts[i]) - fresh` positions (those the prefill does not
 /// encode) at slots `pads[i]..`, one copy launch per earlier call and
-/// tensor; then counts the slots before the prefill's as cached.
+/// tensor; then counts the slots before the prefill's (`start`) as cached.
 fn resume_rows(
     kv: &mut [LayerKvCache],
     kept: Vec<Option<(BatchRow, usize)>>,
     contexts: &[Vec<u32>],
     pads: &[usize],
-    fresh: usize,
+    (fresh, start): (usize, usize),
 ) -> Result<(), ModelError> {
     let mut sources: Vec<(Arc<Vec<LayerKvCache>>, Vec<RowCopy>)> = Vec::new();
     for (i, (k, ctx)) in kept.into_iter().zip(contexts).enumerate() {
@@ -295,7 +295,6 @@ fn resume_rows(
             dst.copy_rows_from(src, copies)?;
         }
     }
-    let start = contexts.iter().map(Vec::len).max().unwrap_or(0) - fresh;
     for layer in kv {
         layer.start_at(start)?;
     }

@@ -612,6 +612,10 @@ impl Attention {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.n_heads, self.n_kv, self.head_dim);
         let rep = nh / nkv;
+        // A fixed-shape decode step with the step's packed tables
+        // (`RotaryEmbedding::step_tables`): the fused ops. Past their head
+        // dim (or without those tables) the composite below, with the
+        // bounded softmax.
         if let (Some(slot), Some(cs), Some(c)) = (slot, &rope.packed, &cache) {
             if t == 1 && hd <= crate::fixed_step::DECODE_ATTENTION_MAX_HEAD_DIM {
                 return self.decode_step(x, cs, c, slot, pads);
@@ -638,14 +642,6 @@ impl Attention {
             (Some(c), None) => c.append(&k, &v)?,
             (None, _) => (k, v),
         };
-        if let Some(slot) = slot.filter(|_| hd <= crate::fixed_step::DECODE_ATTENTION_MAX_HEAD_DIM)
-        {
-            // A fixed-shape decode step: one launch over the whole caches
-            // (sampling only, no gradient); q is already scaled.
-            let prep = crate::fixed_step::RowPrep::default();
-            let out = crate::fixed_step::decode_attention(&q, prep, &k, &v, pads, slot, 1.0)?;
-            return linear(&out, &self.o_w, None);
-        }
         if flash {
             // grad: the op's own backward recomputes the probabilities
             // (crate::flash_attention); q is already scaled.
