@@ -25,7 +25,9 @@ use crate::kernels::{
 use crate::kernels::{has_avx2, simd};
 use crate::precision::Precision;
 use crate::qwen2::Model;
-use crate::sampling::{empty_generations, push_token, Generation, SamplingParams, SamplingRng};
+use crate::sampling::{
+    empty_generations, push_token, Followup, Generation, SamplingParams, SamplingRng,
+};
 use crate::steer::Steer;
 use crate::{ModelConfig, ModelError};
 
@@ -1048,8 +1050,25 @@ fn forward(
     head.apply(logits, last, (d, dims.vocab), false);
 }
 
+/// Continuous batching (see [`crate::PolicyModel::generate_continuous`]):
+/// who says how a sequence goes on once its continuation has ended.
+pub(crate) struct Continuation<'a> {
+    /// Sequence `i`'s continuation has ended: its next context (checked),
+    /// or done, or stop the batch.
+    pub next: &'a mut dyn FnMut(usize, Generation) -> Result<Followup, ModelError>,
+    /// A continued sequence reuses what its cache holds (off: it encodes
+    /// its new context from the first token).
+    pub keep_cache: bool,
+    /// Context positions served from caches so far, continued contexts
+    /// included.
+    pub reused: usize,
+}
+
 /// Samples a continuation of each `contexts[i]`, reusing and extending
 /// `caches[i]`; see [`crate::PolicyModel::generate_cached`] for the contract.
+/// With a `follow`, a sequence whose continuation ends is handed to it and
+/// may go on with a new context, encoded in the same forward passes as the
+/// other sequences' next tokens (every generation then goes to `follow`).
 /// The caller has validated ids, lengths, parameters and the caches' shape.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn generate(
@@ -1061,6 +1080,7 @@ pub(crate) fn generate(
     precision: Precision,
     mut rng: SamplingRng<'_>,
     steer: &mut Steer<'_>,
+    mut follow: Option<&mut Continuation<'_>>,
 ) -> Result<Vec<Generation>, ModelError> {
     let mut gens = empty_generations(contexts.len());
     let starts: Vec<usize> = caches
@@ -1068,6 +1088,9 @@ pub(crate) fn generate(
         .zip(contexts)
         .map(|(c, ctx)| c.retarget(ctx))
         .collect();
+    if let Some(c) = follow.as_deref_mut() {
+        c.reused += starts.iter().sum::<usize>();
+    }
     if params.max_new_tokens == 0 || contexts.is_empty() {
         return Ok(gens);
     }
@@ -1119,12 +1142,19 @@ pub(crate) fn generate(
         // Per sequence, its row of the step's logits.
         let mut logit_row = vec![0usize; contexts.len()];
         let mut first_step = true;
+        // Sequences continued with a context that another continued in the
+        // same step from the same cached start: (twin, leader, start).
+        let mut step_twins: Vec<(usize, usize, usize)> = Vec::new();
         loop {
             forward(w, caches, &ids, &rows, &emit, &mut scratch);
             let emitted = rows.iter().zip(&emit).filter(|(_, &e)| e).map(|(r, _)| r);
             for (k, r) in emitted.enumerate() {
                 caches[r.seq].cached = r.pos + 1;
                 logit_row[r.seq] = k;
+            }
+            for (j, i, start) in step_twins.drain(..) {
+                copy_encoded(caches, i, j, start);
+                logit_row[j] = logit_row[i];
             }
             if std::mem::take(&mut first_step) {
                 let mut prefixes: Vec<Option<Arc<SharedPrefix>>> = vec![None; contexts.len()];
@@ -1157,10 +1187,31 @@ pub(crate) fn generate(
                 &mut rng,
             )?;
             let mut still = Vec::with_capacity(active.len());
+            // Per sequence going on with a new context: where its encoding starts.
+            let mut encode_from = vec![None; contexts.len()];
             for (&i, (tok, lp, go_on)) in active.iter().zip(picks) {
                 caches[i].tokens.push(tok);
                 if push_token(&mut gens[i], tok, lp, params) && go_on {
                     still.push(i);
+                    continue;
+                }
+                let Some(follow) = follow.as_deref_mut() else {
+                    continue;
+                };
+                match (follow.next)(i, std::mem::take(&mut gens[i]))? {
+                    Followup::Continue(ctx) => {
+                        let c = &mut caches[i];
+                        if !follow.keep_cache {
+                            c.clear();
+                        }
+                        let start = c.retarget(&ctx);
+                        c.reserve(positions(&ctx));
+                        follow.reused += start;
+                        encode_from[i] = Some(start);
+                        still.push(i);
+                    }
+                    Followup::Done => {}
+                    Followup::Abort => return Ok(gens),
                 }
             }
             active = still;
@@ -1170,14 +1221,26 @@ pub(crate) fn generate(
             ids.clear();
             rows.clear();
             emit.clear();
+            // As on the first step, a context continued twice from the same
+            // start (GRPO members in the same state) is encoded once.
+            let mut step_leaders: std::collections::HashMap<(usize, &[u32]), usize> =
+                std::collections::HashMap::new();
             for &i in &active {
                 let c = &caches[i];
-                ids.push(c.tokens[c.tokens.len() - 1]);
-                rows.push(Row {
-                    seq: i,
-                    pos: c.tokens.len() - 1,
-                });
-                emit.push(true);
+                if let Some(start) = encode_from[i] {
+                    let leader = *step_leaders.entry((start, &c.tokens[..])).or_insert(i);
+                    if leader != i {
+                        step_twins.push((i, leader, start));
+                        continue;
+                    }
+                }
+                // A new context's uncached tokens, else the last sampled one.
+                let from = encode_from[i].unwrap_or(c.tokens.len() - 1);
+                for (pos, &t) in c.tokens.iter().enumerate().skip(from) {
+                    ids.push(t);
+                    rows.push(Row { seq: i, pos });
+                    emit.push(pos + 1 == c.tokens.len());
+                }
             }
         }
     })

@@ -58,7 +58,7 @@ pub use lora::{LoraAdapter, LoraConfig, LoraTarget};
 pub use optim::{add_grads, clip_grad_norm, AdamW, AdamWConfig};
 pub use policy::{PolicyModel, SequenceLogprobs};
 pub use precision::Precision;
-pub use sampling::{Generation, SamplingParams};
+pub use sampling::{Followup, Generation, SamplingParams};
 pub use steer::PromptTokenLogprob;
 
 /// Which library runs the large CPU matrix products: `gemm` (the crate), or

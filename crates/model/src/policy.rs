@@ -14,7 +14,7 @@ use crate::checkpoint::{read_tensors, write_tensors, CONFIG_FILE, WEIGHTS_FILE};
 use crate::decode::SequenceCache;
 use crate::lora::{adapter_dir_of, LoraAdapter, LoraConfig, ADAPTER_DIR};
 use crate::qwen2::{param_specs, Model, ParamInit, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT};
-use crate::sampling::{Generation, SamplingParams, SamplingRng};
+use crate::sampling::{Followup, Generation, SamplingParams, SamplingRng};
 use crate::steer::{PromptTokenLogprob, Steer};
 use crate::{ModelConfig, ModelError, Precision};
 use agentrl_sampling::Steering;
@@ -938,17 +938,84 @@ impl PolicyModel {
         crate::steer::prompt_logprobs(&model, &self.config, prompt, k)
     }
 
-    /// Checks the inputs of a generation and runs it.
-    fn decode(
+    /// Continuous batching: [`PolicyModel::generate_cached`] in which a
+    /// sequence whose continuation has ended is handed to `next` at once,
+    /// with its index and generation, and goes on with the context `next`
+    /// gives (a dialogue's next turn) or leaves the batch. A new context is
+    /// encoded in the same forward passes as the other sequences' next
+    /// tokens, reusing what the sequence's cache holds when `keep_cache`,
+    /// so no sequence waits for the slowest of a turn. The call returns
+    /// when every sequence is done (or `next` aborts); every generation
+    /// goes to `next`, none is returned. The draws are made step by step
+    /// in sequence order, as in `generate_cached`: the same calls and
+    /// answers give the same tokens. Returns the context positions served
+    /// from caches, continued contexts included.
+    ///
+    /// Only the host decoder batches continuously (see
+    /// [`PolicyModel::batches_continuously`]); elsewhere this is an error.
+    pub fn generate_continuous(
         &self,
         caches: &mut [SequenceCache],
         contexts: &[Vec<u32>],
         params: &SamplingParams,
-        rng: SamplingRng<'_>,
-        mut steer: Steer<'_>,
-    ) -> Result<Vec<Generation>, ModelError> {
+        rng: &mut ChaCha8Rng,
+        keep_cache: bool,
+        next: &mut dyn FnMut(usize, Generation) -> Followup,
+    ) -> Result<usize, ModelError> {
+        let model = self.inference_model()?;
+        if !self.batches_continuously() {
+            return Err(ModelError::InvalidInput(
+                "continuous batching runs on the host decoder (a model on the CPU)".into(),
+            ));
+        }
+        self.check_inputs(caches, contexts, params)?;
+        if !keep_cache {
+            caches.iter_mut().for_each(SequenceCache::clear);
+        }
+        let mut checked = |i: usize, gen: Generation| match next(i, gen) {
+            Followup::Continue(ctx) => {
+                let one = std::slice::from_ref(&ctx);
+                self.check_contexts(one, params).map_err(|e| {
+                    ModelError::InvalidInput(format!("sequence {i} continued: {e}"))
+                })?;
+                Ok(Followup::Continue(ctx))
+            }
+            other => Ok(other),
+        };
+        let mut follow = crate::decode::Continuation {
+            next: &mut checked,
+            keep_cache,
+            reused: 0,
+        };
+        crate::decode::generate(
+            &model,
+            &self.config,
+            caches,
+            contexts,
+            params,
+            self.precision,
+            SamplingRng::Shared(rng),
+            &mut Steer::none(),
+            Some(&mut follow),
+        )?;
+        Ok(follow.reused)
+    }
+
+    /// Whether [`PolicyModel::generate_continuous`] serves this model: the
+    /// host decoder, on the CPU (the graph decoder's fixed-shape batches
+    /// do not take new contexts mid-call).
+    pub fn batches_continuously(&self) -> bool {
+        !self.graph_decode && self.infer.device().is_cpu()
+    }
+
+    /// Checks the sampling params, the contexts and the caches of a generation.
+    fn check_inputs(
+        &self,
+        caches: &[SequenceCache],
+        contexts: &[Vec<u32>],
+        params: &SamplingParams,
+    ) -> Result<(), ModelError> {
         crate::sampling::validate(params)?;
-        self.check_ids(contexts)?;
         if caches.len() != contexts.len() {
             return Err(ModelError::InvalidInput(format!(
                 "{} caches for {} contexts",
@@ -956,13 +1023,24 @@ impl PolicyModel {
                 contexts.len()
             )));
         }
-        if let Some(i) = contexts.iter().position(Vec::is_empty) {
-            return Err(ModelError::InvalidInput(format!("prompt {i} is empty")));
-        }
         if let Some(i) = caches.iter().position(|c| !c.fits(&self.config)) {
             return Err(ModelError::InvalidInput(format!(
                 "cache {i} was made for a model of another shape"
             )));
+        }
+        self.check_contexts(contexts, params)
+    }
+
+    /// Token ids in the vocabulary, no empty context, and room for every
+    /// context and its continuation in the rotary tables.
+    fn check_contexts(
+        &self,
+        contexts: &[Vec<u32>],
+        params: &SamplingParams,
+    ) -> Result<(), ModelError> {
+        self.check_ids(contexts)?;
+        if let Some(i) = contexts.iter().position(Vec::is_empty) {
+            return Err(ModelError::InvalidInput(format!("prompt {i} is empty")));
         }
         let longest = contexts.iter().map(Vec::len).max().unwrap_or(0);
         // The last sampled token is never fed back, so positions up to
@@ -975,6 +1053,19 @@ impl PolicyModel {
                 self.infer.rotary().max_positions()
             )));
         }
+        Ok(())
+    }
+
+    /// Checks the inputs of a generation and runs it.
+    fn decode(
+        &self,
+        caches: &mut [SequenceCache],
+        contexts: &[Vec<u32>],
+        params: &SamplingParams,
+        rng: SamplingRng<'_>,
+        mut steer: Steer<'_>,
+    ) -> Result<Vec<Generation>, ModelError> {
+        self.check_inputs(caches, contexts, params)?;
         let model = self.inference_model()?;
         if self.graph_decode || !Self::host_decodes(&model) {
             return crate::graph_decode::generate(
@@ -996,6 +1087,7 @@ impl PolicyModel {
             self.precision,
             rng,
             &mut steer,
+            None,
         )
     }
 

@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::kernels::exp_shifted_sum;
 use crate::ModelError;
 
-pub use agentrl_sampling::{Generation, SamplingParams};
+pub use agentrl_sampling::{Followup, Generation, SamplingParams};
 
 /// Checks that `params` can be sampled with (see [`SamplingParams::validate`]).
 pub(crate) fn validate(params: &SamplingParams) -> Result<(), ModelError> {

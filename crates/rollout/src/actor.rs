@@ -36,6 +36,10 @@ impl Actor for PolicyActor<'_> {
         let gens = self.policy.generate(&prompts, &self.params, rng)?;
         Ok(gens.into_iter().map(Reply::Generated).collect())
     }
+
+    fn policy(&mut self) -> Option<(&mut dyn Policy, &SamplingParams)> {
+        Some((&mut *self.policy, &self.params))
+    }
 }
 
 /// What a scripted player (the expert, random play) decides: its moves of

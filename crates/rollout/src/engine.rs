@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::actor::{ExpertActor, PolicyActor};
 use crate::codec::{ChatCodec, CodecError};
 use crate::format::ReplyFormat;
-use crate::policy::{Generation, Policy, PolicyError, SamplingParams};
+use crate::policy::{Followup, Generation, Policy, PolicyError, SamplingParams};
 use crate::trajectory::{Trajectory, Turn};
 
 /// RAGEN's system prompt.
@@ -115,6 +115,15 @@ pub struct RolloutConfig {
     /// A local model keeps each dialogue's KV cache between turns and encodes
     /// only what a turn adds (off: every turn re-encodes the whole dialogue).
     pub kv_cache_reuse: bool,
+    /// Continuous batching: an episode whose reply has ended plays its
+    /// turn and starts its next reply at once, its new prompt encoded in the
+    /// same forward passes as the other episodes' tokens, instead of
+    /// waiting for every reply of the turn (lock-step turns). Only a local
+    /// model on the CPU batches continuously; other policies play
+    /// lock-step either way. The draws come in another order than
+    /// lock-step's, so the trajectories differ from it; the same seed and
+    /// config still give the same trajectories.
+    pub continuous_batching: bool,
     /// verl-agent's memory: unset, every turn continues the whole dialogue;
     /// `k`, every turn gets a fresh prompt holding the instructions, the
     /// last `k` turns as text (state, actions, reward) and the current
@@ -165,6 +174,7 @@ impl Default for RolloutConfig {
             rollout_filter_eps: 0.01,
             drop_zero_std_groups: false,
             kv_cache_reuse: true,
+            continuous_batching: false,
             history_turns: None,
             repeat_instructions: true,
             agent: AgentStrategy::Plain,
@@ -216,6 +226,10 @@ pub enum RolloutError {
     Task { spec: String, reason: String },
     #[error("episode {episode} played before the actor began its batch ({streams} episodes)")]
     NotBegun { episode: usize, streams: usize },
+    #[error("policy answered for sequence {index} of a continuous batch of {batch}")]
+    UnknownSequence { index: usize, batch: usize },
+    #[error("policy ended its continuous batch with episode {episode} unfinished")]
+    Unfinished { episode: usize },
 }
 
 /// Who plays the episodes the engine drives: an LLM policy ([`PolicyActor`]),
@@ -236,6 +250,14 @@ pub trait Actor {
         seats: &mut [Seat<'_>],
         rng: &mut ChaCha8Rng,
     ) -> Result<Vec<Reply>, RolloutError>;
+
+    /// A model actor's policy and sampling params, which
+    /// `rollout.continuous_batching` plays through
+    /// [`Policy::generate_continuous`]; `None` (scripted players) plays
+    /// lock-step turns through [`Actor::act`].
+    fn policy(&mut self) -> Option<(&mut dyn Policy, &SamplingParams)> {
+        None
+    }
 }
 
 /// An actor's reply for one episode's turn.
@@ -412,6 +434,11 @@ impl Memory {
 }
 
 impl<'e> Episode<'e> {
+    /// The sequence in play: what the model continues.
+    fn prompt(&self) -> &[u32] {
+        &self.conv.tokens[self.sequence_start..]
+    }
+
     fn seat(&mut self, episode: usize) -> Seat<'_> {
         Seat {
             episode,
@@ -807,6 +834,12 @@ pub fn play_episodes(
         .zip(groups.iter().copied())
         .map(|(env, g)| start_episode(env.as_mut(), g, codec, cfg))
         .collect::<Result<_, _>>()?;
+    if let (true, Some(codec)) = (cfg.continuous_batching, codec) {
+        if let Some((policy, params)) = actor.policy() {
+            play_continuously(policy, params, &mut eps, codec, cfg, rng)?;
+            return Ok(eps.into_iter().map(finish).collect());
+        }
+    }
     loop {
         let active: Vec<usize> = (0..eps.len()).filter(|&i| !eps[i].finished).collect();
         if active.is_empty() {
@@ -827,31 +860,100 @@ pub fn play_episodes(
             });
         }
         for (&i, reply) in active.iter().zip(replies) {
-            let ep = &mut eps[i];
-            match reply {
-                Reply::Generated(gen) => {
-                    let codec = codec.ok_or(RolloutError::NoConversation)?;
-                    apply_generated(ep, i, gen, codec, cfg)?;
-                }
-                Reply::Played { .. } if ep.turn.actions.is_empty() => {
-                    // A scripted player with no move: the episode ends here.
-                    ep.finished = true;
-                    continue;
-                }
-                Reply::Played { thought } => apply_played(ep, &thought, codec, cfg)?,
-            }
-            if ep.turn.format_error || ep.turn.invalid_actions > 0 {
-                ep.turn.penalty = cfg.format_penalty;
-            }
-            let thought = cfg.format.thought(&ep.turn.reply);
-            ep.memory
-                .record(cfg.agent, ep.turns.len(), &ep.turn, thought);
-            let turn = std::mem::take(&mut ep.turn);
-            ep.turns.push(turn);
-            advance(ep, codec, cfg)?;
+            conclude_turn(&mut eps[i], i, reply, codec, cfg)?;
         }
     }
     Ok(eps.into_iter().map(finish).collect())
+}
+
+/// Ends the turn in play of episode `ep` (index `i`) with the actor's
+/// `reply`: plays it, penalises a failed turn, keeps what the agent
+/// strategy remembers, records the turn and appends the next observation
+/// or ends the episode.
+fn conclude_turn(
+    ep: &mut Episode<'_>,
+    i: usize,
+    reply: Reply,
+    codec: Option<&dyn ChatCodec>,
+    cfg: &RolloutConfig,
+) -> Result<(), RolloutError> {
+    match reply {
+        Reply::Generated(gen) => {
+            let codec = codec.ok_or(RolloutError::NoConversation)?;
+            apply_generated(ep, i, gen, codec, cfg)?;
+        }
+        Reply::Played { .. } if ep.turn.actions.is_empty() => {
+            // A scripted player with no move: the episode ends here.
+            ep.finished = true;
+            return Ok(());
+        }
+        Reply::Played { thought } => apply_played(ep, &thought, codec, cfg)?,
+    }
+    if ep.turn.format_error || ep.turn.invalid_actions > 0 {
+        ep.turn.penalty = cfg.format_penalty;
+    }
+    let thought = cfg.format.thought(&ep.turn.reply);
+    ep.memory
+        .record(cfg.agent, ep.turns.len(), &ep.turn, thought);
+    let turn = std::mem::take(&mut ep.turn);
+    ep.turns.push(turn);
+    advance(ep, codec, cfg)?;
+    Ok(())
+}
+
+/// Plays every unfinished episode of `eps` to the end through one
+/// continuously batched generation (`rollout.continuous_batching`): an
+/// episode whose reply ends concludes its turn at once and, unless it is
+/// over, goes on with its next prompt.
+fn play_continuously(
+    policy: &mut dyn Policy,
+    params: &SamplingParams,
+    eps: &mut [Episode<'_>],
+    codec: &dyn ChatCodec,
+    cfg: &RolloutConfig,
+    rng: &mut ChaCha8Rng,
+) -> Result<(), RolloutError> {
+    let mut rows = Vec::new();
+    let mut prompts = Vec::new();
+    for (i, ep) in eps.iter_mut().enumerate().filter(|(_, e)| !e.finished) {
+        ep.open_turn();
+        rows.push(i);
+        prompts.push(ep.prompt().to_vec());
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut failed = None;
+    let mut next = |row: usize, gen: Generation| {
+        let Some(&i) = rows.get(row) else {
+            failed = Some(RolloutError::UnknownSequence {
+                index: row,
+                batch: rows.len(),
+            });
+            return Followup::Abort;
+        };
+        let ep = &mut eps[i];
+        match conclude_turn(ep, i, Reply::Generated(gen), Some(codec), cfg) {
+            Err(e) => {
+                failed = Some(e);
+                Followup::Abort
+            }
+            Ok(()) if ep.finished => Followup::Done,
+            Ok(()) => {
+                ep.open_turn();
+                Followup::Continue(ep.prompt().to_vec())
+            }
+        }
+    };
+    let played = policy.generate_continuous(prompts, params, rng, &mut next);
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    played?;
+    match eps.iter().position(|e| !e.finished) {
+        Some(episode) => Err(RolloutError::Unfinished { episode }),
+        None => Ok(()),
+    }
 }
 
 /// Play every environment to the end with a model `policy` (see

@@ -34,7 +34,8 @@ pub use engine::{
 pub use failure::{failure_labels, FailureCounts, FailureLabel};
 pub use format::{FormatError, ReplyFormat};
 pub use policy::{
-    Generation, Generations, Policy, PolicyError, PolicyFn, PromptBatch, SamplingParams,
+    generate_in_lockstep, Followup, Generation, Generations, Policy, PolicyError, PolicyFn,
+    PromptBatch, SamplingParams,
 };
 pub use stats::{EpisodeTally, EvalStats};
 pub use trajectory::{Trajectory, Turn};

@@ -4,8 +4,8 @@
 use agentrl_env_core::{ActionError, Env, Split, Step, StepError, StepInfo, TaskSpec};
 use agentrl_rollout::{
     expert_demonstrations, play_episodes, run_rollouts, state_prompt, Actor, ChatCodec, CodecError,
-    ExpertActor, Generation, Policy, PolicyActor, PolicyFn, RandomActor, RandomMoves, ReplyFormat,
-    RolloutConfig, RolloutError, SamplingParams, Trajectory, SYSTEM_PROMPT,
+    ExpertActor, Followup, Generation, Policy, PolicyActor, PolicyFn, RandomActor, RandomMoves,
+    ReplyFormat, RolloutConfig, RolloutError, SamplingParams, Trajectory, SYSTEM_PROMPT,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -894,4 +894,152 @@ fn an_env_is_driven_through_tool_calls() {
     let t = play(&["R", other], &c);
     assert!(t.turns[0].format_error && t.turns[1].format_error);
     assert!(t.turns[0].actions.is_empty() && t.turns[1].actions.is_empty());
+}
+
+/// A reply chosen by the last observation of the prompt: two moves, one
+/// of them invalid, from the start; one move from 1; an unreadable reply
+/// from 2.
+fn reply_to(prompt: &[u32]) -> Generation {
+    let text = CharCodec.decode(prompt).unwrap();
+    let at = text.rfind("at ").map(|i| &text[i + 3..i + 4]);
+    let reply = match at {
+        Some("0") => "<think></think><answer>R || L</answer>",
+        Some("1") => "<think></think><answer>R</answer>",
+        _ => "no answer",
+    };
+    let mut tokens = char_ids(reply);
+    tokens.push(IM_END);
+    Generation {
+        logprobs: vec![-0.5; tokens.len()],
+        tokens,
+        stopped: true,
+    }
+}
+
+/// Replies by [`reply_to`]; a continuous batch is played depth-first from
+/// its last sequence, an order no lock-step turn takes.
+struct DepthFirst;
+
+impl Policy for DepthFirst {
+    fn generate_batch(
+        &mut self,
+        batch: agentrl_rollout::PromptBatch<'_>,
+        _: &mut ChaCha8Rng,
+    ) -> agentrl_rollout::Generations {
+        Ok(batch.prompts.iter().map(|p| reply_to(p)).collect())
+    }
+
+    fn generate_continuous(
+        &mut self,
+        prompts: Vec<Vec<u32>>,
+        _: &SamplingParams,
+        _: &mut ChaCha8Rng,
+        next: &mut dyn FnMut(usize, Generation) -> Followup,
+    ) -> Result<(), agentrl_rollout::PolicyError> {
+        for (i, mut prompt) in prompts.into_iter().enumerate().rev() {
+            loop {
+                match next(i, reply_to(&prompt)) {
+                    Followup::Continue(context) => prompt = context,
+                    Followup::Done => break,
+                    Followup::Abort => return Ok(()),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn continuous(c: RolloutConfig) -> RolloutConfig {
+    RolloutConfig {
+        continuous_batching: true,
+        ..c
+    }
+}
+
+fn corridors(policy: &mut dyn Policy, c: &RolloutConfig) -> Result<Vec<Trajectory>, RolloutError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let envs = vec![corridor(), corridor(), corridor()];
+    run_rollouts(policy, &CharCodec, envs, &[0, 0, 1], c, &mut rng)
+}
+
+#[test]
+fn a_continuous_batch_in_any_order_plays_the_lockstep_trajectories() {
+    for c in [
+        cfg(),
+        RolloutConfig {
+            history_turns: Some(1),
+            ..cfg()
+        },
+    ] {
+        let lockstep = corridors(&mut DepthFirst, &c).unwrap();
+        // Three turns: a move and an invalid one, a move, then unreadable
+        // replies until the turn budget.
+        let t = &lockstep[0];
+        assert_eq!(t.turns.len(), 5);
+        assert_eq!(t.turns[0].invalid_actions, 1);
+        assert!(t.turns[2..].iter().all(|x| x.format_error));
+        assert_eq!(
+            corridors(&mut DepthFirst, &continuous(c)).unwrap(),
+            lockstep
+        );
+    }
+}
+
+#[test]
+fn a_policy_without_continuous_batching_plays_lockstep_turns_either_way() {
+    // The default `generate_continuous`: one call a turn, as lock-step.
+    let lockstep = corridors(
+        &mut scripted(&["<think></think><answer>R</answer>"]),
+        &cfg(),
+    );
+    let c = continuous(cfg());
+    let played = corridors(&mut scripted(&["<think></think><answer>R</answer>"]), &c);
+    assert_eq!(played.unwrap(), lockstep.unwrap());
+}
+
+/// A continuous policy that answers as `answer` says and then returns.
+struct Misbehaving(fn(&mut dyn FnMut(usize, Generation) -> Followup));
+
+impl Policy for Misbehaving {
+    fn generate_batch(
+        &mut self,
+        batch: agentrl_rollout::PromptBatch<'_>,
+        _: &mut ChaCha8Rng,
+    ) -> agentrl_rollout::Generations {
+        Ok(batch.prompts.iter().map(|p| reply_to(p)).collect())
+    }
+
+    fn generate_continuous(
+        &mut self,
+        _: Vec<Vec<u32>>,
+        _: &SamplingParams,
+        _: &mut ChaCha8Rng,
+        next: &mut dyn FnMut(usize, Generation) -> Followup,
+    ) -> Result<(), agentrl_rollout::PolicyError> {
+        (self.0)(next);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_continuous_policy_that_loses_a_sequence_is_an_error() {
+    let c = continuous(cfg());
+    let stranger = corridors(
+        &mut Misbehaving(|next| {
+            next(3, reply_to(&[]));
+        }),
+        &c,
+    );
+    assert!(
+        matches!(
+            stranger,
+            Err(RolloutError::UnknownSequence { index: 3, batch: 3 })
+        ),
+        "{stranger:?}"
+    );
+    let quitter = corridors(&mut Misbehaving(|_| {}), &c);
+    assert!(
+        matches!(quitter, Err(RolloutError::Unfinished { episode: 0 })),
+        "{quitter:?}"
+    );
 }

@@ -67,8 +67,8 @@ impl SamplingParams {
     }
 }
 
-/// One generated continuation.
-#[derive(Debug, Clone, PartialEq)]
+/// One generated continuation (the default: none yet).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Generation {
     /// New token ids, including the stop token when one was generated.
     pub tokens: Vec<u32>,
@@ -78,6 +78,20 @@ pub struct Generation {
     pub logprobs: Vec<f32>,
     /// True when the sequence ended on a stop token (false: ran out of `max_new_tokens`).
     pub stopped: bool,
+}
+
+/// What a sequence of a continuously batched generation does once its
+/// continuation has ended (see agentrl-rollout's `Policy::generate_continuous`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Followup {
+    /// Go on with this context: the whole sequence so far, which usually
+    /// extends the one just generated (the dialogue with the next
+    /// observation), sampled with the same params.
+    Continue(Vec<u32>),
+    /// The sequence is done; its place in the batch is free.
+    Done,
+    /// Stop the whole batch now (the caller has failed and says why itself).
+    Abort,
 }
 
 #[cfg(test)]

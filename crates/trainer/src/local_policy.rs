@@ -3,7 +3,10 @@
 //! dialogue's KV cache between turns.
 
 use agentrl_model::{PolicyModel, SequenceCache};
-use agentrl_rollout::{Generations, Policy, PolicyError, PromptBatch};
+use agentrl_rollout::{
+    generate_in_lockstep, Followup, Generation, Generations, Policy, PolicyError, PromptBatch,
+    SamplingParams,
+};
 use rand_chacha::ChaCha8Rng;
 
 /// The local candle model as a policy.
@@ -93,6 +96,44 @@ impl Policy for LocalPolicy<'_> {
             }
         };
         generated.map_err(|e| PolicyError(e.to_string()))
+    }
+
+    /// Continuous batching on the host decoder (a model on the CPU), each
+    /// dialogue's cache kept across its turns when reuse is on; lock-step
+    /// elsewhere.
+    fn generate_continuous(
+        &mut self,
+        prompts: Vec<Vec<u32>>,
+        params: &SamplingParams,
+        rng: &mut ChaCha8Rng,
+        next: &mut dyn FnMut(usize, Generation) -> Followup,
+    ) -> Result<(), PolicyError> {
+        let model = self.model;
+        if !model.batches_continuously() {
+            return generate_in_lockstep(self, prompts, params, rng, next);
+        }
+        let keep_cache = self.caches.is_some();
+        let mut caches = match &mut self.caches {
+            Some(pool) => pick_caches(std::mem::take(pool), &prompts, || model.new_cache()),
+            None => prompts.iter().map(|_| model.new_cache()).collect(),
+        };
+        let mut total: usize = prompts.iter().map(Vec::len).sum();
+        let mut counted = |i: usize, gen: Generation| {
+            let followup = next(i, gen);
+            if let Followup::Continue(context) = &followup {
+                total += context.len();
+            }
+            followup
+        };
+        let played =
+            model.generate_continuous(&mut caches, &prompts, params, rng, keep_cache, &mut counted);
+        if let Some(pool) = &mut self.caches {
+            *pool = caches;
+        }
+        let reused = played.map_err(|e| PolicyError(e.to_string()))?;
+        self.reused += reused;
+        self.encoded += total - reused;
+        Ok(())
     }
 }
 

@@ -6,6 +6,7 @@ mod cache_reuse;
 mod causal_softmax;
 mod checkpoint;
 mod checkpointing;
+mod continuous;
 mod device;
 mod finite_difference;
 mod fixture;

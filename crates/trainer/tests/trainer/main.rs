@@ -4,6 +4,7 @@
 
 mod cache_reuse_rollout;
 mod common;
+mod continuous_rollout;
 mod crash_safety;
 mod credit_assignment;
 mod perception;

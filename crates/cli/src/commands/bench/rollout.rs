@@ -47,6 +47,11 @@ pub struct BenchRolloutArgs {
     /// that path's reuse and trajectories, checked without a GPU.
     #[arg(long, conflicts_with = "rl_steps")]
     graph_decode: bool,
+    /// Also play the phases with continuous batching (an episode's next
+    /// turn starts as soon as its reply ends, the cache kept), against the
+    /// lock-step turns with the cache kept. Both modes above play lock-step.
+    #[arg(long, conflicts_with = "rl_steps")]
+    continuous: bool,
     /// Time N whole RL steps of the config instead (rollout, the no-grad
     /// scoring of old and reference log-probs, the update), in a temporary
     /// run directory after the run's start (its first evaluation included).
@@ -104,6 +109,12 @@ struct RolloutReport {
     speedup: f64,
     /// Both modes played the same tokens (float rounding could, rarely, flip a draw).
     same_trajectories: bool,
+    /// `--continuous`: continuous batching with the cache kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    continuous: Option<ModeFigures>,
+    /// Wall-time ratio lock-step / continuous, both with the cache kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    continuous_speedup: Option<f64>,
 }
 
 /// Play `repeats` rollout phases of `cfg` with `reuse` on or off.
@@ -185,8 +196,22 @@ pub fn run(args: BenchRolloutArgs) -> anyhow::Result<()> {
     if args.graph_decode {
         model.set_graph_decode(true);
     }
-    let (reuse, reused_trajs) = measure(&cfg, &rollout, &tokenizer, &model, true, args.repeats)?;
-    let (fresh, fresh_trajs) = measure(&cfg, &rollout, &tokenizer, &model, false, args.repeats)?;
+    let lockstep = RolloutConfig {
+        continuous_batching: false,
+        ..rollout.clone()
+    };
+    let (reuse, reused_trajs) = measure(&cfg, &lockstep, &tokenizer, &model, true, args.repeats)?;
+    let (fresh, fresh_trajs) = measure(&cfg, &lockstep, &tokenizer, &model, false, args.repeats)?;
+    let continuous = match args.continuous {
+        true => {
+            let rollout = RolloutConfig {
+                continuous_batching: true,
+                ..rollout.clone()
+            };
+            Some(measure(&cfg, &rollout, &tokenizer, &model, true, args.repeats)?.0)
+        }
+        false => None,
+    };
     let same = reused_trajs.len() == fresh_trajs.len()
         && reused_trajs
             .iter()
@@ -199,6 +224,8 @@ pub fn run(args: BenchRolloutArgs) -> anyhow::Result<()> {
         group_size: rollout.n,
         mean_turns: turns as f64 / fresh_trajs.len().max(1) as f64,
         speedup: fresh.seconds / reuse.seconds,
+        continuous_speedup: continuous.as_ref().map(|c| reuse.seconds / c.seconds),
+        continuous,
         cache_reuse: reuse,
         re_encode: fresh,
         same_trajectories: same,
@@ -211,10 +238,12 @@ pub fn run(args: BenchRolloutArgs) -> anyhow::Result<()> {
         "{}: {} tasks x {} samples x {} phases, {:.1} turns per episode",
         report.env, report.tasks, report.group_size, args.repeats, report.mean_turns
     );
-    for (name, m) in [
-        ("KV cache kept across turns", &report.cache_reuse),
-        ("every turn re-encoded", &report.re_encode),
-    ] {
+    let modes = [
+        ("KV cache kept across turns", Some(&report.cache_reuse)),
+        ("every turn re-encoded", Some(&report.re_encode)),
+        ("continuous batching", report.continuous.as_ref()),
+    ];
+    for (name, m) in modes.into_iter().filter_map(|(n, m)| Some((n, m?))) {
         println!(
             "{name:28} {:7.2} s  {:8.1} trajectories/s  {:8.0} generated tokens/s  prompt tokens encoded {} (reused {})",
             m.seconds,
@@ -228,6 +257,9 @@ pub fn run(args: BenchRolloutArgs) -> anyhow::Result<()> {
         "speed-up {:.2}x; same trajectories: {}",
         report.speedup, report.same_trajectories
     );
+    if let Some(x) = report.continuous_speedup {
+        println!("continuous batching against lock-step turns (both with the cache kept): {x:.2}x");
+    }
     Ok(())
 }
 
