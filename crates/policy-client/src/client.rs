@@ -11,11 +11,13 @@
 //! tokens again.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
-use agentrl_rollout::{Generation, Generations, Policy, PolicyError, PromptBatch, SamplingParams};
-use rand::Rng;
+use agentrl_rollout::{
+    Followup, Generation, Generations, Policy, PolicyError, PromptBatch, SamplingParams,
+};
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use reqwest::blocking::{Client, RequestBuilder};
 use reqwest::StatusCode;
@@ -371,6 +373,85 @@ impl Policy for OpenAiPolicy {
             })
             .collect()
     }
+
+    /// Continuous batching over HTTP: a sequence's next request is sent as
+    /// soon as its last answer is in, whatever the others wait for (the
+    /// server batches what is in flight), at most `max_in_flight` at once.
+    /// Turn `k` of sequence `i` samples with a seed of its own, drawn from
+    /// a stream that sequence `i` takes from `rng` at the start, so the
+    /// same rollout seed samples the same tokens in whatever order the
+    /// server answers; greedy decoding draws none.
+    fn generate_continuous(
+        &mut self,
+        prompts: Vec<Vec<u32>>,
+        params: &SamplingParams,
+        rng: &mut ChaCha8Rng,
+        next: &mut dyn FnMut(usize, Generation) -> Followup,
+    ) -> Result<(), PolicyError> {
+        let streams: Vec<Option<u64>> = prompts
+            .iter()
+            .map(|_| (params.temperature > 0.0).then(|| rng.random::<u64>()))
+            .collect();
+        let seed = |i: usize, turn: u64| streams[i].map(|s| turn_seed(s, turn));
+        let mut turns = vec![0u64; prompts.len()];
+        let (job_tx, job_rx) = mpsc::channel::<(usize, Vec<u32>, Option<u64>)>();
+        let (done_tx, done_rx) = mpsc::channel();
+        let jobs = Mutex::new(job_rx);
+        let workers = self.opts.max_in_flight.min(prompts.len());
+        let this = &*self;
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                let done_tx = done_tx.clone();
+                let jobs = &jobs;
+                s.spawn(move || loop {
+                    // The lock is held while waiting: one worker waits, the
+                    // others wait for it; all leave once the sender is gone.
+                    let Ok((i, prompt, seed)) = lock(jobs).recv() else {
+                        break;
+                    };
+                    if done_tx
+                        .send((i, this.complete(&prompt, params, seed)))
+                        .is_err()
+                    {
+                        break;
+                    }
+                });
+            }
+            // The workers hold the only senders: if they all stop, so does the wait.
+            drop(done_tx);
+            let mut pending = prompts.len();
+            for (i, prompt) in prompts.into_iter().enumerate() {
+                let _ = job_tx.send((i, prompt, seed(i, 0)));
+            }
+            while pending > 0 {
+                let Ok((i, answer)) = done_rx.recv() else {
+                    break;
+                };
+                pending -= 1;
+                let generation = answer.map_err(|e| PolicyError(e.to_string()))?;
+                match next(i, generation) {
+                    Followup::Continue(context) => {
+                        turns[i] += 1;
+                        let _ = job_tx.send((i, context, seed(i, turns[i])));
+                        pending += 1;
+                    }
+                    Followup::Done => {}
+                    Followup::Abort => break,
+                }
+            }
+            // Dropping the sender lets the workers go once their request
+            // in flight is answered.
+            drop(job_tx);
+            Ok(())
+        })
+    }
+}
+
+/// The seed of turn `turn` of the sequence whose stream is `stream`.
+fn turn_seed(stream: u64, turn: u64) -> u64 {
+    let mut rng = ChaCha8Rng::seed_from_u64(stream);
+    rng.set_stream(turn);
+    rng.random::<u64>() >> 1
 }
 
 /// A mutex's content, also after another thread panicked holding it (the

@@ -916,6 +916,11 @@ fn reply_to(prompt: &[u32]) -> Generation {
     }
 }
 
+/// [`reply_to`] each prompt of `batch`.
+fn replies_to(batch: agentrl_rollout::PromptBatch<'_>) -> agentrl_rollout::Generations {
+    Ok(batch.prompts.iter().map(|p| reply_to(p)).collect())
+}
+
 /// Replies by [`reply_to`]; a continuous batch is played depth-first from
 /// its last sequence, an order no lock-step turn takes.
 struct DepthFirst;
@@ -926,7 +931,7 @@ impl Policy for DepthFirst {
         batch: agentrl_rollout::PromptBatch<'_>,
         _: &mut ChaCha8Rng,
     ) -> agentrl_rollout::Generations {
-        Ok(batch.prompts.iter().map(|p| reply_to(p)).collect())
+        replies_to(batch)
     }
 
     fn generate_continuous(
@@ -1006,7 +1011,7 @@ impl Policy for Misbehaving {
         batch: agentrl_rollout::PromptBatch<'_>,
         _: &mut ChaCha8Rng,
     ) -> agentrl_rollout::Generations {
-        Ok(batch.prompts.iter().map(|p| reply_to(p)).collect())
+        replies_to(batch)
     }
 
     fn generate_continuous(

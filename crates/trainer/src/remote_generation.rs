@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 
 use agentrl_model::PolicyModel;
 use agentrl_policy_client::OpenAiPolicy;
-use agentrl_rollout::{Generation, Policy, PolicyError, PromptBatch, Trajectory};
+use agentrl_rollout::{
+    Followup, Generation, Policy, PolicyError, PromptBatch, SamplingParams, Trajectory,
+};
 use rand_chacha::ChaCha8Rng;
 
 use crate::policy_section::PolicySection;
@@ -157,6 +159,34 @@ impl Policy for RecordingPolicy<'_> {
         }
         Ok(gens)
     }
+
+    /// The inner policy's continuous batching, each generation recorded
+    /// with the prompt its sequence was continuing.
+    fn generate_continuous(
+        &mut self,
+        prompts: Vec<Vec<u32>>,
+        params: &SamplingParams,
+        rng: &mut ChaCha8Rng,
+        next: &mut dyn FnMut(usize, Generation) -> Followup,
+    ) -> Result<(), PolicyError> {
+        let mut current = prompts.clone();
+        let seen = &mut self.seen;
+        let mut recorded = |i: usize, g: Generation| {
+            // An index out of the batch is the engine's to report.
+            if let Some(prompt) = current.get_mut(i).map(std::mem::take) {
+                seen.entry((prompt, g.tokens.clone()))
+                    .or_default()
+                    .push(g.logprobs.clone());
+            }
+            let followup = next(i, g);
+            if let (Followup::Continue(context), Some(slot)) = (&followup, current.get_mut(i)) {
+                *slot = context.clone();
+            }
+            followup
+        };
+        self.inner
+            .generate_continuous(prompts, params, rng, &mut recorded)
+    }
 }
 
 /// The generations a [`RecordingPolicy`] saw.
@@ -287,7 +317,11 @@ mod tests {
         rec.generate(&[vec![5, 6], vec![1, 2]], &p, rng).unwrap();
         rec.generate(&[vec![5, 6, 7, 9, 3], vec![1, 2]], &p, rng)
             .unwrap();
-        let record = rec.into_record();
+        assert_records_dialogues_a_and_b(rec.into_record());
+    }
+
+    /// `record` gives dialogues A and B (above) their replies' log-probs.
+    fn assert_records_dialogues_a_and_b(record: GenerationRecord) {
         let a = traj(
             vec![5, 6, 7, 9, 3, 4, 9],
             vec![],
@@ -302,6 +336,27 @@ mod tests {
         // Shifted frame: token i's log-prob at entry i − 1.
         assert_eq!(rows[0], vec![0.0, -2.0, -0.5, 0.0, -5.0, -0.5]);
         assert_eq!(rows[1], vec![0.0, -2.0, -0.5, 0.0, 0.0, -2.0, -0.5]);
+    }
+
+    #[test]
+    fn a_continuous_batch_records_each_reply_with_the_prompt_it_continued() {
+        // The dialogues of the test above, played as one continuous batch.
+        let mut echo = echo();
+        let mut rec = RecordingPolicy::new(&mut echo);
+        let rng = &mut ChaCha8Rng::seed_from_u64(0);
+        let mut turns = [0, 0];
+        let mut next = |i: usize, g: Generation| {
+            turns[i] += 1;
+            match (i, turns[i]) {
+                (0, 1) => Followup::Continue([vec![5, 6], g.tokens, vec![3]].concat()),
+                (1, 1) => Followup::Continue(vec![1, 2]),
+                _ => Followup::Done,
+            }
+        };
+        let prompts = vec![vec![5, 6], vec![1, 2]];
+        rec.generate_continuous(prompts, &SamplingParams::greedy(2), rng, &mut next)
+            .unwrap();
+        assert_records_dialogues_a_and_b(rec.into_record());
     }
 
     #[test]
