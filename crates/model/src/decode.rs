@@ -1083,6 +1083,9 @@ pub(crate) fn generate(
     mut follow: Option<&mut Continuation<'_>>,
 ) -> Result<Vec<Generation>, ModelError> {
     let mut gens = empty_generations(contexts.len());
+    if follow.as_ref().is_some_and(|c| !c.keep_cache) {
+        caches.iter_mut().for_each(SequenceCache::clear);
+    }
     let starts: Vec<usize> = caches
         .iter_mut()
         .zip(contexts)
@@ -1142,9 +1145,18 @@ pub(crate) fn generate(
         // Per sequence, its row of the step's logits.
         let mut logit_row = vec![0usize; contexts.len()];
         let mut first_step = true;
-        // Sequences continued with a context that another continued in the
-        // same step from the same cached start: (twin, leader, start).
-        let mut step_twins: Vec<(usize, usize, usize)> = Vec::new();
+        // Twins that take their leader's keys, values and logits after the
+        // next forward: (twin, leader, where the twin's cache starts). At
+        // first the twins that do not share a prompt, later sequences
+        // continued with a context another continued with in the same step.
+        let mut step_twins: Vec<(usize, usize, usize)> = leader
+            .iter()
+            .enumerate()
+            .filter(|&(j, &i)| j != i && !shares(j))
+            .map(|(j, &i)| (j, i, starts[j]))
+            .collect();
+        // Per sequence going on with a new context: where its encoding starts.
+        let mut encode_from: Vec<Option<usize>> = vec![None; contexts.len()];
         loop {
             forward(w, caches, &ids, &rows, &emit, &mut scratch);
             let emitted = rows.iter().zip(&emit).filter(|(_, &e)| e).map(|(r, _)| r);
@@ -1161,15 +1173,12 @@ pub(crate) fn generate(
                 for i in (0..contexts.len()).filter(|&i| has_twin[i]) {
                     prefixes[i] = Some(caches[i].share_encoded());
                 }
-                for (j, &i) in leader.iter().enumerate().filter(|(j, &i)| *j != i) {
-                    match &prefixes[i] {
-                        Some(prefix) if shares(j) => {
-                            let c = &mut caches[j];
-                            c.prefix = Some(prefix.clone());
-                            c.cached = prefix.len;
-                            c.reserve(positions(&contexts[j]));
-                        }
-                        _ => copy_encoded(caches, i, j, starts[j]),
+                for (j, &i) in leader.iter().enumerate().filter(|&(j, _)| shares(j)) {
+                    if let Some(prefix) = &prefixes[i] {
+                        let c = &mut caches[j];
+                        c.prefix = Some(prefix.clone());
+                        c.cached = prefix.len;
+                        c.reserve(positions(&contexts[j]));
                     }
                     logit_row[j] = logit_row[i];
                 }
@@ -1187,8 +1196,6 @@ pub(crate) fn generate(
                 &mut rng,
             )?;
             let mut still = Vec::with_capacity(active.len());
-            // Per sequence going on with a new context: where its encoding starts.
-            let mut encode_from = vec![None; contexts.len()];
             for (&i, (tok, lp, go_on)) in active.iter().zip(picks) {
                 caches[i].tokens.push(tok);
                 if push_token(&mut gens[i], tok, lp, params) && go_on {
@@ -1227,7 +1234,8 @@ pub(crate) fn generate(
                 std::collections::HashMap::new();
             for &i in &active {
                 let c = &caches[i];
-                if let Some(start) = encode_from[i] {
+                let continued = encode_from[i].take();
+                if let Some(start) = continued {
                     let leader = *step_leaders.entry((start, &c.tokens[..])).or_insert(i);
                     if leader != i {
                         step_twins.push((i, leader, start));
@@ -1235,7 +1243,7 @@ pub(crate) fn generate(
                     }
                 }
                 // A new context's uncached tokens, else the last sampled one.
-                let from = encode_from[i].unwrap_or(c.tokens.len() - 1);
+                let from = continued.unwrap_or(c.tokens.len() - 1);
                 for (pos, &t) in c.tokens.iter().enumerate().skip(from) {
                     ids.push(t);
                     rows.push(Row { seq: i, pos });

@@ -867,6 +867,7 @@ impl PolicyModel {
             params,
             SamplingRng::Shared(rng),
             Steer::none(),
+            None,
         )
     }
 
@@ -921,6 +922,7 @@ impl PolicyModel {
             params,
             SamplingRng::PerSequence(rngs),
             steer,
+            None,
         )
     }
 
@@ -962,16 +964,6 @@ impl PolicyModel {
         keep_cache: bool,
         next: &mut dyn FnMut(usize, Generation) -> Followup,
     ) -> Result<usize, ModelError> {
-        let model = self.inference_model()?;
-        if !self.batches_continuously() {
-            return Err(ModelError::InvalidInput(
-                "continuous batching runs on the host decoder (a model on the CPU)".into(),
-            ));
-        }
-        self.check_inputs(caches, contexts, params)?;
-        if !keep_cache {
-            caches.iter_mut().for_each(SequenceCache::clear);
-        }
         let mut checked = |i: usize, gen: Generation| match next(i, gen) {
             Followup::Continue(ctx) => {
                 let one = std::slice::from_ref(&ctx);
@@ -987,15 +979,13 @@ impl PolicyModel {
             keep_cache,
             reused: 0,
         };
-        crate::decode::generate(
-            &model,
-            &self.config,
+        let rng = SamplingRng::Shared(rng);
+        self.decode(
             caches,
             contexts,
             params,
-            self.precision,
-            SamplingRng::Shared(rng),
-            &mut Steer::none(),
+            rng,
+            Steer::none(),
             Some(&mut follow),
         )?;
         Ok(follow.reused)
@@ -1005,7 +995,7 @@ impl PolicyModel {
     /// host decoder, on the CPU (the graph decoder's fixed-shape batches
     /// do not take new contexts mid-call).
     pub fn batches_continuously(&self) -> bool {
-        !self.graph_decode && self.infer.device().is_cpu()
+        self.host_decoder_serves()
     }
 
     /// Checks the sampling params, the contexts and the caches of a generation.
@@ -1056,7 +1046,8 @@ impl PolicyModel {
         Ok(())
     }
 
-    /// Checks the inputs of a generation and runs it.
+    /// Checks the inputs of a generation and runs it; a `follow` (continuous
+    /// batching) only on the host decoder.
     fn decode(
         &self,
         caches: &mut [SequenceCache],
@@ -1064,10 +1055,17 @@ impl PolicyModel {
         params: &SamplingParams,
         rng: SamplingRng<'_>,
         mut steer: Steer<'_>,
+        follow: Option<&mut crate::decode::Continuation<'_>>,
     ) -> Result<Vec<Generation>, ModelError> {
         self.check_inputs(caches, contexts, params)?;
+        let host = self.host_decoder_serves();
+        if !host && follow.is_some() {
+            return Err(ModelError::InvalidInput(
+                "continuous batching runs on the host decoder (a model on the CPU)".into(),
+            ));
+        }
         let model = self.inference_model()?;
-        if self.graph_decode || !Self::host_decodes(&model) {
+        if !host {
             return crate::graph_decode::generate(
                 &model,
                 &self.config,
@@ -1087,14 +1085,15 @@ impl PolicyModel {
             self.precision,
             rng,
             &mut steer,
-            None,
+            follow,
         )
     }
 
-    /// Whether the host decoder serves `model`: weights on the CPU (off it,
-    /// every weight would be copied to the host per call).
-    fn host_decodes(model: &Model) -> bool {
-        model.device().is_cpu()
+    /// Whether the host decoder serves this model: weights on the CPU (off
+    /// it, every weight would be copied to the host per call) and the
+    /// graph decoder not asked for.
+    fn host_decoder_serves(&self) -> bool {
+        !self.graph_decode && self.infer.device().is_cpu()
     }
 }
 

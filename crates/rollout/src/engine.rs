@@ -118,9 +118,10 @@ pub struct RolloutConfig {
     /// Continuous batching: an episode whose reply has ended plays its
     /// turn and starts its next reply at once, its new prompt encoded in the
     /// same forward passes as the other episodes' tokens, instead of
-    /// waiting for every reply of the turn (lock-step turns). Only a local
-    /// model on the CPU batches continuously; other policies play
-    /// lock-step either way. The draws come in another order than
+    /// waiting for every reply of the turn (lock-step turns). A local
+    /// model on the CPU and an OpenAI-compatible server batch continuously
+    /// (the server gets an episode's next request as soon as its last
+    /// answer is in); other policies play lock-step either way. The draws come in another order than
     /// lock-step's, so the trajectories differ from it; the same seed and
     /// config still give the same trajectories.
     pub continuous_batching: bool,

@@ -436,3 +436,39 @@ fn repeated_contexts_with_and_without_caches_continue_as_fresh_ones() {
         turn(&mut caches, &next, 2);
     }
 }
+
+/// Two sequences continuing one dialogue from copies of its kept cache
+/// (the same context from the same cached start): the turn is encoded
+/// once, and the twin, which takes the leader's keys and values, samples
+/// its reply as encoding it afresh does.
+#[test]
+fn twins_from_copies_of_one_kept_cache_continue_as_fresh_ones() {
+    for decoder in DECODERS {
+        let model = fixture_model(decoder);
+        let vocab = model.config.vocab_size as u32;
+        let sampled = SamplingParams {
+            max_new_tokens: 6,
+            temperature: 1.0,
+            ..SamplingParams::default()
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let mut first = vec![model.new_cache()];
+        model
+            .generate_cached(&mut first, &prompts(vocab)[..1], &sampled, &mut rng)
+            .unwrap();
+        let context: Vec<u32> = [first[0].tokens(), &observation(0, 0, vocab)].concat();
+        let contexts = vec![context.clone(), context];
+        let mut caches = vec![first[0].clone(), first[0].clone()];
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let cached = model
+            .generate_cached(&mut caches, &contexts, &sampled, &mut rng)
+            .unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let fresh = model.generate(&contexts, &sampled, &mut rng).unwrap();
+        assert_same(&cached, &fresh, &format!("{decoder:?} twins"));
+        assert_ne!(
+            cached[0].tokens, cached[1].tokens,
+            "{decoder:?}: one reply drawn"
+        );
+    }
+}
